@@ -1,0 +1,90 @@
+"""Read API v1 (DESIGN 3.3): JSON for bearer tokens (one project) and session users (their projects)."""
+from __future__ import annotations
+
+from functools import wraps
+
+from django.db.models import Count, Q
+from django.http import HttpRequest, JsonResponse
+from django.shortcuts import get_object_or_404
+
+from dashboard.models import Alert
+from ingest import auth
+from ingest.models import Run
+
+
+def api_view(fn):
+    """Authenticate (bearer or session) and pass the principal; 401 JSON otherwise, GET only."""
+
+    @wraps(fn)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+        if request.method != "GET":
+            return JsonResponse({"error": "method not allowed"}, status=405)
+        who = auth.principal(request)
+        if who is None:
+            return JsonResponse({"error": "authentication required (bearer token or session)"}, status=401)
+        return fn(request, who, *args, **kwargs)
+
+    return wrapper
+
+
+def _visible_run(who: auth.Principal, key: str) -> Run | JsonResponse:
+    run = get_object_or_404(Run.objects.select_related("project"), key=key)
+    if not who.can_see(run):
+        return JsonResponse({"error": f"run {key!r} belongs to another project"}, status=403)
+    return run
+
+
+def run_summary(run: Run, critical: int, warning: int) -> dict:
+    return {
+        "key": run.key,
+        "name": run.name,
+        "project": run.project.name,
+        "world_size": run.world_size,
+        "status": run.status,
+        "torch_version": run.torch_version,
+        "started_at": run.started_at.isoformat(),
+        "last_step": run.last_step,
+        "alerts": {"critical": critical, "warning": warning},
+    }
+
+
+def with_alert_counts(runs):
+    firing = Q(alerts__state=Alert.State.FIRING)
+    return runs.annotate(
+        critical=Count("alerts", filter=firing & Q(alerts__severity="critical")),
+        warning=Count("alerts", filter=firing & Q(alerts__severity="warning")),
+    )
+
+
+@api_view
+def runs(request: HttpRequest, who: auth.Principal) -> JsonResponse:
+    rows = with_alert_counts(who.runs().select_related("project")).order_by("-started_at")[:500]
+    return JsonResponse({"runs": [run_summary(r, r.critical, r.warning) for r in rows]})
+
+
+@api_view
+def run_detail(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
+    run = _visible_run(who, key)
+    if isinstance(run, JsonResponse):
+        return run
+    counted = with_alert_counts(Run.objects.filter(id=run.id)).get()
+    body = run_summary(run, counted.critical, counted.warning)
+    body["ranks"] = [
+        {"rank": r.rank, "host": r.host, "last_step": r.last_step, "last_seen": r.last_seen.isoformat(), "status": r.status}
+        for r in run.ranks.all()
+    ]
+    body["summary"] = {
+        "ranks_reporting": len(body["ranks"]),
+        "compile_slots": run.compileslot_set.count(),
+        "grad_slots": run.gradslot_set.count(),
+    }
+    return JsonResponse(body)
+
+
+@api_view
+def run_alerts(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
+    run = _visible_run(who, key)
+    if isinstance(run, JsonResponse):
+        return run
+    alerts = run.alerts.select_related("acked_by", "run")
+    return JsonResponse({"alerts": [a.as_json() for a in alerts]})

@@ -1,0 +1,25 @@
+"""grad_divergence: after the all-reduce, replicas must hold bitwise-identical gradients."""
+from __future__ import annotations
+
+from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
+
+
+@rule("grad_divergence", GradSlotView)
+def grad_divergence(view: GradSlotView):
+    if view.consensus is None or not view.consensus.dissenters:
+        return
+    reference = view.consensus.reference
+    buckets = sorted(
+        {i for r in view.consensus.dissenters for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b}
+    )
+    tie = " (no majority: compared with the lowest rank)" if view.consensus.tie else ""
+    yield Finding(
+        kind="grad_divergence",
+        severity="critical",
+        subject=f"group:{view.group}",
+        ranks=view.consensus.dissenters,
+        step=view.step,
+        message=f"Gradients of {ranks_text(view.consensus.dissenters)} differ from the other replicas "
+        f"at step {view.step} (buckets {', '.join(map(str, buckets))}){tie}",
+        details={"group": view.group, "buckets": buckets, "tie": view.consensus.tie},
+    )

@@ -1,0 +1,25 @@
+"""graph_divergence: the normalized Dynamo graphs of one compile slot differ across ranks."""
+from __future__ import annotations
+
+from dashboard.detection.consensus import consensus
+from dashboard.detection.rules import CompileSlotView, Finding, ranks_text, rule
+
+
+@rule("graph_divergence", CompileSlotView)
+def graph_divergence(view: CompileSlotView):
+    hashes = {r: e.graph_norm for r, e in view.reports.items() if e.graph_norm}
+    if len(hashes) < 2:
+        return
+    verdict = consensus(hashes)
+    if not verdict.dissenters:
+        return
+    yield Finding(
+        kind="graph_divergence",
+        severity="critical",
+        subject=f"frame:{view.frame}#{view.index}",
+        ranks=verdict.dissenters,
+        step=min((view.reports[r].step for r in verdict.dissenters if view.reports[r].step is not None), default=None),
+        frame=view.frame,
+        message=f"{ranks_text(verdict.dissenters).capitalize()} traced another graph for {view.frame} (compile #{view.index})",
+        details={"index": view.index, "tie": verdict.tie, "hashes": {str(r): h for r, h in sorted(hashes.items())}},
+    )

@@ -1,0 +1,20 @@
+"""nonfinite_grad: NaN/Inf gradients on some ranks only."""
+from __future__ import annotations
+
+from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
+
+
+@rule("nonfinite_grad", GradSlotView)
+def nonfinite_grad(view: GradSlotView):
+    bad = tuple(sorted(r for r, report in view.reports.items() if report.nonfinite))
+    if not bad or len(bad) == len(view.reports):
+        return
+    yield Finding(
+        kind="nonfinite_grad",
+        severity="critical",
+        subject=f"group:{view.group}",
+        ranks=bad,
+        step=view.step,
+        message=f"NaN/Inf gradients on {ranks_text(bad)} at step {view.step}",
+        details={"group": view.group, "nonfinite": {r: view.reports[r].nonfinite for r in bad}},
+    )

@@ -1,0 +1,59 @@
+"""recompile_divergence: some ranks compiled a frame more often than others, or for another reason.
+
+A rank that went silent is not counted as "did not recompile" (that is rank_silent's business).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from dashboard.detection.rules import CompileSlotView, Finding, ranks_text, rule
+
+
+@rule("recompile_divergence", CompileSlotView)
+def recompile_divergence(view: CompileSlotView):
+    if view.index == 0:
+        return
+    compiled = set(view.reports)
+    skipped = view.accountable - compiled
+    if skipped:
+        yield _count_finding(view, compiled, skipped)
+        return
+    yield from _reason_finding(view)
+
+
+def _count_finding(view: CompileSlotView, compiled: set[int], skipped: set[int]) -> Finding:
+    minority = compiled if len(compiled) <= len(skipped) else skipped
+    first = view.reports[min(compiled)]
+    verb = "recompiled" if minority == compiled else "did not recompile"
+    return Finding(
+        kind="recompile_divergence",
+        severity="critical",
+        subject=f"frame:{view.frame}",
+        ranks=tuple(sorted(minority)),
+        step=first.step,
+        frame=view.frame,
+        message=f"{ranks_text(minority).capitalize()} {verb} {view.frame} (compile #{view.index})"
+        + (f": {first.recompile_reason}" if first.recompile_reason else ""),
+        details={"index": view.index, "compiled": sorted(compiled), "not_compiled": sorted(skipped),
+                 "reason": first.recompile_reason},
+    )
+
+
+def _reason_finding(view: CompileSlotView):
+    reasons = {r: (e.recompile_reason or "") for r, e in view.reports.items()}
+    common, count = Counter(reasons.values()).most_common(1)[0]
+    if count == len(reasons):
+        return
+    if count * 2 <= len(reasons):
+        common = reasons[min(reasons)]
+    odd = tuple(sorted(r for r, reason in reasons.items() if reason != common))
+    yield Finding(
+        kind="recompile_divergence",
+        severity="critical",
+        subject=f"frame:{view.frame}",
+        ranks=odd,
+        step=min((view.reports[r].step for r in odd if view.reports[r].step is not None), default=None),
+        frame=view.frame,
+        message=f"{ranks_text(odd).capitalize()} recompiled {view.frame} for another reason: {reasons[odd[0]]}",
+        details={"index": view.index, "reasons": {str(r): reasons[r] for r in sorted(reasons)}},
+    )

@@ -1,0 +1,99 @@
+"""Detection state: compile and gradient slots with their consensus, and the alerts raised on them."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+from ingest.models import Run
+
+
+class Slot(models.Model):
+    """Something every rank must report once; settles when all did or the settle timeout passed.
+
+    `reported` counts rank reports; the slot is pending while it was never settled or more
+    reports arrived since (`reported > settled_n`), so late reports re-run the rules.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    reported = models.PositiveIntegerField(default=0)
+    first_seen = models.DateTimeField()
+    settled_at = models.DateTimeField(null=True)
+    settled_n = models.PositiveIntegerField(default=0)
+    dissenters = ArrayField(models.PositiveIntegerField(), default=list)
+    consensus = models.JSONField(default=dict)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def pending(self) -> bool:
+        return self.settled_at is None or self.reported > self.settled_n
+
+
+class CompileSlot(Slot):
+    """(run, normalized frame key, n-th compile of that frame)."""
+
+    frame = models.CharField(max_length=512)
+    index = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "frame", "index"], name="compile_slot_once")]
+        indexes = [models.Index(fields=["settled_at", "first_seen"], name="compile_slot_sweep")]
+
+
+class GradSlot(Slot):
+    """(run, step, comparison group); the buckets are compared inside one slot."""
+
+    step = models.BigIntegerField()
+    group = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step", "group"], name="grad_slot_once")]
+        indexes = [models.Index(fields=["settled_at", "first_seen"], name="grad_slot_sweep")]
+
+
+class Alert(models.Model):
+    """One desync: identity (run, kind, subject); ranks and steps it spans live in the body."""
+
+    class State(models.TextChoices):
+        FIRING = "firing"
+        RESOLVED = "resolved"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=64)
+    subject = models.CharField(max_length=600)
+    severity = models.CharField(max_length=16)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.FIRING)
+    ranks = ArrayField(models.PositiveIntegerField(), default=list)
+    step = models.BigIntegerField(null=True)
+    frame = models.CharField(max_length=512, null=True)
+    message = models.TextField()
+    details = models.JSONField(default=dict)
+    count = models.PositiveIntegerField(default=1)
+    first_seen = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField(auto_now=True)
+    acked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    acked_at = models.DateTimeField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "kind", "subject"], name="alert_identity")]
+        ordering = ["-first_seen"]
+
+    def as_json(self) -> dict:
+        return {
+            "id": self.id,
+            "run": self.run.key,
+            "kind": self.kind,
+            "severity": self.severity,
+            "state": self.state,
+            "ranks": sorted(self.ranks),
+            "step": self.step,
+            "frame": self.frame,
+            "message": self.message,
+            "details": self.details,
+            "count": self.count,
+            "first_seen": self.first_seen.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+            "acked_by": self.acked_by.get_username() if self.acked_by else None,
+        }
