@@ -5,7 +5,6 @@ from functools import wraps
 
 from django.db.models import Count, Q
 from django.http import HttpRequest, JsonResponse
-from django.shortcuts import get_object_or_404
 
 from dashboard.models import Alert
 from ingest import auth
@@ -28,7 +27,9 @@ def api_view(fn):
 
 
 def _visible_run(who: auth.Principal, key: str) -> Run | JsonResponse:
-    run = get_object_or_404(Run.objects.select_related("project"), key=key)
+    run = Run.objects.select_related("project").filter(key=key).first()
+    if run is None:
+        return JsonResponse({"error": f"no run {key!r}"}, status=404)
     if not who.can_see(run):
         return JsonResponse({"error": f"run {key!r} belongs to another project"}, status=403)
     return run

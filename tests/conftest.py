@@ -1,0 +1,51 @@
+"""Shared fixtures: projects and tokens, and the real stack (uvicorn + Celery worker) as processes."""
+from __future__ import annotations
+
+import gzip
+import json
+import uuid
+
+import pytest
+
+from ingest.models import Project, ProjectToken
+
+pytest_plugins = ["tests.stack"]
+
+
+@pytest.fixture
+def project(db) -> Project:
+    return Project.objects.create(name=f"proj-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def token(project) -> str:
+    return ProjectToken.issue(project)
+
+
+def make_batch(run: str = "run-a", rank: int = 0, world_size: int = 3, seq: int = 0, session: str | None = None,
+               events: list | None = None) -> dict:
+    return {
+        "v": 1,
+        "run": {"key": run, "world_size": world_size},
+        "rank": rank,
+        "session": session or f"sess-{run}-{rank}",
+        "seq": seq,
+        "events": events if events is not None else [{"t": "grad", "step": 0, "fps": [1, 2, 3]}],
+    }
+
+
+@pytest.fixture
+def post(client, token):
+    """POST a batch (dict, or raw bytes) to the ingest endpoint as the project's agent."""
+
+    def _post(body, *, token_=token, content_type="application/json", gzip_=False, headers=None):
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        extra = {"HTTP_AUTHORIZATION": f"Bearer {token_}"} if token_ else {}
+        if gzip_:
+            raw = gzip.compress(raw)
+            extra["HTTP_CONTENT_ENCODING"] = "gzip"
+        extra.update(headers or {})
+        return client.generic("POST", "/api/v1/ingest", raw, content_type=content_type, **extra)
+
+    return _post
+

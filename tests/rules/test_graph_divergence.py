@@ -1,0 +1,21 @@
+from dashboard.detection.rules import evaluate
+from tests.rules import compile_view
+
+
+def graph(view):
+    return [f for f in evaluate(view) if f.kind == "graph_divergence"]
+
+
+def test_rank_tracing_another_graph():
+    view = compile_view({0: {}, 1: {"graph_norm": "f" * 16}, 2: {}}, index=0)
+    [finding] = graph(view)
+    assert finding.ranks == (1,)
+    assert finding.details["hashes"]["1"] == "f" * 16
+
+
+def test_equal_graphs_raise_nothing():
+    assert graph(compile_view({0: {}, 1: {}, 2: {}}, index=0)) == []
+
+
+def test_single_report_cannot_diverge():
+    assert graph(compile_view({0: {}}, index=0, accountable={0, 1})) == []
