@@ -1,0 +1,163 @@
+"""Lockstep per-rank agent: `agent = agents.attach()` ... `agent.close()` (DESIGN 3.1).
+
+Attaching installs a trace-log handler (compile events), a global optimizer step pre-hook
+(gradient fingerprints) and a background sender; all of it is best-effort and never raises
+into the training code.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from agents import protocol
+from agents.fingerprint import fingerprint
+
+__all__ = ["attach", "fingerprint", "Agent", "NoopAgent"]
+
+_lock = threading.RLock()
+_agent: "Agent | NoopAgent | None" = None
+
+
+class NoopAgent:
+    """Same interface as Agent, does nothing (LOCKSTEP_DISABLE=1)."""
+
+    enabled = False
+
+    def step(self, n: int) -> None:
+        pass
+
+    def close(self, timeout: float = 10, status: str = "ok", exit_code: int | None = None,
+              reason: str | None = None) -> None:
+        pass
+
+
+class Agent:
+    """One per process: owns capture, gradient tracking and transport."""
+
+    enabled = True
+
+    def __init__(self, cfg) -> None:
+        from agents.capture import CompileCapture, install
+        from agents.grads import GradTracker
+        from agents.transport import Transport
+
+        self.cfg = cfg
+        self._closed = False
+        self._ended = False
+        self._end: tuple[str, int | None, str | None] = ("ok", None, None)
+        self.grads = GradTracker(self._emit, cfg.grad_every)
+        self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step)
+        try:
+            self._emit(self._rank_start())
+            self.capture = CompileCapture(self._emit, lambda: self.grads.step)
+            install(self.capture)
+            self.grads.install()
+        except BaseException:
+            self.transport.close(0)
+            raise
+
+    @property
+    def session(self) -> str:
+        return self.transport.session
+
+    def _emit(self, event: protocol.Event) -> None:
+        if not self._ended:
+            self.transport.put(event)
+
+    def _details(self, steps: list[int]) -> list[protocol.Event]:
+        return [d for s in steps for d in self.grads.detail(s)]
+
+    def _rank_start(self) -> protocol.RankStart:
+        from agents import environment as env
+
+        return protocol.RankStart(
+            ts=time.time(), host=socket.gethostname()[:512], pid=os.getpid(), local_rank=self.cfg.local_rank,
+            device=env.device(self.cfg.local_rank), versions=env.versions(), config_hash=env.config_hash(),
+            env=env.filtered_env(), cache_dirs=env.cache_dirs(), collective_timeout_s=env.collective_timeout_s(),
+        )
+
+    def step(self, n: int) -> None:
+        """Declare the optimizer step in progress: the next optimizer.step() is step n."""
+        self.grads.set_step(n)
+
+    def mark_end(self, status: str, exit_code: int | None = None, reason: str | None = None) -> None:
+        """Remember how the process is ending; `close` reports it in rank_end."""
+        self._end = (status, exit_code, reason)
+
+    def close(self, timeout: float = 10, status: str | None = None, exit_code: int | None = None,
+              reason: str | None = None) -> None:
+        """Flush fingerprints, send rank_end last, deliver or spool everything within `timeout`."""
+        with _lock:
+            if self._closed:
+                return
+            self._closed = True
+            if status is not None:
+                self._end = (status, exit_code, reason)
+            try:
+                from agents.capture import uninstall
+
+                uninstall(self.capture)
+                self.grads.uninstall()
+                self.grads.drain(block=True)
+            except Exception:
+                pass
+            st, code, why = self._end
+            self.transport.put(protocol.RankEnd(ts=time.time(), status=st, exit_code=code,
+                                                reason=why[:16_384] if why else None))
+            self._ended = True
+        self.transport.close(timeout)
+
+
+def _install_process_hooks(agent: Agent) -> None:
+    """rank_end on exit, on uncaught exceptions and on SIGTERM; previous handlers are chained."""
+    atexit.register(agent.close)
+    previous_hook = sys.excepthook
+
+    def excepthook(tp, value, tb):
+        agent.mark_end("error", 1, f"{tp.__name__}: {value}")
+        agent.close()
+        previous_hook(tp, value, tb)
+
+    sys.excepthook = excepthook
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        agent.close(timeout=3, status="signal", exit_code=128 + signum, reason="SIGTERM")
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def attach(url: str | None = None, token: str | None = None, run: str | None = None, rank: int | None = None,
+           world_size: int | None = None, offline: bool | None = None, spool_dir: str | None = None,
+           grad_every: int | None = None) -> "Agent | NoopAgent":
+    """Start the agent for this process (idempotent: later calls return the same agent)."""
+    global _agent
+    with _lock:
+        if _agent is not None:
+            return _agent
+        try:
+            from agents.config import resolve
+
+            cfg = resolve(url, token, run, rank, world_size, offline, spool_dir, grad_every)
+            if cfg.disabled:
+                _agent = NoopAgent()
+                return _agent
+            _agent = Agent(cfg)
+        except Exception as e:  # a broken agent must not break training
+            print(f"lockstep: agent disabled: {e!r}", file=sys.stderr)
+            _agent = NoopAgent()
+            return _agent
+    _install_process_hooks(_agent)
+    return _agent

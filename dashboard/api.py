@@ -52,8 +52,9 @@ def run_summary(run: Run, critical: int, warning: int) -> dict:
 def with_alert_counts(runs):
     firing = Q(alerts__state=Alert.State.FIRING)
     return runs.annotate(
-        critical=Count("alerts", filter=firing & Q(alerts__severity="critical")),
-        warning=Count("alerts", filter=firing & Q(alerts__severity="warning")),
+        critical=Count("alerts", filter=firing & Q(alerts__severity="critical"), distinct=True),
+        warning=Count("alerts", filter=firing & Q(alerts__severity="warning"), distinct=True),
+        ended=Count("ranks", filter=~Q(ranks__status="running"), distinct=True),
     )
 
 
@@ -68,8 +69,8 @@ def run_detail(request: HttpRequest, who: auth.Principal, key: str) -> JsonRespo
     run = _visible_run(who, key)
     if isinstance(run, JsonResponse):
         return run
-    counted = with_alert_counts(Run.objects.filter(id=run.id)).get()
-    body = run_summary(run, counted.critical, counted.warning)
+    run = with_alert_counts(Run.objects.filter(id=run.id).select_related("project")).get()
+    body = run_summary(run, run.critical, run.warning)
     body["ranks"] = [
         {"rank": r.rank, "host": r.host, "last_step": r.last_step, "last_seen": r.last_seen.isoformat(), "status": r.status}
         for r in run.ranks.all()

@@ -104,7 +104,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000},
+        # redis-py >= 8 times reads out after 5 s by default, exactly channels_redis' 5 s BZPOPMIN:
+        # idle websocket consumers would die with TimeoutError. Give reads headroom.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000},
     }
 }
 

@@ -47,7 +47,6 @@ class Run(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     last_seen = models.DateTimeField(auto_now=True)
     last_step = models.BigIntegerField(null=True)
-    ended_ranks = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-started_at"]
@@ -57,7 +56,11 @@ class Run(models.Model):
 
     @property
     def status(self) -> str:
-        return "finished" if self.ended_ranks >= self.world_size else "running"
+        """finished once every rank sent rank_end (querysets may annotate `ended` to save a query)."""
+        ended = getattr(self, "ended", None)
+        if ended is None:
+            ended = self.ranks.exclude(status="running").count()
+        return "finished" if ended >= self.world_size else "running"
 
 
 class Rank(models.Model):

@@ -114,8 +114,7 @@ def _rank(run: Run, batch: protocol.Batch, by_type: dict) -> None:
             """
             UPDATE ingest_run SET last_seen = now(),
               last_step = GREATEST(last_step, %(step)s),
-              torch_version = COALESCE(NULLIF(%(torch)s, ''), torch_version),
-              ended_ranks = (SELECT count(*) FROM ingest_rank WHERE run_id = %(run)s AND status <> 'running')
+              torch_version = COALESCE(NULLIF(%(torch)s, ''), torch_version)
             WHERE id = %(run)s
             """,
             {"run": run.id, "step": last_step, "torch": (start.versions.get("torch", "") if start else "")},

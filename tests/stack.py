@@ -75,9 +75,9 @@ class Stack:
             if self.server.popen.poll() is not None:
                 raise RuntimeError(f"server exited:\n{self.server.tail()}")
             try:
-                requests.get(self.url + "/login/", timeout=1)
+                requests.get(self.url + "/login/", timeout=5)
                 return
-            except requests.ConnectionError:
+            except requests.RequestException:
                 time.sleep(0.2)
         raise RuntimeError(f"server did not come up:\n{self.server.tail()}")
 

@@ -1,0 +1,200 @@
+"""Compile capture through torch's structured trace log (DESIGN 4).
+
+There is no public subscription API: `torch._logging._internal.trace_log` ("torch.__trace")
+is the seam. `trace_structured` builds metadata and payloads only when that logger has
+handlers, so attaching our handler turns the stream on; it writes no TORCH_TRACE files.
+Artifacts are accumulated per compile id (frame_id, frame_compile_id) and folded into one
+`protocol.Compile` event when `compilation_metrics` arrives.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import sysconfig
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from agents import protocol
+from agents.normalize import hash_text
+
+_AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+_TIME_KEYS = ("entire_frame_compile_time_s", "backend_compile_time_s", "inductor_compile_time_s",
+              "code_gen_time_s", "dynamo_time_before_restart_s")
+_COUNT_KEYS = ("graph_op_count", "graph_node_count", "graph_input_count", "guard_count",
+               "shape_env_guard_count", "cache_size", "accumulated_cache_size")
+_CACHE_ARTIFACTS = {
+    "fx_graph_cache_hit": ("inductor", "hit"), "fx_graph_cache_miss": ("inductor", "miss"),
+    "fx_graph_cache_bypass": ("inductor", "bypass"),
+    "aotautograd_cache_hit": ("aotautograd", "hit"), "aotautograd_cache_miss": ("aotautograd", "miss"),
+    "aotautograd_cache_bypass": ("aotautograd", "bypass"),
+}
+_suppress = threading.local()
+
+
+@contextlib.contextmanager
+def suppressed() -> Iterator[None]:
+    """Compiles started inside this block (the agent's own kernels) are never reported."""
+    prev = getattr(_suppress, "on", False)
+    _suppress.on = True
+    try:
+        yield
+    finally:
+        _suppress.on = prev
+
+
+def frame_key(filename: str, firstlineno: int | None, name: str) -> str:
+    """'path:firstlineno:co_name' with the path made the same on every rank and host."""
+    path = filename or "?"
+    if os.path.isabs(path):
+        roots = [sysconfig.get_paths().get("purelib", ""), sysconfig.get_paths().get("stdlib", ""), os.getcwd()]
+        for root in roots:
+            if root and path.startswith(root.rstrip("/") + "/"):
+                path = os.path.relpath(path, root)
+                break
+        else:
+            marker = "site-packages/"
+            if marker in path:
+                path = path.split(marker, 1)[1]
+    return f"{path}:{firstlineno if firstlineno is not None else 0}:{name or '?'}"
+
+
+@dataclass
+class _Pending:
+    """Artifacts seen so far for one compile id."""
+
+    dynamo: list[str] = field(default_factory=list)
+    inductor: list[str] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)
+    cache: dict[str, list[str]] = field(default_factory=dict)
+    cache_keys: dict[str, list[str]] = field(default_factory=dict)
+    breaks: list[str] = field(default_factory=list)
+    recompile_reason: str | None = None
+
+
+def _join(values: list[str]) -> str:
+    return ",".join(values)[:512]
+
+
+class CompileCapture(logging.Handler):
+    """logging.Handler that turns trace records into Compile / GraphBreak events."""
+
+    def __init__(self, emit: Callable[[protocol.Event], None], step: Callable[[], int | None],
+                 literals: tuple[str, ...] = ()) -> None:
+        super().__init__(level=logging.DEBUG)
+        self._emit = emit
+        self._step = step
+        self._literals = literals
+        self._pending: dict[tuple, _Pending] = {}
+        self._index: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # logging.Handler API -------------------------------------------------------------
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if getattr(_suppress, "on", False):
+                return
+            meta = getattr(record, "metadata", None)
+            if isinstance(meta, dict) and meta:
+                with self._lock:
+                    self._handle(meta, getattr(record, "payload", None))
+        except Exception:  # never raise into torch's compile path
+            pass
+
+    def handle(self, record: logging.LogRecord) -> bool:  # skip formatting/locking of base class
+        self.emit(record)
+        return True
+
+    # record routing ----------------------------------------------------------------
+    def _handle(self, meta: dict, payload: str | None) -> None:
+        kind = next(iter(meta))
+        cid = (meta.get("compiled_autograd_id"), meta.get("frame_id"), meta.get("frame_compile_id"))
+        if kind == "compilation_metrics":
+            self._finish(cid, meta[kind] or {})
+            return
+        if cid[1] is None:
+            return
+        pend = self._pending.setdefault(cid, _Pending())
+        if kind == "dynamo_output_graph" and payload is not None:
+            pend.dynamo.append(payload)
+        elif kind == "inductor_output_code" and payload is not None:
+            pend.inductor.append(payload)
+        elif kind == "artifact":
+            self._artifact(pend, (meta[kind] or {}).get("name", ""), payload)
+
+    def _artifact(self, pend: _Pending, name: str, payload: str | None) -> None:
+        if name == "dynamo_graph_break_reason" and payload and payload not in pend.breaks:
+            pend.breaks.append(payload)
+        elif name == "recompile_reasons" and payload:
+            pend.recompile_reason = payload.strip()
+        elif name == "inductor_collective_schedule" and payload:
+            pend.collectives.append(payload)
+        elif name in _CACHE_ARTIFACTS:
+            stage, outcome = _CACHE_ARTIFACTS[name]
+            pend.cache.setdefault(stage, []).append(outcome)
+            try:
+                key = json.loads(payload or "{}").get("key")
+            except (ValueError, AttributeError):
+                key = None
+            if key:
+                pend.cache_keys.setdefault(stage, []).append(str(key))
+
+    # event building ----------------------------------------------------------------
+    def _finish(self, cid: tuple, m: dict) -> None:
+        pend = self._pending.pop(cid, _Pending())
+        filename = m.get("co_filename") or ""
+        if filename.startswith(_AGENT_DIR + os.sep):
+            return
+        frame = frame_key(filename, m.get("co_firstlineno"), m.get("co_name") or "")
+        index = self._index.get(frame, 0)
+        self._index[frame] = index + 1
+        step = self._step()
+        now = time.time()
+        for reason in pend.breaks:
+            self._emit(protocol.GraphBreak(ts=now, frame=frame, reason=reason[:16_384], step=step))
+        self._emit(self._compile_event(m, pend, frame, index, step, now))
+
+    def _hashes(self, pend: _Pending) -> dict[str, protocol.GraphHash]:
+        hashes = {}
+        for name, texts in (("dynamo", pend.dynamo[-1:]), ("inductor", pend.inductor),
+                            ("collectives", pend.collectives)):
+            if texts:
+                hashes[name] = hash_text("\n".join(texts), self._literals)
+        return hashes
+
+    def _compile_event(self, m: dict, pend: _Pending, frame: str, index: int, step: int | None,
+                       now: float) -> protocol.Compile:
+        fail_type = m.get("fail_type")
+        reason = m.get("recompile_reason") or pend.recompile_reason
+        breaks = m.get("num_graph_breaks")
+        return protocol.Compile(
+            ts=now, frame=frame[:512], index=index, compile_id=str(m.get("compile_id") or "")[:512],
+            step=step, status="failed" if fail_type else "ok",
+            fail_type=str(fail_type)[:512] if fail_type else None,
+            fail_reason=str(m.get("fail_reason"))[:16_384] if m.get("fail_reason") else None,
+            recompile_reason=str(reason)[:16_384] if reason else None,
+            times={k: float(m[k]) for k in _TIME_KEYS if isinstance(m.get(k), (int, float)) and m[k] >= 0},
+            counts={k: int(m[k]) for k in _COUNT_KEYS if isinstance(m.get(k), int) and m[k] >= 0},
+            hashes=self._hashes(pend),
+            cache={k: _join(v) for k, v in pend.cache.items()},
+            cache_keys={k: _join(v) for k, v in pend.cache_keys.items()},
+            graph_breaks=breaks if isinstance(breaks, int) and breaks >= 0 else len(pend.breaks),
+        )
+
+
+def install(handler: CompileCapture) -> None:
+    """Attach to the trace logger (DEBUG); torch's own handlers and files are left as they are."""
+    from torch._logging._internal import trace_log
+
+    trace_log.setLevel(logging.DEBUG)
+    if handler not in trace_log.handlers:
+        trace_log.addHandler(handler)
+
+
+def uninstall(handler: CompileCapture) -> None:
+    if "torch._logging._internal" in sys.modules:
+        sys.modules["torch._logging._internal"].trace_log.removeHandler(handler)

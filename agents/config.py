@@ -1,0 +1,124 @@
+"""Agent settings: explicit keyword arguments win over LOCKSTEP_* environment variables.
+
+Run key default (`LOCKSTEP_RUN` unset): `TORCHELASTIC_RUN_ID` when torchrun set a real one
+(it is the literal "none" unless `--rdzv-id`/`--standalone` gave one). Otherwise the key is
+derived from what all local ranks of one launch share and separate launches don't:
+MASTER_ADDR, MASTER_PORT, and the launcher's pid plus its start time (the parent process of
+every rank, i.e. the torchrun agent or the mp.spawn parent). A plain single process uses its
+own pid and start time. Limitation: multi-node static-rendezvous jobs have one launcher per
+node, so they need LOCKSTEP_RUN or a torchrun --rdzv-id to share one key.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+DEFAULT_SPOOL_CAP = 1 << 30
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str | None
+    token: str | None
+    run: str
+    run_name: str
+    rank: int
+    world_size: int
+    local_rank: int | None
+    offline: bool
+    spool_dir: str
+    spool_cap: int
+    grad_every: int
+    disabled: bool
+    flush_interval: float
+    heartbeat: float
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _num(name: str, default: float, cast=float):
+    try:
+        return cast(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _start_time(pid: int) -> str:
+    """Process start time in clock ticks since boot (Linux); '' where /proc is unavailable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _sanitize(key: str) -> str:
+    key = re.sub(r"[^A-Za-z0-9._:-]", "-", key.strip())[:200]
+    return key if key and key[0].isalnum() else ("r" + key)[:200]
+
+
+def default_run_key(env: dict[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    elastic = env.get("TORCHELASTIC_RUN_ID", "")
+    if elastic and elastic.lower() != "none":
+        return _sanitize(elastic)
+    launched = "RANK" in env or "WORLD_SIZE" in env
+    pid = os.getppid() if launched else os.getpid()
+    parts = [socket.gethostname() if not env.get("MASTER_ADDR") else env["MASTER_ADDR"],
+             env.get("MASTER_PORT", ""), str(pid), _start_time(pid)]
+    return "job-" + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+
+
+def _dist_rank() -> tuple[int, int] | None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return None
+
+
+def resolve(
+    url: str | None = None,
+    token: str | None = None,
+    run: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    offline: bool | None = None,
+    spool_dir: str | None = None,
+    grad_every: int | None = None,
+) -> Config:
+    env = os.environ
+    url = url or env.get("LOCKSTEP_URL") or None
+    dist_rw = _dist_rank()
+    if rank is None:
+        rank = int(env["RANK"]) if env.get("RANK", "").isdigit() else (dist_rw[0] if dist_rw else 0)
+    if world_size is None:
+        ws = env.get("WORLD_SIZE", "")
+        world_size = int(ws) if ws.isdigit() else (dist_rw[1] if dist_rw else 1)
+    local = env.get("LOCAL_RANK", "")
+    if offline is None:
+        offline = _flag(env.get("LOCKSTEP_OFFLINE")) or url is None
+    return Config(
+        url=url.rstrip("/") if url else None,
+        token=token or env.get("LOCKSTEP_TOKEN") or None,
+        run=_sanitize(run or env.get("LOCKSTEP_RUN") or default_run_key()),
+        run_name=env.get("LOCKSTEP_RUN_NAME", "")[:512],
+        rank=rank,
+        world_size=max(1, world_size, rank + 1),
+        local_rank=int(local) if local.isdigit() else None,
+        offline=offline,
+        spool_dir=spool_dir or env.get("LOCKSTEP_SPOOL_DIR") or "./lockstep-spool",
+        spool_cap=_num("LOCKSTEP_SPOOL_MAX_BYTES", DEFAULT_SPOOL_CAP, int),
+        grad_every=max(1, grad_every or _num("LOCKSTEP_GRAD_EVERY", 1, int)),
+        disabled=_flag(env.get("LOCKSTEP_DISABLE")),
+        flush_interval=max(0.01, _num("LOCKSTEP_FLUSH_INTERVAL", 0.5)),
+        heartbeat=max(0.1, _num("LOCKSTEP_HEARTBEAT", 5.0)),
+    )

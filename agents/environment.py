@@ -1,0 +1,84 @@
+"""What the rank runs on, for the `rank_start` event (versions, configs, env, cache dirs)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import re
+
+import torch
+
+from agents.normalize import normalize
+
+ENV_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "NCCL_", "TORCHELASTIC_", "TRITON_")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(^|_)KEY($|_)", re.I)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        out["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if torch.version.cuda:
+        out["cuda"] = torch.version.cuda
+    try:
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
+    except Exception:
+        pass
+    return out
+
+
+def device(local_rank: int | None) -> str:
+    try:
+        if torch.cuda.is_available():
+            return f"cuda:{local_rank if local_rank is not None else torch.cuda.current_device()}"
+    except Exception:
+        pass
+    return "cpu"
+
+
+def config_hash() -> str:
+    """Hash of the Inductor + Dynamo configs (normalized so object addresses don't count)."""
+    h = hashlib.blake2b(digest_size=16)
+    for modname in ("torch._inductor.config", "torch._dynamo.config"):
+        try:
+            mod = __import__(modname, fromlist=["get_config_copy"])
+            cfg = mod.get_config_copy()
+            h.update(normalize(repr(sorted((k, repr(v)) for k, v in cfg.items()))).encode())
+        except Exception:
+            h.update(modname.encode())
+    return h.hexdigest()
+
+
+def filtered_env() -> dict[str, str]:
+    """Compiler/collective-relevant environment, secrets redacted."""
+    return {k[:512]: ("<redacted>" if _SECRET.search(k) else v[:16_384])
+            for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def cache_dirs() -> dict[str, str]:
+    out = {}
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        out["inductor"] = cache_dir()
+    except Exception:
+        pass
+    if os.environ.get("TRITON_CACHE_DIR"):
+        out["triton"] = os.environ["TRITON_CACHE_DIR"]
+    return out
+
+
+def collective_timeout_s() -> float | None:
+    """The default process group's timeout, when a group is already initialized."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return float(dist.distributed_c10d._get_default_group().options._timeout.total_seconds())
+    except Exception:
+        pass
+    return None

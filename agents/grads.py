@@ -1,0 +1,206 @@
+"""Gradient fingerprints at every optimizer step (DESIGN 4).
+
+A global optimizer step pre-hook sees the final gradients (after DDP's all-reduce) just before
+the update. Step numbering: every `optimizer.step()` call is one step, counted from 0 per
+process; `set_step(n)` makes the next call step n. Parameters managed by a
+DistributedDataParallel module form group "ddp" (true replicas, compared across ranks); all
+other parameters form group "local" (never compared across ranks). With several optimizers,
+the k-th one seen (k >= 1) gets groups "ddp.k" / "local.k".
+
+No device synchronization inside the step: fingerprints travel to the host with one async
+copy and are read at the next step (immediately on CPU, where the copy is already done).
+"""
+from __future__ import annotations
+
+import collections
+import gc
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from agents import protocol
+from agents.fingerprint import Pending, bucket_fingerprints
+
+RING_STEPS = 128
+NBUCKETS = 16
+
+_ddp_modules: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_ddp_patched = False
+
+
+def _ddp_class():
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel
+    except Exception:
+        return None
+
+
+def track_ddp() -> None:
+    """Record every DDP instance: a wrapper on DDP.__init__ for new ones (idempotent)."""
+    global _ddp_patched
+    cls = _ddp_class()
+    if cls is None or _ddp_patched:
+        return
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _ddp_modules.add(self)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+    _ddp_patched = True
+
+
+def _scan_ddp() -> None:
+    """Find DDP instances created before the agent attached (once, at the first step)."""
+    cls = _ddp_class()
+    if cls is None:
+        return
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, cls):
+                _ddp_modules.add(obj)
+        except Exception:
+            continue
+
+
+def _ddp_params() -> dict[int, str]:
+    """id(param) -> qualified name, for parameters DDP synchronizes."""
+    out: dict[int, str] = {}
+    for module in list(_ddp_modules):
+        ignored = set(getattr(module, "parameters_to_ignore", ()) or ())
+        for name, p in module.module.named_parameters():
+            if p.requires_grad and name not in ignored:
+                out.setdefault(id(p), name)
+    return out
+
+
+@dataclass
+class _InFlight:
+    step: int
+    group: str
+    names: list[str]
+    pending: Pending
+
+
+class GradTracker:
+    """Owns the step counter, the optimizer hook, in-flight fingerprints and the detail ring."""
+
+    def __init__(self, emit: Callable[[protocol.Event], None], grad_every: int = 1) -> None:
+        self._emit = emit
+        self._every = max(1, grad_every)
+        self._next_step = 0
+        self._current: int | None = None
+        self._last_time: float | None = None
+        self._scanned = False
+        self._optimizers: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
+        self._inflight: list[_InFlight] = []
+        self._ring: collections.deque[tuple[int, str, dict[str, int]]] = collections.deque()
+        self._lock = threading.Lock()
+        self._handle = None
+
+    @property
+    def step(self) -> int:
+        """The optimizer step in progress (the number the next optimizer.step() gets)."""
+        return self._next_step
+
+    def set_step(self, n: int) -> None:
+        self._next_step = max(0, int(n))
+
+    def install(self) -> None:
+        track_ddp()
+        self._handle = register_optimizer_step_pre_hook(self._hook)
+
+    def uninstall(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    # the hook ------------------------------------------------------------------------
+    def _hook(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        try:
+            self._on_step(optimizer)
+        except Exception:  # never raise into user code
+            pass
+
+    def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        step = self._next_step
+        self._next_step = step + 1
+        now = time.perf_counter()
+        step_time = None if self._last_time is None else now - self._last_time
+        self._last_time = now
+        self._emit(protocol.Step(ts=time.time(), step=step, step_time=step_time))
+        if step % self._every == 0:
+            self._fingerprint(optimizer, step)
+        self.drain(block=False)
+
+    def _groups(self, optimizer: torch.optim.Optimizer) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
+        if not self._scanned:
+            _scan_ddp()
+            self._scanned = True
+        k = self._optimizers.setdefault(optimizer, len(self._optimizers))
+        suffix = f".{k}" if k else ""
+        ddp = _ddp_params()
+        groups: dict[str, tuple[list[str], list[torch.Tensor]]] = {}
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                name = ddp.get(id(p))
+                key = ("ddp" if name is not None else "local") + suffix
+                names, params = groups.setdefault(key, ([], []))
+                names.append(name if name is not None else f"group{gi}.{pi}")
+                params.append(p)
+        return groups
+
+    @torch.no_grad()
+    def _fingerprint(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        for group, (names, params) in self._groups(optimizer).items():
+            grads = [p.grad for p in params]
+            present = [g for g in grads if g is not None]
+            extra = None
+            if present:
+                sumsq = torch.stack([torch.linalg.vector_norm(g.float()).double() ** 2 for g in present]).sum()
+                nonfinite = torch.stack([(~torch.isfinite(g)).sum() for g in present]).sum()
+                extra = torch.cat([sumsq.reshape(1).view(torch.int64), nonfinite.reshape(1).to(torch.int64)])
+            pending = bucket_fingerprints(grads, NBUCKETS, extra=extra)
+            with self._lock:
+                self._inflight.append(_InFlight(step, group, names, pending))
+
+    # reading results ----------------------------------------------------------------
+    def drain(self, block: bool = True) -> None:
+        """Emit Grad events whose copies are done (all of them when `block`)."""
+        with self._lock:
+            done = [block or i.pending.ready() for i in self._inflight]
+            ready = [i for i, d in zip(self._inflight, done) if d]
+            self._inflight = [i for i, d in zip(self._inflight, done) if not d]
+        for item in ready:
+            self._finish(item)
+
+    def _finish(self, item: _InFlight) -> None:
+        per, buckets = item.pending.result()
+        extra = item.pending.extra()
+        norm = nonfinite = None
+        if len(extra) == 2:
+            norm = struct.unpack("<d", struct.pack("<q", extra[0]))[0] ** 0.5
+            nonfinite = int(extra[1])
+        self._emit(protocol.Grad(ts=time.time(), step=item.step, group=item.group, fps=buckets,
+                                 norm=norm, nonfinite=nonfinite or 0))
+        with self._lock:
+            self._ring.append((item.step, item.group, dict(zip(item.names, per))))
+            while self._ring and self._ring[0][0] <= item.step - RING_STEPS:
+                self._ring.popleft()
+
+    def detail(self, step: int) -> list[protocol.Detail]:
+        """Per-parameter fingerprints of `step` from the ring (empty if it has aged out)."""
+        with self._lock:
+            found = [(g, params) for s, g, params in self._ring if s == step]
+        return [protocol.Detail(ts=time.time(), step=step, group=g, params={k[:512]: v for k, v in params.items()})
+                for g, params in found]

@@ -1,0 +1,265 @@
+"""Background delivery of events: batching, gzip, retries, spool, heartbeats (DESIGN 3.2).
+
+The training thread only appends to a bounded in-memory queue; one daemon thread does all
+network and disk I/O, so user code is never blocked on the network and never sees an error.
+Every batch keeps its (session, seq) identity from creation to delivery: a batch that fails
+is spooled with its exact body and later batches queue behind it, so the server receives
+each session's batches in seq order and deduplicates repeats.
+"""
+from __future__ import annotations
+
+import collections
+import gzip
+import logging
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import msgspec
+
+from agents import protocol
+from agents.config import Config
+from agents.spool import Spool, file_name
+
+log = logging.getLogger("lockstep.agent")
+
+GZIP_OVER = 1024
+MAX_QUEUE = 200_000
+MAX_BATCH_EVENTS = 5_000
+BATCH_TARGET_BYTES = 2 * 1024 * 1024
+BACKOFF_BASE = 0.25
+BACKOFF_MAX = 30.0
+HTTP_TIMEOUT = 10.0
+
+
+@dataclass
+class Outcome:
+    """Result of one POST: ok, retry (after `delay` or backoff), or drop (permanent 4xx)."""
+
+    kind: str
+    delay: float | None = None
+    reply: protocol.IngestReply | None = None
+    detail: str = ""
+
+
+def post(url: str, token: str | None, body: bytes, timeout: float = HTTP_TIMEOUT) -> Outcome:
+    """POST one exact batch body (gzip detected by magic) and classify the answer."""
+    headers = {"Content-Type": "application/json"}
+    if body[:2] == b"\x1f\x8b":
+        headers["Content-Encoding"] = "gzip"
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url + "/api/v1/ingest", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = resp.read()
+        try:
+            return Outcome("ok", reply=msgspec.json.decode(data, type=protocol.IngestReply))
+        except msgspec.MsgspecError:
+            return Outcome("ok")
+    except urllib.error.HTTPError as e:
+        text = e.read(2048).decode("utf-8", "replace") if e.fp else ""
+        if e.code in (429, 503) or e.code >= 500:
+            return Outcome("retry", delay=_retry_after(e.headers.get("Retry-After")), detail=f"HTTP {e.code}")
+        return Outcome("drop", detail=f"HTTP {e.code}: {text[:300]}")
+    except (OSError, ValueError) as e:  # URLError, timeouts, connection resets
+        return Outcome("retry", detail=str(e))
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, min(float(value), 3600.0)) if value else None
+    except ValueError:
+        return None
+
+
+def encode_body(batch: protocol.Batch) -> bytes:
+    body = protocol.encode(batch)
+    return gzip.compress(body, 6) if len(body) > GZIP_OVER else body
+
+
+class Transport:
+    """Queue + sender thread. `put` is cheap and thread-safe; `close` flushes with a deadline."""
+
+    def __init__(self, cfg: Config, on_detail: Callable[[list[int]], list[protocol.Event]] | None = None,
+                 step: Callable[[], int | None] = lambda: None) -> None:
+        self.cfg = cfg
+        self.session = str(uuid.uuid4())
+        self.run = protocol.RunInfo(key=cfg.run, world_size=cfg.world_size, name=cfg.run_name)
+        self._on_detail = on_detail
+        self._step = step
+        self._queue: collections.deque[protocol.Event] = collections.deque()
+        self._cv = threading.Condition()
+        self._seq = 0
+        self._spool = Spool(cfg.spool_dir, cfg.spool_cap)
+        self._backlog: collections.deque[str] = collections.deque()  # spooled paths awaiting upload
+        self._dropped: dict[str, int] = {}
+        self._failures = 0
+        self._not_before = 0.0
+        self._closing = False
+        self._deadline = float("inf")
+        self._last_heartbeat = time.monotonic()
+        self.stats = {"sent_batches": 0, "spooled_batches": 0, "dropped_events": 0}
+        self._thread = threading.Thread(target=self._run, name="lockstep-sender", daemon=True)
+        self._thread.start()
+
+    # producer side ----------------------------------------------------------------
+    def put(self, event: protocol.Event) -> None:
+        if len(self._queue) >= MAX_QUEUE:
+            self._count_drop(1, "queue_full")
+            return
+        self._queue.append(event)
+        if len(self._queue) >= MAX_BATCH_EVENTS:
+            with self._cv:
+                self._cv.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver (or spool) everything queued, giving up on the network at the deadline."""
+        with self._cv:
+            self._closing = True
+            self._deadline = time.monotonic() + max(0.0, timeout)
+            self._cv.notify()
+        self._thread.join(max(0.0, timeout) + 2.0)
+
+    # sender thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                with self._cv:
+                    if not self._closing:
+                        self._cv.wait(self.cfg.flush_interval)
+                    closing = self._closing
+                self._maybe_heartbeat(closing)
+                self._cycle(closing)
+                if closing and not self._queue:
+                    if self._backlog and self._online() and time.monotonic() < self._deadline:
+                        wait = min(self._not_before, self._deadline) - time.monotonic()
+                        time.sleep(min(max(wait, 0.01), 1.0))
+                        continue
+                    self._finish_close()
+                    return
+            except Exception as e:  # keep the sender alive whatever happens
+                log.debug("lockstep sender error: %s", e)
+                time.sleep(0.1)
+
+    def _maybe_heartbeat(self, closing: bool) -> None:
+        now = time.monotonic()
+        if not closing and now - self._last_heartbeat >= self.cfg.heartbeat:
+            self._last_heartbeat = now
+            self.put(protocol.Heartbeat(ts=time.time(), step=self._step()))
+
+    def _cycle(self, closing: bool) -> None:
+        """Drain the backlog if allowed, then turn the queue into batches."""
+        self._drain_backlog(closing)
+        while self._queue:
+            events = self._take_events()
+            self._deliver(self._make_body(events), closing)
+            if not closing and len(self._queue) < MAX_BATCH_EVENTS:
+                break
+
+    def _take_events(self) -> list[protocol.Event]:
+        events: list[protocol.Event] = []
+        if self._dropped:
+            events.extend(protocol.Dropped(ts=time.time(), count=n, reason=r) for r, n in self._dropped.items())
+            self._dropped.clear()
+        while self._queue and len(events) < MAX_BATCH_EVENTS:
+            events.append(self._queue.popleft())
+        return events
+
+    def _make_body(self, events: list[protocol.Event]) -> tuple[int, bytes, int]:
+        """(seq, body, n_events). Oversized batches are split before they get a seq."""
+        batch = protocol.Batch(v=protocol.PROTOCOL_VERSION, run=self.run, rank=self.cfg.rank,
+                               session=self.session, seq=self._seq, events=events)
+        raw = protocol.encode(batch)
+        if len(raw) > BATCH_TARGET_BYTES and len(events) > 1:
+            half = len(events) // 2
+            self._queue.extendleft(reversed(events[half:]))
+            return self._make_body(events[:half])
+        self._seq += 1
+        body = gzip.compress(raw, 6) if len(raw) > GZIP_OVER else raw
+        return batch.seq, body, len(events)
+
+    def _online(self) -> bool:
+        return not self.cfg.offline and self.cfg.url is not None
+
+    def _deliver(self, item: tuple[int, bytes, int], closing: bool) -> None:
+        seq, body, n = item
+        if not self._online() or self._backlog or time.monotonic() < self._not_before:
+            self._to_spool(seq, body, n)
+            return
+        outcome = post(self.cfg.url, self.cfg.token, body, self._timeout(closing))
+        if outcome.kind == "retry":
+            self._to_spool(seq, body, n)
+        self._after(outcome, n)
+
+    def _drain_backlog(self, closing: bool) -> None:
+        while self._backlog and self._online() and time.monotonic() >= self._not_before:
+            if closing and time.monotonic() >= self._deadline:
+                return
+            path = self._backlog[0]
+            try:
+                with open(path, "rb") as f:
+                    body = f.read()
+            except OSError:
+                self._backlog.popleft()
+                continue
+            outcome = post(self.cfg.url, self.cfg.token, body, self._timeout(closing))
+            if outcome.kind != "retry":
+                self._backlog.popleft()
+                self._spool.remove(path)
+            self._after(outcome, 0)
+            if outcome.kind == "retry":
+                return
+
+    def _after(self, outcome: Outcome, n: int) -> None:
+        if outcome.kind == "retry":
+            self._failures += 1
+            delay = outcome.delay
+            if delay is None:
+                delay = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (self._failures - 1)) * random.uniform(0.5, 1.0)
+            self._not_before = time.monotonic() + delay
+            log.debug("lockstep: delivery failed (%s), retry in %.2fs", outcome.detail, delay)
+            return
+        self._failures = 0
+        if outcome.kind == "drop":
+            log.warning("lockstep: batch rejected, dropped: %s", outcome.detail)
+            self._count_drop(n, "rejected")
+            return
+        self.stats["sent_batches"] += 1
+        if outcome.reply and outcome.reply.detail and self._on_detail:
+            for event in self._on_detail(list(outcome.reply.detail)):
+                self.put(event)
+
+    def _timeout(self, closing: bool) -> float:
+        if not closing:
+            return HTTP_TIMEOUT
+        return max(0.1, min(HTTP_TIMEOUT, self._deadline - time.monotonic()))
+
+    def _to_spool(self, seq: int, body: bytes, n: int) -> None:
+        gz = body[:2] == b"\x1f\x8b"
+        try:
+            path = self._spool.write(file_name(self.cfg.rank, self.session, seq, gz), body)
+        except OSError as e:
+            log.debug("lockstep: spool write failed: %s", e)
+            path = None
+        if path is None:
+            self._count_drop(n, "spool_full_or_unwritable")
+            return
+        self.stats["spooled_batches"] += 1
+        self._backlog.append(path)
+
+    def _count_drop(self, n: int, reason: str) -> None:
+        if n:
+            self._dropped[reason] = self._dropped.get(reason, 0) + n
+            self.stats["dropped_events"] += n
+
+    def _finish_close(self) -> None:
+        """Last chance: report drops into the spool; whatever is spooled stays for `upload`."""
+        if self._dropped:
+            self._deliver(self._make_body(self._take_events()), True)
+

@@ -1,0 +1,87 @@
+"""Shared helpers for agent tests: a scripted ingest stub and spool reading."""
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import os
+import threading
+from collections import defaultdict
+
+import pytest
+
+from agents import protocol
+from agents.spool import list_batches
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Stub:
+    """Tiny ingest server: answers from `script` (status, headers) then 200; records accepted batches."""
+
+    def __init__(self) -> None:
+        self.script: list[tuple[int, dict]] = []
+        self.requests: list[tuple[float, protocol.Batch]] = []
+        self.accepted: list[protocol.Batch] = []
+        self.detail: list[int] = []
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                import time
+
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                batch = protocol.decode_batch(body)
+                with stub.lock:
+                    stub.requests.append((time.monotonic(), batch))
+                    status, headers = stub.script.pop(0) if stub.script else (200, {})
+                    if status == 200:
+                        stub.accepted.append(batch)
+                reply = {"accepted": len(batch.events), "duplicate": False, "want_blobs": [], "detail": stub.detail}
+                data = json.dumps(reply if status == 200 else {"error": "scripted"}).encode()
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub():
+    s = Stub()
+    yield s
+    s.close()
+
+
+def read_spool(directory: str) -> dict[int, list[protocol.Batch]]:
+    """Batches per rank, in file (= upload) order."""
+    out: dict[int, list[protocol.Batch]] = defaultdict(list)
+    for path in list_batches(directory):
+        with open(path, "rb") as f:
+            body = f.read()
+        if body[:2] == b"\x1f\x8b":
+            body = gzip.decompress(body)
+        batch = protocol.decode_batch(body)
+        out[batch.rank].append(batch)
+    return out
+
+
+def events_of(batches: list[protocol.Batch]) -> list:
+    return [e for b in batches for e in b.events]

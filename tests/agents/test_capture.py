@@ -1,0 +1,73 @@
+"""Real torch.compile in this process: Compile and GraphBreak events from the trace log."""
+import torch
+
+from agents import protocol
+from agents.capture import CompileCapture, frame_key, install, uninstall
+
+
+def _capture(fn):
+    events: list = []
+    step = {"n": 7}
+    handler = CompileCapture(events.append, lambda: step["n"])
+    torch._dynamo.reset()
+    install(handler)
+    try:
+        fn(step)
+    finally:
+        uninstall(handler)
+    return events
+
+
+def scale(x):
+    return (x * 2).relu() + 1
+
+
+def broken(x):
+    y = x * 2
+    torch._dynamo.graph_break()
+    return y.relu()
+
+
+def test_recompile_gets_index_1_and_reason():
+    compiled = torch.compile(scale)
+
+    def run(step):
+        compiled(torch.randn(4, 3))
+        step["n"] = 9
+        compiled(torch.randn(5, 3))
+
+    events = _capture(run)
+    compiles = [e for e in events if isinstance(e, protocol.Compile) and e.frame.endswith(":scale")]
+    assert [c.index for c in compiles] == [0, 1]
+    first, second = compiles
+    assert first.frame == second.frame == frame_key(scale.__code__.co_filename, scale.__code__.co_firstlineno, "scale")
+    assert first.frame.startswith("tests/agents/test_capture.py:") or "test_capture.py" in first.frame
+    assert first.recompile_reason is None
+    assert "size mismatch" in second.recompile_reason
+    assert (first.step, second.step) == (7, 9)
+    assert first.status == "ok" and first.counts["graph_op_count"] >= 1
+    assert set(first.hashes) >= {"dynamo", "inductor"}
+    assert first.hashes["dynamo"].norm != second.hashes["dynamo"].norm  # static vs dynamic shape graph
+    assert first.cache.get("inductor") in ("hit", "miss", "bypass")
+    assert first.times["entire_frame_compile_time_s"] > 0
+    protocol.decode_batch(protocol.encode(protocol.Batch(  # the events are valid on the wire
+        v=1, run=protocol.RunInfo(key="k", world_size=1), rank=0, session="abcdefgh", seq=0, events=events)))
+
+
+def test_graph_break_event():
+    compiled = torch.compile(broken)
+    events = _capture(lambda step: compiled(torch.randn(3)))
+    breaks = [e for e in events if isinstance(e, protocol.GraphBreak)]
+    assert len(breaks) == 1
+    assert breaks[0].frame.endswith(":broken") and "graph_break" in breaks[0].reason.lower()
+    compile_ = next(e for e in events if isinstance(e, protocol.Compile) and e.frame.endswith(":broken"))
+    assert compile_.graph_breaks == 1
+
+
+def test_frame_key_is_rank_independent(tmp_path, monkeypatch):
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    assert frame_key(site + "/torch/nn/x.py", 3, "f") == "torch/nn/x.py:3:f"
+    monkeypatch.chdir(tmp_path)
+    assert frame_key(str(tmp_path / "train.py"), 10, "step") == "train.py:10:step"

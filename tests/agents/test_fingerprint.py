@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+from agents import fingerprint
+from agents.fingerprint import balanced_buckets, bucket_fingerprints, fold
+
+MASK = (1 << 64) - 1
+
+
+def test_known_value_regression():
+    # Changing the algorithm changes every stored fingerprint: bump FINGERPRINT_ALGO if this fails.
+    assert fingerprint(torch.arange(10, dtype=torch.float32)) == 17264929688036025327
+
+
+def test_unsigned_64_bit_and_clone_equal():
+    t = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    fp = fingerprint(t)
+    assert 0 <= fp <= MASK
+    assert fingerprint(t.clone()) == fp
+    assert fingerprint(t.view(10, 100).t().contiguous().t()) == fp  # same logical values, other layout
+
+
+@pytest.mark.parametrize("bit", [0, 7, 22, 31])
+def test_every_single_bit_flip_changes_it(bit):
+    t = torch.randn(4097, generator=torch.Generator().manual_seed(2))
+    base = fingerprint(t)
+    for pos in (0, 1, 2048, 4096):
+        u = t.clone()
+        u.view(torch.int32)[pos] ^= 1 << bit if bit < 31 else -(1 << 31)
+        assert fingerprint(u) != base
+
+
+def test_swap_of_far_apart_elements_changes_it():
+    t = torch.randn(1 << 16, generator=torch.Generator().manual_seed(3))
+    base = fingerprint(t)
+    for i, j in ((0, 1), (0, 1 << 15), (5, (1 << 16) - 1), (100, 100 + 4096)):
+        u = t.clone()
+        u[i], u[j] = t[j].item(), t[i].item()
+        assert fingerprint(u) != base
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
+                                   torch.uint8, torch.int64, torch.bool])
+def test_dtypes_and_odd_byte_counts(dtype):
+    for n in (0, 1, 3, 5, 1001):
+        t = (torch.arange(n) % 3).to(dtype)
+        assert fingerprint(t) == fingerprint(t.clone())
+        if n and dtype != torch.bool:
+            u = t.clone()
+            u.view(torch.uint8)[-1] ^= 1
+            assert fingerprint(u) != fingerprint(t)
+
+
+def test_dtype_and_shape_padding_are_distinguished():
+    assert fingerprint(torch.zeros(4, dtype=torch.int8)) != fingerprint(torch.zeros(1, dtype=torch.int32))
+    assert fingerprint(torch.zeros(3, dtype=torch.int8)) != fingerprint(torch.zeros(4, dtype=torch.int8))
+
+
+def test_unaligned_slice_of_bf16():
+    t = torch.randn(9).to(torch.bfloat16)
+    assert fingerprint(t[1:]) == fingerprint(t[1:].clone())
+
+
+def test_bucket_fingerprints_match_per_tensor_and_fold():
+    ts = [torch.randn(n, generator=torch.Generator().manual_seed(n)) for n in (5, 100, 7, 3000)]
+    per, buckets = bucket_fingerprints(ts + [None], nbuckets=2).result()
+    assert per[:4] == [fingerprint(t) for t in ts]
+    layout = balanced_buckets([t.numel() for t in ts] + [0], 2)
+    assert buckets == [fold([per[i] for i in b]) for b in layout]
+
+
+def test_balanced_buckets_are_contiguous_and_bounded():
+    layout = balanced_buckets([1] * 40, 16)
+    assert len(layout) == 16 and [i for b in layout for i in b] == list(range(40))
+    assert balanced_buckets([10, 1], 16) == [[0], [1]]
+    assert balanced_buckets([], 16) == []

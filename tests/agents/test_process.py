@@ -1,0 +1,84 @@
+"""Whole processes: LOCKSTEP_DISABLE, `agents run` exit status, and a real 3-rank torchrun DDP job."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from agents import protocol
+
+from .conftest import REPO, events_of, read_spool
+
+
+def _run(cmd, env, timeout=150):
+    """Run in its own session so a timeout kills the whole tree (no processes left behind)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, out
+
+
+def _env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+    env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=str(tmp_path / "spool"), **extra)
+    return env
+
+
+def test_disable_gives_noop_agent(tmp_path):
+    code = ("import agents, torch; a = agents.attach(); b = agents.attach(); assert a is b and not a.enabled; "
+            "a.step(3); a.close(timeout=1); print('ok')")
+    rc, out = _run([sys.executable, "-c", code], _env(tmp_path, LOCKSTEP_DISABLE="1"))
+    assert rc == 0 and "ok" in out, out
+    assert not (tmp_path / "spool").exists()
+
+
+def test_run_reports_script_failure_in_rank_end(tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text("import sys\nassert sys.argv[1:] == ['--x', '1']\nraise ValueError('boom')\n")
+    rc, out = _run([sys.executable, "-m", "agents", "run", str(script), "--x", "1"], _env(tmp_path))
+    assert rc == 1 and "ValueError: boom" in out
+    events = events_of(read_spool(str(tmp_path / "spool"))[0])
+    assert isinstance(events[0], protocol.RankStart) and isinstance(events[-1], protocol.RankEnd)
+    assert events[-1].status == "error" and events[-1].exit_code == 1 and "boom" in events[-1].reason
+
+
+def test_torchrun_three_rank_ddp_job(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", "0",
+           "-m", "agents", "run", "demo/ddp_job.py", "--steps", "8",
+           "--shape-rank", "1", "--shape-step", "3", "--perturb-rank", "2", "--perturb-step", "5"]
+    rc, out = _run(cmd, _env(tmp_path))
+    assert rc == 0, out[-4000:]
+    ranks = read_spool(str(tmp_path / "spool"))
+    assert sorted(ranks) == [0, 1, 2]
+    runs = {b.run.key for bs in ranks.values() for b in bs}
+    assert len(runs) == 1 and all(b.run.world_size == 3 for bs in ranks.values() for b in bs)
+    grads, compiles = {}, {}
+    for rank, batches in ranks.items():
+        events = events_of(batches)
+        assert isinstance(events[0], protocol.RankStart) and isinstance(events[-1], protocol.RankEnd)
+        assert events[-1].status == "ok" and events[-1].exit_code == 0
+        compiles[rank] = [e for e in events if isinstance(e, protocol.Compile)]
+        grads[rank] = {e.step: e.fps for e in events if isinstance(e, protocol.Grad) and e.group == "ddp"}
+        assert sorted(grads[rank]) == list(range(8))
+        assert sorted(e.step for e in events if isinstance(e, protocol.Step)) == list(range(8))
+    # Only the shape rank recompiles, at step 3, for a size mismatch.
+    recompiles = {r: [c for c in cs if c.index > 0] for r, cs in compiles.items()}
+    assert recompiles[0] == [] and recompiles[2] == []
+    assert len(recompiles[1]) == 1 and recompiles[1][0].step == 3
+    assert "size mismatch" in recompiles[1][0].recompile_reason
+    first = {r: cs[0] for r, cs in compiles.items()}
+    assert len({c.frame for c in first.values()}) == 1 and all(c.index == 0 and c.step == 0 for c in first.values())
+    assert len({c.hashes["dynamo"].norm for c in first.values()}) == 1
+    # DDP grads agree bitwise except where rank 2 nudged its grad after the all-reduce.
+    for step in range(8):
+        if step == 5:
+            assert grads[0][5] == grads[1][5] != grads[2][5]
+            assert sum(a != b for a, b in zip(grads[0][5], grads[2][5])) == 1  # one bucket differs
+        else:
+            assert grads[0][step] == grads[1][step] == grads[2][step], step

@@ -1,0 +1,149 @@
+"""Sender against a local stub server: retries, ordering, Retry-After, spool, upload, offline."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agents import protocol
+from agents.config import resolve
+from agents.transport import Transport
+
+from .conftest import REPO, events_of, read_spool
+
+
+@pytest.fixture(autouse=True)
+def fast_flush(monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_FLUSH_INTERVAL", "0.05")
+    monkeypatch.setenv("LOCKSTEP_HEARTBEAT", "1000")
+
+
+def _transport(tmp_path, url, **kw):
+    cfg = resolve(url=url, token="tok", run="run-1", rank=2, world_size=4, spool_dir=str(tmp_path / "spool"), **kw)
+    return Transport(cfg)
+
+
+def _steps(batches):
+    return [e.step for e in events_of(batches) if isinstance(e, protocol.Step)]
+
+
+def _send_steps(t, steps, pause=0.0):
+    for s in steps:
+        t.put(protocol.Step(step=s))
+        if pause:
+            time.sleep(pause)
+
+
+def test_500_then_200_delivers_once_in_seq_order(tmp_path, stub):
+    stub.script = [(500, {})]
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, range(20), pause=0.02)
+    t.close(timeout=10)
+    seqs = [b.seq for b in stub.accepted]
+    assert seqs == list(range(len(seqs))) and len(seqs) >= 2
+    assert _steps(stub.accepted) == list(range(20))
+    assert stub.requests[0][1].seq == 0 and stub.accepted[0].seq == 0  # the failed batch was retried
+    assert all(b.session == t.session and b.rank == 2 and b.run.key == "run-1" for b in stub.accepted)
+    assert not os.listdir(tmp_path / "spool")
+
+
+def test_retry_after_is_honoured(tmp_path, stub):
+    stub.script = [(429, {"Retry-After": "1"})]
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, [0])
+    t.close(timeout=10)
+    (t0, first), (t1, second) = stub.requests[:2]
+    assert first.seq == second.seq == 0
+    assert t1 - t0 >= 0.95
+    assert _steps(stub.accepted) == [0]
+
+
+def test_4xx_drops_batch_and_reports_dropped(tmp_path, stub):
+    stub.script = [(400, {})]
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, [0])
+    time.sleep(0.3)
+    _send_steps(t, [1])
+    t.close(timeout=10)
+    events = events_of(stub.accepted)
+    dropped = [e for e in events if isinstance(e, protocol.Dropped)]
+    assert dropped and dropped[0].count == 1 and dropped[0].reason == "rejected"
+    assert _steps(stub.accepted) == [1]
+
+
+def test_gzip_for_large_bodies(tmp_path, stub):
+    t = _transport(tmp_path, stub.url)
+    for s in range(300):
+        t.put(protocol.Grad(step=s, fps=[(1 << 64) - 1] * 16))
+    t.close(timeout=10)
+    grads = [e for e in events_of(stub.accepted) if isinstance(e, protocol.Grad)]
+    assert [g.step for g in grads] == list(range(300)) and grads[0].fps[0] == (1 << 64) - 1
+
+
+def test_server_down_spools_then_upload_delivers(tmp_path, stub):
+    t = _transport(tmp_path, "http://127.0.0.1:9")  # nothing listens on the discard port
+    _send_steps(t, range(10), pause=0.02)
+    t.close(timeout=1)
+    spooled = read_spool(str(tmp_path / "spool"))[2]
+    assert _steps(spooled) == list(range(10))
+    cmd = [sys.executable, "-m", "agents", "upload", str(tmp_path / "spool"), "--url", stub.url, "--token", "tok"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "uploaded" in out.stdout and "0 failed" in out.stdout
+    assert [b.seq for b in stub.accepted] == [b.seq for b in spooled]
+    assert _steps(stub.accepted) == list(range(10))
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and len(stub.accepted) == len(spooled)  # idempotent
+
+
+def test_upload_failure_exits_nonzero(tmp_path, stub):
+    t = _transport(tmp_path, None, offline=True)
+    _send_steps(t, [0])
+    t.close(timeout=2)
+    stub.script = [(400, {})]
+    cmd = [sys.executable, "-m", "agents", "upload", str(tmp_path / "spool"), "--url", stub.url]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "1 failed" in out.stdout
+    assert os.listdir(tmp_path / "spool")  # kept for a later attempt
+
+
+def test_offline_writes_only_the_spool(tmp_path, stub):
+    t = _transport(tmp_path, stub.url, offline=True)
+    _send_steps(t, range(5))
+    t.close(timeout=5)
+    assert stub.requests == []
+    assert _steps(read_spool(str(tmp_path / "spool"))[2]) == list(range(5))
+
+
+def test_unwritable_spool_does_not_raise(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = resolve(offline=True, run="r", spool_dir=str(blocker / "spool"))
+    t = Transport(cfg)
+    _send_steps(t, range(3))
+    t.close(timeout=2)
+    assert t.stats["dropped_events"] >= 3
+
+
+def test_spool_cap_drops_and_counts(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_SPOOL_MAX_BYTES", "300")
+    t = _transport(tmp_path, None, offline=True)
+    for s in range(20):
+        t.put(protocol.Grad(step=s, fps=[1] * 16))
+        time.sleep(0.01)
+    t.close(timeout=2)
+    total = sum(os.path.getsize(tmp_path / "spool" / n) for n in os.listdir(tmp_path / "spool"))
+    assert total <= 300 and t.stats["dropped_events"] > 0
+
+
+def test_detail_request_answered_from_ring(tmp_path, stub):
+    stub.detail = [3]
+    cfg = resolve(url=stub.url, run="r", spool_dir=str(tmp_path / "spool"))
+    t = Transport(cfg, on_detail=lambda steps: [protocol.Detail(step=s, params={"w": 5}) for s in steps])
+    _send_steps(t, [3])
+    time.sleep(0.5)
+    stub.detail = []
+    t.close(timeout=5)
+    details = [e for e in events_of(stub.accepted) if isinstance(e, protocol.Detail)]
+    assert details and details[0].step == 3 and details[0].params == {"w": 5}
