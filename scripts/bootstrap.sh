@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install the pinned requirements into it.
+# Usage: scripts/bootstrap.sh [requirements file]   (default: requirements.txt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+reqs="${1:-requirements.txt}"
+python="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "[bootstrap] creating .venv with $($python --version)"
+  "$python" -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum "$reqs" requirements.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "[bootstrap] installing $reqs"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r "$reqs"
+  touch "$stamp"
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# README command 2: install into .venv (plus Debian's chromium for the browser tests) and run every test.
+# Uses the PostgreSQL and Redis at DATABASE_URL / REDIS_URL (default: 127.0.0.1:5432 and :6379).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh requirements-dev.txt
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "[test] installing Debian's chromium for the browser tests"
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+fi
+exec .venv/bin/python -m pytest "$@"
