@@ -75,6 +75,9 @@ class Alert(models.Model):
     last_seen = models.DateTimeField(auto_now=True)
     acked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     acked_at = models.DateTimeField(null=True)
+    resolved_at = models.DateTimeField(null=True)
+    revision = models.PositiveIntegerField(default=1)  # bumped on every change worth notifying
+    notified_revision = models.PositiveIntegerField(default=0)  # last revision pushed to websockets
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "kind", "subject"], name="alert_identity")]
@@ -96,4 +99,57 @@ class Alert(models.Model):
             "first_seen": self.first_seen.isoformat(),
             "last_seen": self.last_seen.isoformat(),
             "acked_by": self.acked_by.get_username() if self.acked_by else None,
+            "acked_at": self.acked_at.isoformat() if self.acked_at else None,
         }
+
+
+class Silence(models.Model):
+    """Mutes notifications of matching alerts until it expires (Alertmanager-style matchers).
+
+    An empty matcher matches everything; `rank` matches alerts whose rank list contains it.
+    """
+
+    project = models.ForeignKey("ingest.Project", on_delete=models.CASCADE, related_name="silences")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE)
+    kind = models.CharField(max_length=64, blank=True)
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    comment = models.TextField()
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+class Webhook(models.Model):
+    """A Slack-compatible endpoint that receives a project's alert notifications."""
+
+    project = models.ForeignKey("ingest.Project", on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=1000)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class Notification(models.Model):
+    """One alert change delivered to one webhook: the unique key makes retries send it once."""
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE)
+    revision = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, default="pending")  # pending | sent | failed
+    attempts = models.PositiveIntegerField(default=0)
+    sent_at = models.DateTimeField(null=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["alert", "webhook", "revision"], name="notify_once")]
+
+
+class Baseline(models.Model):
+    """Run `run` is compared step by step against `baseline` (chosen by a user)."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="baseline_link")
+    baseline = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="baseline_for")
+    chosen_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
