@@ -76,6 +76,7 @@ class Alert(models.Model):
     acked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     acked_at = models.DateTimeField(null=True)
     resolved_at = models.DateTimeField(null=True)
+    last_position = models.BigIntegerField(null=True)  # latest step / compile index that fired it
     revision = models.PositiveIntegerField(default=1)  # bumped on every change worth notifying
     notified_revision = models.PositiveIntegerField(default=0)  # last revision pushed to websockets
 

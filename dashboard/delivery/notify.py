@@ -1,4 +1,8 @@
-"""Push alerts to websocket clients through the channel layer.
+"""Deliver alert revisions: websocket push through the channel layer, then webhooks.
+
+Delivery is an outbox: an alert whose `revision` is ahead of `notified_revision` is pending,
+and the sweep re-queues pending ones, so a worker dying after commit loses no notification.
+The push happens before the revision is marked (at least once; the page replaces by id).
 
 channels_redis binds its connection pools to the event loop that created them; Celery tasks
 have no loop, so each push runs one coroutine on a fresh layer and closes its pools inside
@@ -7,12 +11,15 @@ that same coroutine (channels_redis #332: "Event loop is closed").
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
+from django.db import transaction
+from django.db.models import F
 
-log = logging.getLogger(__name__)
+from dashboard.delivery import webhooks
+from dashboard.detection import silences
+from dashboard.models import Alert
 
 
 def run_group(run_id: int) -> str:
@@ -23,17 +30,36 @@ def project_group(project_id: int) -> str:
     return f"project.{project_id}"
 
 
-def alerts(fresh: list) -> None:
-    if not fresh:
-        return
+def message(alert: Alert) -> dict:
+    return {"type": "alert", "alert": {**alert.as_json(), **silences.mute_state(alert)}}
+
+
+def push(alerts: list[Alert]) -> None:
+    """Send the alerts' current state to their run's and project's websocket groups."""
     messages = []
-    for alert in fresh:
-        body = {"type": "lockstep.message", "message": {"type": "alert", "alert": alert.as_json()}}
+    for alert in alerts:
+        body = {"type": "lockstep.message", "message": message(alert)}
         messages += [(run_group(alert.run_id), body), (project_group(alert.run.project_id), body)]
-    try:
+    if messages:
         asyncio.run(_send(messages))
-    except Exception:  # delivery is best effort: the alert is stored and shown on the next page load
-        log.exception("websocket push failed for %d alerts", len(fresh))
+
+
+def deliver(alert_id: int) -> list[int]:
+    """Push a pending revision to websockets; queue webhooks unless muted. Returns notification ids."""
+    with transaction.atomic():
+        alert = Alert.objects.select_for_update().select_related("run", "acked_by").filter(id=alert_id).first()
+        if alert is None or alert.notified_revision >= alert.revision:
+            return []
+        push([alert])
+        mute = silences.mute_state(alert)
+        notes = [] if mute["silenced"] or mute["inhibited"] else webhooks.queue(alert)
+        alert.notified_revision = alert.revision
+        alert.save(update_fields=["notified_revision"])
+    return notes
+
+
+def pending(limit: int = 500) -> list[int]:
+    return list(Alert.objects.filter(notified_revision__lt=F("revision")).values_list("id", flat=True)[:limit])
 
 
 async def _send(messages: list[tuple[str, dict]]) -> None:
@@ -43,4 +69,3 @@ async def _send(messages: list[tuple[str, dict]]) -> None:
             await layer.group_send(group, body)
     finally:
         await layer.close_pools()
-

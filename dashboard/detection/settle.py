@@ -1,52 +1,54 @@
-"""Settle one slot: consensus, rules, alerts. Idempotent: a settled slot with no new reports is a no-op."""
+"""Settle one slot: consensus, rules, alert lifecycle. Idempotent: a settled slot with no new
+reports is a no-op, and all of it commits in one transaction with the slot's new state."""
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.delivery import notify
-from dashboard.detection import alerts, slots
+from dashboard.detection import alerts, baseline, slots
 from dashboard.detection.consensus import consensus
-from dashboard.detection.rules import CompileSlotView, GradSlotView, evaluate
-from dashboard.models import Alert, CompileSlot, GradSlot
+from dashboard.detection.rules import CompileSlotView, GradSlotView, clean_subjects, evaluate, position
+from dashboard.models import CompileSlot, GradSlot
+from ingest.models import GraphBreakEvent, Rank
 
 
-def settle_compile(slot_id: int) -> list[Alert]:
+def settle_compile(slot_id: int) -> list[int]:
+    """Returns the ids of alerts that changed (to deliver after commit)."""
     with transaction.atomic():
         slot = CompileSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
         reports = slots.compile_reports(slot)
         state = slots.rank_state(slot.run, slot.first_seen)
-        view = CompileSlotView(slot.frame, slot.index, reports, state.accountable(), slot.run.world_size)
+        view = CompileSlotView(
+            slot.frame, slot.index, reports, state.accountable(), slot.run.world_size,
+            rank_info=dict(Rank.objects.filter(run=slot.run).values_list("rank", "info")),
+            graph_breaks=list(GraphBreakEvent.objects.filter(run=slot.run, frame=slot.frame).values_list("rank", "reason")[:200]),
+        )
         hashes = {r: e.graph_norm for r, e in reports.items() if e.graph_norm}
-        verdict = consensus(hashes) if hashes else None
-        _mark(slot, len(reports), verdict)
-        fresh = alerts.record_all(slot.run, evaluate(view))
-        transaction.on_commit(lambda: notify.alerts(fresh))
-    return fresh
+        return _conclude(slot, view, consensus(hashes) if hashes else None, len(reports))
 
 
-def settle_grad(slot_id: int) -> list[Alert]:
+def settle_grad(slot_id: int) -> list[int]:
     with transaction.atomic():
         slot = GradSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
         reports = slots.grad_reports(slot)
         verdict = consensus({r: tuple(g.fps) for r, g in reports.items()}) if reports else None
-        view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size)
-        _mark(slot, len(reports), verdict)
-        fresh = alerts.record_all(slot.run, evaluate(view))
-        transaction.on_commit(lambda: notify.alerts(fresh))
-    return fresh
+        ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
+        view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key)
+        return _conclude(slot, view, verdict, len(reports))
 
 
-def _mark(slot, n_reports: int, verdict) -> None:
+def _conclude(slot, view, verdict, n_reports: int) -> list[int]:
     slot.settled_at = timezone.now()
     slot.settled_n = max(slot.reported, n_reports)
     slot.dissenters = list(verdict.dissenters) if verdict else []
     slot.consensus = {"reference": _jsonable(verdict.reference), "tie": verdict.tie} if verdict else {}
     slot.save(update_fields=["settled_at", "settled_n", "dissenters", "consensus"])
+    findings = evaluate(view)
+    return alerts.apply(slot.run, findings, clean_subjects(view, findings), position(view))
 
 
 def _jsonable(value):

@@ -1,27 +1,56 @@
-"""Celery tasks: settle slots the moment they are complete, and sweep the overdue ones.
+"""Celery tasks: settle slots the moment they are complete, deliver alert revisions, and a
+periodic sweep for what timed out or was left behind (overdue slots, pending deliveries,
+silent ranks).
 
-Tasks are idempotent (keyed by slot) and acknowledged late, so a worker killed mid-task
-leaves the message to be redelivered and the slot settles exactly once.
+Tasks are idempotent (keyed by slot / alert revision / notification) and acknowledged late;
+the state they act on lives in PostgreSQL, so a worker killed mid-task, or a lost broker
+message, is made good by the next sweep and yields each alert exactly once.
 """
 from __future__ import annotations
 
 from celery import shared_task
 
-from dashboard.detection import settle, slots
+from dashboard.delivery import notify, webhooks
+from dashboard.detection import runs, settle, slots
 from dashboard.models import CompileSlot, GradSlot
 
 SETTLERS = {slots.COMPILE: settle.settle_compile, slots.GRAD: settle.settle_grad}
+RETRY_BACKOFF_MAX_S = 300
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def settle_slot(kind: str, slot_id: int) -> int:
-    return len(SETTLERS[kind](slot_id))
+    changed = SETTLERS[kind](slot_id)
+    for alert_id in changed:
+        deliver.delay(alert_id)
+    return len(changed)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def deliver(alert_id: int) -> int:
+    notes = notify.deliver(alert_id)
+    for note_id in notes:
+        send_webhook.delay(note_id)
+    return len(notes)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=10)
+def send_webhook(self, notification_id: int) -> None:
+    try:
+        webhooks.send(notification_id)
+    except Exception as exc:
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, RETRY_BACKOFF_MAX_S))
 
 
 @shared_task(ignore_result=True)
 def sweep() -> int:
-    """Settle slots whose timeout passed without every rank reporting (beat, every 2 s)."""
+    """Every 2 s (beat): settle overdue slots, re-deliver pending alerts, check active runs."""
     due = [(slots.COMPILE, i) for i in slots.overdue(CompileSlot)] + [(slots.GRAD, i) for i in slots.overdue(GradSlot)]
     for kind, slot_id in due:
         settle_slot.delay(kind, slot_id)
+    for run in runs.active_runs():
+        for alert_id in runs.check(run):
+            deliver.delay(alert_id)
+    for alert_id in notify.pending():
+        deliver.delay(alert_id)
     return len(due)

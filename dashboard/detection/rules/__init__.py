@@ -1,7 +1,9 @@
 """The alert rules, registered in one place.
 
-A rule is a function of one settled slot returning findings; it lives in its own module in
-this package and registers itself with `@rule`. Adding a rule means adding one module.
+A rule is a function of one settled slot (or of a run, for the periodic rules) returning
+findings. Each lives in its own module of this package and registers itself with `@rule`;
+adding a rule means adding one module. A rule that names its `subject` lets the engine
+resolve the alert when a later slot of the same subject comes out clean.
 """
 from __future__ import annotations
 
@@ -36,31 +38,76 @@ class CompileSlotView:
     reports: dict  # rank -> ingest.models.CompileEvent
     accountable: set[int]  # ranks whose silence means "did not compile this"
     world_size: int
+    rank_info: dict = field(default_factory=dict)  # rank -> rank_start facts (cache_dirs, collective timeout)
+    graph_breaks: list = field(default_factory=list)  # (rank, reason) of this frame
 
 
 @dataclass
 class GradSlotView:
+    """A settled gradient (or weight) slot: every rank's bucket fingerprints and their consensus."""
+
     step: int
     group: str
     reports: dict  # rank -> ingest.models.GradReport
     consensus: Consensus | None
     world_size: int
+    baseline: tuple | None = None  # the baseline run's consensus for the same step and group
+    baseline_key: str | None = None
 
 
-Rule = Callable[[object], Iterable[Finding]]
-REGISTRY: dict[type, list[tuple[str, Rule]]] = {CompileSlotView: [], GradSlotView: []}
+@dataclass
+class RunView:
+    """A run's ranks as the periodic sweep sees them (for rules about liveness and totals)."""
+
+    run_id: int
+    world_size: int
+    last_seen: dict  # rank -> seconds since the rank's last report
+    ended: set[int]
+    silent_after: float
+    compile_seconds: float = 0.0
+    wall_seconds: float = 0.0
 
 
-def rule(kind: str, slot: type) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
-        REGISTRY[slot].append((kind, fn))
+@dataclass(frozen=True)
+class Rule:
+    kind: str
+    view: type
+    check: Callable[[object], Iterable[Finding]]
+    subject: Callable[[object], str | list[str]] | None = None
+
+
+REGISTRY: list[Rule] = []
+
+
+def rule(kind: str, view: type, subject: Callable[[object], str | list[str]] | None = None):
+    def register(fn: Callable[[object], Iterable[Finding]]):
+        REGISTRY.append(Rule(kind, view, fn, subject))
         return fn
 
     return register
 
 
-def evaluate(view: CompileSlotView | GradSlotView) -> list[Finding]:
-    return [finding for _, fn in REGISTRY[type(view)] for finding in fn(view)]
+def rules_for(view: object) -> list[Rule]:
+    return [r for r in REGISTRY if isinstance(view, r.view)]
+
+
+def evaluate(view: object) -> list[Finding]:
+    return [finding for r in rules_for(view) for finding in r.check(view)]
+
+
+def clean_subjects(view: object, findings: list[Finding]) -> list[tuple[str, str]]:
+    """(kind, subject) pairs this view checked and found healthy: their alerts may resolve."""
+    fired = {(f.kind, f.subject) for f in findings}
+    checked = set()
+    for r in rules_for(view):
+        subjects = r.subject(view) if r.subject is not None else []
+        checked |= {(r.kind, s) for s in ([subjects] if isinstance(subjects, str) else subjects)}
+    return sorted(checked - fired)
+
+
+def position(view: object) -> int:
+    """Where a view sits in its subject's history: resolution only moves forward."""
+    return getattr(view, "step", None) if isinstance(view, GradSlotView) else getattr(view, "index", 0)
 
 
 def load_all() -> None:
@@ -72,3 +119,7 @@ def load_all() -> None:
 def ranks_text(ranks: Iterable[int]) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def first_step(reports: dict, ranks: Iterable[int]) -> int | None:
+    return min((reports[r].step for r in ranks if reports[r].step is not None), default=None)

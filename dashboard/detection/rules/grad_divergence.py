@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
+from dashboard.detection.rules.param_divergence import is_param
 
 
-@rule("grad_divergence", GradSlotView)
+@rule("grad_divergence", GradSlotView, subject=lambda v: f"group:{v.group}")
 def grad_divergence(view: GradSlotView):
-    if view.consensus is None or not view.consensus.dissenters:
+    if is_param(view) or view.consensus is None or not view.consensus.dissenters:
         return
     reference = view.consensus.reference
     buckets = sorted(

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dashboard.detection.consensus import consensus
-from dashboard.detection.rules import CompileSlotView, Finding, ranks_text, rule
+from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
-@rule("graph_divergence", CompileSlotView)
+@rule("graph_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
 def graph_divergence(view: CompileSlotView):
     hashes = {r: e.graph_norm for r, e in view.reports.items() if e.graph_norm}
     if len(hashes) < 2:
@@ -16,9 +16,9 @@ def graph_divergence(view: CompileSlotView):
     yield Finding(
         kind="graph_divergence",
         severity="critical",
-        subject=f"frame:{view.frame}#{view.index}",
+        subject=f"frame:{view.frame}",
         ranks=verdict.dissenters,
-        step=min((view.reports[r].step for r in verdict.dissenters if view.reports[r].step is not None), default=None),
+        step=first_step(view.reports, verdict.dissenters),
         frame=view.frame,
         message=f"{ranks_text(verdict.dissenters).capitalize()} traced another graph for {view.frame} (compile #{view.index})",
         details={"index": view.index, "tie": verdict.tie, "hashes": {str(r): h for r, h in sorted(hashes.items())}},

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
+from dashboard.detection.rules.param_divergence import is_param
 
 
-@rule("nonfinite_grad", GradSlotView)
+@rule("nonfinite_grad", GradSlotView, subject=lambda v: f"group:{v.group}")
 def nonfinite_grad(view: GradSlotView):
+    if is_param(view):
+        return
     bad = tuple(sorted(r for r, report in view.reports.items() if report.nonfinite))
     if not bad or len(bad) == len(view.reports):
         return

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dashboard.detection.rules import CompileSlotView, Finding, ranks_text, rule
+from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
-@rule("recompile_divergence", CompileSlotView)
+@rule("recompile_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
 def recompile_divergence(view: CompileSlotView):
     if view.index == 0:
         return
@@ -52,7 +52,7 @@ def _reason_finding(view: CompileSlotView):
         severity="critical",
         subject=f"frame:{view.frame}",
         ranks=odd,
-        step=min((view.reports[r].step for r in odd if view.reports[r].step is not None), default=None),
+        step=first_step(view.reports, odd),
         frame=view.frame,
         message=f"{ranks_text(odd).capitalize()} recompiled {view.frame} for another reason: {reasons[odd[0]]}",
         details={"index": view.index, "reasons": {str(r): reasons[r] for r in sorted(reasons)}},

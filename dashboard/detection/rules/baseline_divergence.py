@@ -1,0 +1,23 @@
+"""baseline_divergence: the run's agreed gradients differ from its baseline run's at the same step."""
+from __future__ import annotations
+
+from dashboard.detection.rules import Finding, GradSlotView, rule
+
+
+@rule("baseline_divergence", GradSlotView)
+def baseline_divergence(view: GradSlotView):
+    if view.baseline is None or view.consensus is None or tuple(view.consensus.reference) == tuple(view.baseline):
+        return
+    buckets = [i for i, (a, b) in enumerate(zip(view.consensus.reference, view.baseline)) if a != b]
+    if len(view.consensus.reference) != len(view.baseline):
+        buckets = buckets or list(range(min(len(view.consensus.reference), len(view.baseline))))
+    yield Finding(
+        kind="baseline_divergence",
+        severity="warning",
+        subject=f"baseline:{view.baseline_key}:{view.group}",
+        ranks=(),
+        step=view.step,
+        message=f"Gradients differ from baseline run {view.baseline_key} from step {view.step} "
+        f"(buckets {', '.join(map(str, buckets))})",
+        details={"baseline": view.baseline_key, "group": view.group, "buckets": buckets},
+    )

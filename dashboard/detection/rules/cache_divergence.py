@@ -1,0 +1,34 @@
+"""cache_divergence: in one compile slot some ranks hit the compile cache and others missed."""
+from __future__ import annotations
+
+from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
+
+
+def outcome(cache: dict, stage: str) -> str | None:
+    """'hit' only if every lookup of the stage hit; the agent joins several lookups with commas."""
+    values = [v for v in (cache.get(stage) or "").split(",") if v]
+    if not values:
+        return None
+    return "hit" if all(v == "hit" for v in values) else "miss" if "miss" in values else values[0]
+
+
+@rule("cache_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+def cache_divergence(view: CompileSlotView):
+    for stage in ("inductor", "aotautograd"):
+        outcomes = {r: outcome(e.cache or {}, stage) for r, e in view.reports.items()}
+        outcomes = {r: o for r, o in outcomes.items() if o in ("hit", "miss")}
+        hits = {r for r, o in outcomes.items() if o == "hit"}
+        misses = set(outcomes) - hits
+        if hits and misses:
+            yield Finding(
+                kind="cache_divergence",
+                severity="warning",
+                subject=f"frame:{view.frame}",
+                ranks=tuple(sorted(misses)),
+                step=first_step(view.reports, misses),
+                frame=view.frame,
+                message=f"{ranks_text(misses).capitalize()} missed the {stage} cache for {view.frame} "
+                f"while {ranks_text(hits)} hit it",
+                details={"index": view.index, "stage": stage, "hit": sorted(hits), "miss": sorted(misses)},
+            )
+            return

@@ -1,0 +1,29 @@
+"""collective_schedule_divergence: the ranks' compiled graphs issue different collective sequences,
+so they will wait on each other forever (a hang in waiting)."""
+from __future__ import annotations
+
+from dashboard.detection.consensus import consensus
+from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
+
+
+def schedule(event) -> str | None:
+    return (((event.detail or {}).get("hashes") or {}).get("collectives") or {}).get("norm")
+
+
+@rule("collective_schedule_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+def collective_schedule_divergence(view: CompileSlotView):
+    schedules = {r: schedule(e) or "" for r, e in view.reports.items()}
+    if len(schedules) < 2 or not any(schedules.values()) or len(set(schedules.values())) == 1:
+        return
+    verdict = consensus(schedules)
+    yield Finding(
+        kind="collective_schedule_divergence",
+        severity="critical",
+        subject=f"frame:{view.frame}",
+        ranks=verdict.dissenters,
+        step=first_step(view.reports, verdict.dissenters),
+        frame=view.frame,
+        message=f"{ranks_text(verdict.dissenters).capitalize()} compiled another collective sequence for "
+        f"{view.frame}: expect a hang at the next collective",
+        details={"index": view.index, "tie": verdict.tie, "schedules": {str(r): s for r, s in sorted(schedules.items())}},
+    )

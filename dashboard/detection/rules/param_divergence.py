@@ -1,0 +1,29 @@
+"""param_divergence: weight fingerprints of replicas differ (reported every K steps as `param` events)."""
+from __future__ import annotations
+
+from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
+
+PARAM_PREFIX = "param:"
+
+
+def is_param(view: GradSlotView) -> bool:
+    return view.group.startswith(PARAM_PREFIX)
+
+
+@rule("param_divergence", GradSlotView, subject=lambda v: f"group:{v.group}")
+def param_divergence(view: GradSlotView):
+    if not is_param(view) or view.consensus is None or not view.consensus.dissenters:
+        return
+    dissenters = view.consensus.dissenters
+    buckets = sorted({i for r in dissenters
+                      for i, (a, b) in enumerate(zip(view.reports[r].fps, view.consensus.reference)) if a != b})
+    yield Finding(
+        kind="param_divergence",
+        severity="critical",
+        subject=f"group:{view.group}",
+        ranks=dissenters,
+        step=view.step,
+        message=f"Weights of {ranks_text(dissenters)} differ from the other replicas at step {view.step} "
+        f"(buckets {', '.join(map(str, buckets))})",
+        details={"group": view.group.removeprefix(PARAM_PREFIX), "buckets": buckets, "tie": view.consensus.tie},
+    )
