@@ -103,6 +103,7 @@ def stack_env(django_db_setup, django_db_blocker) -> dict:
         DATABASE_URL=database_url(settings.DATABASES["default"]),
         REDIS_URL=settings.REDIS_URL,
         LOCKSTEP_SETTLE_TIMEOUT=str(settings.LOCKSTEP_SETTLE_TIMEOUT),
+        LOCKSTEP_SILENT_AFTER="8",
         PYTHONUNBUFFERED="1",
     )
     return env

@@ -47,7 +47,7 @@ def push(alerts: list[Alert]) -> None:
 def deliver(alert_id: int) -> list[int]:
     """Push a pending revision to websockets; queue webhooks unless muted. Returns notification ids."""
     with transaction.atomic():
-        alert = Alert.objects.select_for_update().select_related("run", "acked_by").filter(id=alert_id).first()
+        alert = Alert.objects.select_for_update(of=("self",)).select_related("run", "acked_by").filter(id=alert_id).first()
         if alert is None or alert.notified_revision >= alert.revision:
             return []
         push([alert])

@@ -1,0 +1,101 @@
+"""Provoke the divergences Lockstep must catch, in one real DDP job (run it under torchrun).
+
+Each flag adds one failure on top of demo/ddp_job.py's training loop:
+  --branch-rank R        rank R takes another Python branch in a compiled helper (graph_divergence)
+  --nan-rank R --nan-step S   rank R's gradient turns NaN at step S (nonfinite_grad, grad_divergence)
+  --storm                a helper recompiles on every step with dynamic=False (recompile_storm)
+  --slow-rank R          rank R's backend takes --slow-seconds to compile a helper (compile_straggler)
+  --kill-rank R --kill-step S  rank R dies by SIGKILL at step S (rank_silent); the others then hang
+  --compile-ddp          torch.compile(DDP(model)): only empty graphs compile (ineffective_compile)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_job import batch_for, make_model  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--branch-rank", type=int)
+    p.add_argument("--nan-rank", type=int)
+    p.add_argument("--nan-step", type=int)
+    p.add_argument("--storm", action="store_true")
+    p.add_argument("--slow-rank", type=int)
+    p.add_argument("--slow-seconds", type=float, default=4.0)
+    p.add_argument("--kill-rank", type=int)
+    p.add_argument("--kill-step", type=int)
+    p.add_argument("--compile-ddp", action="store_true")
+    return p.parse_args()
+
+
+def branchy(x: torch.Tensor, odd: bool) -> torch.Tensor:
+    """A data/rank-dependent Python branch: Dynamo traces a different graph on the odd rank."""
+    if odd:
+        return torch.tanh(x) * 2
+    return torch.relu(x) + 1
+
+
+def stormy(x: torch.Tensor) -> torch.Tensor:
+    return (x * 3).sum(dim=0)
+
+
+def ramp(x: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x) - 0.5
+
+
+def slow_backend(seconds: float):
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        time.sleep(seconds)
+        return gm.forward
+
+    return backend
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.compile(DDP(make_model())) if args.compile_ddp else DDP(torch.compile(make_model()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    branch = torch.compile(branchy, backend="aot_eager")
+    storm = torch.compile(stormy, backend="aot_eager", dynamic=False)
+    slow = torch.compile(ramp, backend=slow_backend(args.slow_seconds if rank == args.slow_rank else 0.0))
+    for step in range(args.steps):
+        if (rank, step) == (args.kill_rank, args.kill_step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch_for(rank, step, args.batch)
+        if args.branch_rank is not None:
+            x = branch(x, rank == args.branch_rank)
+        if args.storm:
+            storm(torch.ones(step + 2, 3))
+        if args.slow_rank is not None:
+            x = x + slow(x)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(x), y).backward()
+        if (rank, step) == (args.nan_rank, args.nan_step):
+            with torch.no_grad():
+                next(model.parameters()).grad.view(-1)[0] = float("nan")
+        opt.step()
+        if args.sleep:
+            time.sleep(args.sleep)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

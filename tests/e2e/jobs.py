@@ -1,0 +1,112 @@
+"""Launch real torchrun jobs with the agent against the test stack, and watch alerts arrive."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import requests
+from django.contrib.auth.models import User
+from django.test import Client
+from websockets.sync.client import connect
+
+from ingest.models import Project, ProjectToken
+from tests.stack import ROOT, free_port
+
+
+def torchrun(stack, token: str, run_key: str, script: str, args: list[str], spool, ranks: int = 3,
+             extra_env: dict | None = None) -> subprocess.Popen:
+    env = dict(stack.env, LOCKSTEP_URL=stack.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run_key,
+               LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", **(extra_env or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
+           str(free_port()), "-m", "agents", "run", script, *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+@contextmanager
+def running(job: subprocess.Popen):
+    """Yield the job; kill its whole process group on the way out, whatever happened."""
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+def finish(job: subprocess.Popen, timeout: float = 180) -> str:
+    output, _ = job.communicate(timeout=timeout)
+    text = output.decode(errors="replace")
+    assert job.returncode == 0, text
+    return text
+
+
+class Feed(threading.Thread):
+    """Collects every alert message from a websocket until closed."""
+
+    def __init__(self, url: str, headers: dict) -> None:
+        super().__init__(daemon=True)
+        self.ws = connect(url, additional_headers=headers, open_timeout=10)
+        self.alerts: list[dict] = []
+        self.closed_by: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            for raw in self.ws:
+                message = json.loads(raw)
+                if message["type"] == "alert":
+                    self.alerts.append(message["alert"])
+        except Exception as exc:  # reported by wait_for
+            self.closed_by = exc
+
+    def latest(self, run: str | None = None) -> dict[str, dict]:
+        """Latest state of each alert kind (messages are revisions; later ones win)."""
+        return {a["kind"]: a for a in self.alerts if run is None or a["run"] == run}
+
+    def wait_for(self, kinds: set[str], timeout: float, run: str | None = None) -> dict[str, dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.latest(run)
+            if kinds <= set(found):
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"alerts {kinds} not all received; got {self.alerts}; socket closed by {self.closed_by!r}")
+
+
+def member_session(project: Project, username: str) -> str:
+    user = User.objects.create_user(username, password="pw-" + username)
+    project.members.add(user)
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+def project_with_token(name: str) -> tuple[Project, str]:
+    project = Project.objects.create(name=name)
+    return project, ProjectToken.issue(project)
+
+
+def alert_feed(stack, session: str, path: str = "/ws/alerts/") -> Feed:
+    feed = Feed(stack.url.replace("http", "ws") + path, {"Cookie": f"sessionid={session}", "Origin": stack.url})
+    feed.start()
+    return feed
+
+
+def api(stack, token: str, path: str) -> requests.Response:
+    return requests.get(f"{stack.url}/api/v1{path}", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+
+def wait_for_run(stack, token: str, key: str, job: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if api(stack, token, f"/runs/{key}").ok:
+            return
+        assert job.poll() is None, job.stdout.read().decode(errors="replace")
+        time.sleep(0.2)
+    raise AssertionError("run never appeared")

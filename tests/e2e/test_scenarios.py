@@ -1,0 +1,74 @@
+"""Every rule the CPU can provoke, on real 3-rank gloo torchrun jobs (demo/scenarios.py) through
+the real stack; each job provokes several failures at once to keep the suite short."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
+from tests.stack import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def team(stack):
+    project, token = project_with_token(f"sc-{uuid.uuid4().hex[:6]}")
+    feed = alert_feed(stack, member_session(project, f"u-{uuid.uuid4().hex[:6]}"))
+    yield token, feed
+    feed.ws.close()
+
+
+def test_branch_nan_storm_and_straggler(stack, team, tmp_path):
+    token, feed = team
+    key = f"sc-mix-{uuid.uuid4().hex[:6]}"
+    args = ["--steps", "10", "--branch-rank", "1", "--nan-rank", "2", "--nan-step", "4", "--storm",
+            "--slow-rank", "0", "--slow-seconds", "4"]
+    with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool")) as job:
+        finish(job)
+    alerts = feed.wait_for({"graph_divergence", "nonfinite_grad", "recompile_storm", "compile_straggler"}, 60, run=key)
+    assert alerts["graph_divergence"]["ranks"] == [1]
+    assert "branchy" in alerts["graph_divergence"]["frame"]
+    assert (alerts["nonfinite_grad"]["ranks"], alerts["nonfinite_grad"]["step"]) == ([2], 4)
+    assert "stormy" in alerts["recompile_storm"]["frame"] and alerts["recompile_storm"]["ranks"] == [0, 1, 2]
+    assert alerts["compile_straggler"]["ranks"] == [0] and "ramp" in alerts["compile_straggler"]["frame"]
+    unexpected = set(feed.latest(key)) - {"graph_divergence", "nonfinite_grad", "grad_divergence", "recompile_storm",
+                                          "compile_straggler"}
+    assert not unexpected, unexpected
+
+
+def test_killed_rank_is_silent_and_compiled_ddp_is_ineffective(stack, team, tmp_path):
+    token, feed = team
+    key = f"sc-kill-{uuid.uuid4().hex[:6]}"
+    args = ["--steps", "30", "--sleep", "0.2", "--compile-ddp", "--kill-rank", "2", "--kill-step", "5"]
+    with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool")) as job:
+        wait_for_run(stack, token, key, job)
+        alerts = feed.wait_for({"rank_silent", "ineffective_compile"}, 120, run=key)
+    assert alerts["rank_silent"]["ranks"] == [2] and alerts["rank_silent"]["state"] == "firing"
+    assert "runs mostly eager" in alerts["ineffective_compile"]["message"]
+    stored = {a["kind"]: a for a in api(stack, token, f"/runs/{key}/alerts").json()["alerts"]}
+    assert "recompile_divergence" not in stored and "graph_divergence" not in stored
+
+
+def test_cold_cache_on_one_rank(stack, team, tmp_path):
+    token, feed = team
+    warm = tmp_path / "warm-cache"
+    cold = tmp_path / "cold-cache"
+    # Fill one cache directory by running the same job on one rank, then give it to ranks 0 and 2.
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "demo/ddp_job.py",
+                    "--steps", "1"], cwd=ROOT, check=True, capture_output=True, timeout=300,
+                   env={**stack.env, "TORCHINDUCTOR_CACHE_DIR": str(warm)})
+    key = f"sc-cache-{uuid.uuid4().hex[:6]}"
+    wrapper = ROOT / "tests" / "e2e" / "per_rank_cache.py"
+    with running(torchrun(stack, token, key, str(wrapper), ["--steps", "4"], tmp_path / "spool",
+                          extra_env={"WARM_CACHE": str(warm), "COLD_CACHE": str(cold), "COLD_RANK": "1"})) as job:
+        finish(job)
+    alerts = feed.wait_for({"cache_divergence"}, 60, run=key)
+    assert alerts["cache_divergence"]["ranks"] == [1]
+    assert alerts["cache_divergence"]["details"]["miss"] == [1]
+    time.sleep(0.5)
+    assert "grad_divergence" not in feed.latest(key)
