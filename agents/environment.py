@@ -16,13 +16,13 @@ _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(^|_)KEY($|_)", re.I)
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "torch": torch.__version__}
+    out = {"python": platform.python_version(), "torch": str(torch.__version__)}
     try:
         out["triton"] = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         pass
     if torch.version.cuda:
-        out["cuda"] = torch.version.cuda
+        out["cuda"] = str(torch.version.cuda)
     try:
         if torch.cuda.is_available():
             out["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Union
 
+import hashlib
+import sys
+
 import msgspec
 
 PROTOCOL_VERSION = 1
@@ -19,6 +22,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_EVENTS_PER_BATCH = 50_000
 MAX_RANKS = 1 << 20
 MAX_BLOB_BYTES = 4 * 1024 * 1024
+
+_LITTLE = sys.byteorder == "little"
 
 U64_MAX = (1 << 64) - 1
 U64 = Annotated[int, msgspec.Meta(ge=0)]  # upper bound checked in _check_u64 (msgspec bounds stop at int64)
@@ -106,6 +111,54 @@ class Grad(Event, tag="grad"):
         _check_u64(self.fps)
 
 
+MAX_BUCKETS = 4096
+MAX_GRADS_STEPS = 4096
+
+
+class Grads(Event, tag="grads"):
+    """Compact form of `grad` for the steady state (P1/P7): many consecutive steps in one event.
+
+    `fps` is base64 (standard alphabet, padded) of `steps * buckets` unsigned 64-bit
+    fingerprints, little-endian, step-major: step `step + i`, bucket `b` is the u64 at byte
+    offset `8 * (i * buckets + b)`. Raw bytes neither need a u64 range check nor cost ~20
+    decimal digits each, and one event amortizes the JSON framing over `steps` rank-steps.
+    `nonfinite` and `norms`, when given, hold one value per step. Each step counts as one
+    grad event (one rank-step) everywhere, exactly as if sent as a `grad` event.
+    """
+
+    step: NonNeg
+    buckets: Annotated[int, msgspec.Meta(ge=1, le=MAX_BUCKETS)]
+    fps: bytes
+    steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_GRADS_STEPS)] = 1
+    group: Short = "ddp"
+    norms: list[float] = []
+    nonfinite: list[NonNeg] = []
+
+    def __post_init__(self) -> None:
+        if len(self.fps) != 8 * self.steps * self.buckets:
+            raise ValueError(f"fps holds {len(self.fps)} bytes, expected 8 * steps * buckets = {8 * self.steps * self.buckets}")
+        if self.norms and len(self.norms) != self.steps:
+            raise ValueError("norms must hold one value per step")
+        if self.nonfinite and len(self.nonfinite) != self.steps:
+            raise ValueError("nonfinite must hold one value per step")
+
+    @classmethod
+    def pack(cls, step: int, rows: list[list[int]], group: str = "ddp", **kw) -> "Grads":
+        """Build from per-step bucket fingerprints (what an agent has after `steps` grad events)."""
+        buckets = len(rows[0])
+        fps = b"".join(v.to_bytes(8, "little") for row in rows for v in row)
+        return cls(step=step, steps=len(rows), buckets=buckets, group=group, fps=fps, **kw)
+
+    def unpack(self) -> list[list[int]]:
+        """Per-step lists of u64 fingerprints (the `fps` of the equivalent `grad` events)."""
+        n, view = self.buckets, memoryview(self.fps).cast("Q") if _LITTLE else None
+        if view is None:
+            values = [int.from_bytes(self.fps[i:i + 8], "little") for i in range(0, len(self.fps), 8)]
+        else:
+            values = view.tolist()
+        return [values[i * n:(i + 1) * n] for i in range(self.steps)]
+
+
 class Param(Event, tag="param"):
     step: NonNeg
     group: Short = "ddp"
@@ -147,7 +200,7 @@ class Dropped(Event, tag="dropped"):
     reason: Short = ""
 
 
-AnyEvent = Union[RankStart, Compile, GraphBreak, Grad, Param, Step, Heartbeat, Detail, RankEnd, Dropped]
+AnyEvent = Union[RankStart, Compile, GraphBreak, Grad, Grads, Param, Step, Heartbeat, Detail, RankEnd, Dropped]
 EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in AnyEvent.__args__)
 
 
@@ -174,10 +227,45 @@ class IngestReply(msgspec.Struct):
     detail: list[int] = []
 
 
+BlobHash = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}$")]
+
+
+def blob_hash(text: str) -> str:
+    """Content address of a graph text: the `norm` hash the agent already sends (128-bit blake2b, hex)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+class Blob(msgspec.Struct):
+    """One normalized graph text the server asked for in `want_blobs`; `hash` must be `blob_hash(text)`."""
+
+    hash: BlobHash
+    text: Annotated[str, msgspec.Meta(max_length=MAX_BLOB_BYTES)]
+
+
+class BlobUpload(msgspec.Struct):
+    """Body of `POST /api/v1/blobs` (JSON, optional gzip, same token as ingest)."""
+
+    v: Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
+    blobs: Annotated[list[Blob], msgspec.Meta(min_length=1, max_length=256)]
+
+
+class BlobReply(msgspec.Struct):
+    stored: list[str] = []
+    known: list[str] = []
+
+
 def encode(obj: msgspec.Struct) -> bytes:
     return msgspec.json.encode(obj)
 
 
+_BATCH = msgspec.json.Decoder(Batch)
+_BLOBS = msgspec.json.Decoder(BlobUpload)
+
+
 def decode_batch(body: bytes) -> Batch:
     """Decode and validate; raises msgspec.ValidationError / DecodeError with the failing path."""
-    return msgspec.json.decode(body, type=Batch)
+    return _BATCH.decode(body)
+
+
+def decode_blobs(body: bytes) -> BlobUpload:
+    return _BLOBS.decode(body)

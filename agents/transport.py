@@ -175,7 +175,11 @@ class Transport:
         """(seq, body, n_events). Oversized batches are split before they get a seq."""
         batch = protocol.Batch(v=protocol.PROTOCOL_VERSION, run=self.run, rank=self.cfg.rank,
                                session=self.session, seq=self._seq, events=events)
-        raw = protocol.encode(batch)
+        try:
+            raw = protocol.encode(batch)
+        except (TypeError, ValueError, msgspec.MsgspecError):
+            batch.events = events = self._encodable(events)
+            raw = protocol.encode(batch)
         if len(raw) > BATCH_TARGET_BYTES and len(events) > 1:
             half = len(events) // 2
             self._queue.extendleft(reversed(events[half:]))
@@ -183,6 +187,17 @@ class Transport:
         self._seq += 1
         body = gzip.compress(raw, 6) if len(raw) > GZIP_OVER else raw
         return batch.seq, body, len(events)
+
+    def _encodable(self, events: list[protocol.Event]) -> list[protocol.Event]:
+        """Drop (and count) events that cannot be encoded, so one bad event can't sink a batch."""
+        good = []
+        for event in events:
+            try:
+                protocol.encode(event)
+                good.append(event)
+            except (TypeError, ValueError, msgspec.MsgspecError):
+                self._count_drop(1, "unencodable")
+        return good
 
     def _online(self) -> bool:
         return not self.cfg.offline and self.cfg.url is not None

@@ -1,6 +1,7 @@
 """Whole processes: LOCKSTEP_DISABLE, `agents run` exit status, and a real 3-rank torchrun DDP job."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -18,8 +19,11 @@ def _run(cmd, env, timeout=150):
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers (own sessions)
+        try:
+            proc.communicate(timeout=40)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
         raise
     return proc.returncode, out
 
@@ -48,8 +52,14 @@ def test_run_reports_script_failure_in_rank_end(tmp_path):
     assert events[-1].status == "error" and events[-1].exit_code == 1 and "boom" in events[-1].reason
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_torchrun_three_rank_ddp_job(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", "0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()),
            "-m", "agents", "run", "demo/ddp_job.py", "--steps", "8",
            "--shape-rank", "1", "--shape-step", "3", "--perturb-rank", "2", "--perturb-step", "5"]
     rc, out = _run(cmd, _env(tmp_path))

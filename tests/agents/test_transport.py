@@ -147,3 +147,13 @@ def test_detail_request_answered_from_ring(tmp_path, stub):
     t.close(timeout=5)
     details = [e for e in events_of(stub.accepted) if isinstance(e, protocol.Detail)]
     assert details and details[0].step == 3 and details[0].params == {"w": 5}
+
+
+def test_unencodable_event_is_dropped_alone(tmp_path, stub):
+    t = _transport(tmp_path, stub.url)
+    t.put(protocol.RankStart(versions={"torch": object()}))
+    _send_steps(t, [1])
+    t.close(timeout=5)
+    events = events_of(stub.accepted)
+    assert _steps(stub.accepted) == [1]
+    assert any(isinstance(e, protocol.Dropped) and e.reason == "unencodable" for e in events)
