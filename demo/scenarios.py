@@ -5,7 +5,8 @@ Each flag adds one failure on top of demo/ddp_job.py's training loop:
   --nan-rank R --nan-step S   rank R's gradient turns NaN at step S (nonfinite_grad, grad_divergence)
   --storm                a helper recompiles on every step with dynamic=False (recompile_storm)
   --slow-rank R          rank R's backend takes --slow-seconds to compile a helper (compile_straggler)
-  --kill-rank R --kill-step S  rank R dies by SIGKILL at step S (rank_silent); the others then hang
+  --freeze-rank R --freeze-step S  rank R stops dead (SIGSTOP) at step S, like a rank hung in the
+                         driver: it goes silent (rank_silent) while the others wait in the next collective
   --compile-ddp          torch.compile(DDP(model)): only empty graphs compile (ineffective_compile)
 """
 from __future__ import annotations
@@ -36,8 +37,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--storm", action="store_true")
     p.add_argument("--slow-rank", type=int)
     p.add_argument("--slow-seconds", type=float, default=4.0)
-    p.add_argument("--kill-rank", type=int)
-    p.add_argument("--kill-step", type=int)
+    p.add_argument("--freeze-rank", type=int)
+    p.add_argument("--freeze-step", type=int)
     p.add_argument("--compile-ddp", action="store_true")
     return p.parse_args()
 
@@ -76,8 +77,8 @@ def main() -> None:
     storm = torch.compile(stormy, backend="aot_eager", dynamic=False)
     slow = torch.compile(ramp, backend=slow_backend(args.slow_seconds if rank == args.slow_rank else 0.0))
     for step in range(args.steps):
-        if (rank, step) == (args.kill_rank, args.kill_step):
-            os.kill(os.getpid(), signal.SIGKILL)
+        if (rank, step) == (args.freeze_rank, args.freeze_step):
+            os.kill(os.getpid(), signal.SIGSTOP)
         x, y = batch_for(rank, step, args.batch)
         if args.branch_rank is not None:
             x = branch(x, rank == args.branch_rank)

@@ -3,6 +3,13 @@
 A slot is ready the moment every rank reported it; otherwise the sweep settles it once the
 settle timeout has passed since its first report. State lives in PostgreSQL, so nothing is
 lost when a worker or the broker restarts.
+
+Compile slots count reports per slot. Grad slots do not: at 1024 ranks that is 1024 updates
+of every slot row (the ingest bottleneck). Instead each rank has a watermark (highest step
+reported, `ingest.models.GradWatermark`), the first rank to reach a step creates its slot, and
+`grads_ready` (after the batch commits, so the last committer always sees every report) marks
+the slots below the lowest watermark complete (`reported = world_size`). Reports for a slot that
+already settled still count one by one, so a late report reopens it.
 """
 from __future__ import annotations
 
@@ -24,12 +31,73 @@ def replicated(group: str) -> bool:
     return not group.startswith("local")
 
 
-def touch(run: Run, compiles: list[protocol.Compile], grads: list[protocol.Grad]) -> list[tuple[str, int]]:
-    """Count this batch's reports per slot; return the slots every rank has now reported."""
+def touch(run: Run, compiles: list[protocol.Compile], grads: list[protocol.Grad], rank: int = 0) -> list[tuple[str, int]]:
+    """Record this batch's reports (inside its transaction); return the slots it completed.
+
+    `grads` needs only `.step` and `.group` per rank-step. Grad completion by watermark is
+    decided by `grads_ready` after commit; here only late reports of settled grad slots count.
+    """
     compile_keys = sorted({(e.frame, e.index) for e in compiles})
-    grad_keys = sorted({(e.step, e.group) for e in grads if replicated(e.group)})
     ready = [(COMPILE, i) for i in _upsert("dashboard_compileslot", ("frame", "index"), ("text", "int"), compile_keys, run)]
-    ready += [(GRAD, i) for i in _upsert("dashboard_gradslot", ("step", "group"), ("bigint", "text"), grad_keys, run)]
+    by_group: dict[str, list[int]] = {}
+    for e in grads:
+        if replicated(e.group):
+            by_group.setdefault(e.group, []).append(e.step)
+    for group, steps in sorted(by_group.items()):
+        ready += [(GRAD, i) for i in _grad_reports(run, rank, group, sorted(set(steps)))]
+    return ready
+
+
+def _grad_reports(run: Run, rank: int, group: str, steps: list[int]) -> list[int]:
+    """Advance the rank's watermark, open slots no rank reported before, count late reports.
+
+    One statement: every part reads the snapshot from before it, so `top` is the highest step
+    any rank had reported and new slots are exactly this batch's steps above it.
+    """
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            WITH top AS (
+              SELECT COALESCE(max(step), -1) AS step FROM ingest_gradwatermark WHERE run_id = %(run)s AND "group" = %(group)s
+            ), mark AS (
+              INSERT INTO ingest_gradwatermark (run_id, "group", rank, step) VALUES (%(run)s, %(group)s, %(rank)s, %(last)s)
+              ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST(ingest_gradwatermark.step, EXCLUDED.step)
+            ), opened AS (
+              INSERT INTO dashboard_gradslot (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
+              SELECT %(run)s, s, %(group)s, 1, now(), 0, '{}', '{}' FROM unnest(%(steps)s::bigint[]) AS s, top WHERE s > top.step
+              ON CONFLICT (run_id, step, "group") DO NOTHING
+            )
+            UPDATE dashboard_gradslot SET reported = reported + 1 FROM top
+            WHERE run_id = %(run)s AND "group" = %(group)s AND dashboard_gradslot.step = ANY(%(steps)s::bigint[])
+              AND dashboard_gradslot.step BETWEEN %(first)s AND top.step AND settled_at IS NOT NULL
+            RETURNING id, reported
+            """,
+            {"run": run.id, "group": group, "rank": rank, "steps": steps, "first": steps[0], "last": steps[-1]},
+        )
+        return [slot_id for slot_id, reported in cur.fetchall() if reported >= run.world_size]
+
+
+def grads_ready(run: Run, before: dict[str, int], groups: set[str]) -> list[tuple[str, int]]:
+    """After commit: grad slots that every rank's watermark has now passed, each returned once.
+
+    A slot can only have become complete if this rank was the lowest, so only steps above its
+    old watermark (`before`, read in the batch's transaction before it moved) are looked at; of two ranks committing at once, the later sees both.
+    """
+    ready = []
+    with connection.cursor() as cur:
+        for group in sorted(groups):
+            cur.execute(
+                """
+                WITH w AS (SELECT min(step) AS lowest, count(*) AS ranks FROM ingest_gradwatermark
+                           WHERE run_id = %(run)s AND "group" = %(group)s)
+                UPDATE dashboard_gradslot SET reported = %(ws)s FROM w
+                WHERE w.ranks >= %(ws)s AND run_id = %(run)s AND "group" = %(group)s
+                  AND step > %(floor)s AND step <= w.lowest AND reported < %(ws)s
+                RETURNING id
+                """,
+                {"run": run.id, "group": group, "ws": run.world_size, "floor": before.get(group, -1)},
+            )
+            ready += [(GRAD, row[0]) for row in cur.fetchall()]
     return ready
 
 

@@ -41,10 +41,12 @@ def test_branch_nan_storm_and_straggler(stack, team, tmp_path):
     assert not unexpected, unexpected
 
 
-def test_killed_rank_is_silent_and_compiled_ddp_is_ineffective(stack, team, tmp_path):
+def test_hung_rank_is_silent_and_compiled_ddp_is_ineffective(stack, team, tmp_path):
+    """A rank frozen mid-run goes silent while the others (waiting in the all-reduce) keep heartbeating.
+    (A rank killed outright makes torchrun stop the whole job, so every rank ends; nothing is silent.)"""
     token, feed = team
-    key = f"sc-kill-{uuid.uuid4().hex[:6]}"
-    args = ["--steps", "30", "--sleep", "0.2", "--compile-ddp", "--kill-rank", "2", "--kill-step", "5"]
+    key = f"sc-hang-{uuid.uuid4().hex[:6]}"
+    args = ["--steps", "30", "--sleep", "0.2", "--compile-ddp", "--freeze-rank", "2", "--freeze-step", "5"]
     with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool")) as job:
         wait_for_run(stack, token, key, job)
         alerts = feed.wait_for({"rank_silent", "ineffective_compile"}, 120, run=key)

@@ -19,3 +19,14 @@ def test_shredded_by_breaks():
 
 def test_real_graphs_are_fine():
     assert findings_of(compile_view({0: {}, 1: {}}, index=0), "ineffective_compile") == []
+
+
+def test_long_dynamo_break_text_is_cut_to_its_explanation():
+    from dashboard.detection.rules.ineffective_compile import headline
+
+    text = ("Graph break in user code at contextlib.py:105\nGraph Break Reason: Encountered graph break\n\n"
+            "Attempted to call function marked as skipped\n  Explanation: Dynamo developers have intentionally "
+            "marked that the function `DistributedDataParallel._inside_ddp_forward` should not be traced.\n"
+            "  Hint: Avoid calling the function\nUser code traceback: ...")
+    assert headline(text).startswith("Explanation: Dynamo developers")
+    assert "_inside_ddp_forward" in headline(text) and "traceback" not in headline(text)

@@ -13,6 +13,13 @@ def op_count(event) -> int | None:
     return ((event.detail or {}).get("counts") or {}).get("graph_op_count")
 
 
+def headline(reason: str) -> str:
+    """Dynamo's break text runs to pages; its first explanation line names the culprit."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    useful = [line for line in lines if line.startswith(("Explanation:", "Graph Break Reason:"))]
+    return (useful[-1] if useful else (lines[0] if lines else ""))[:300]
+
+
 @rule("ineffective_compile", CompileSlotView)
 def ineffective_compile(view: CompileSlotView):
     empty = {r for r, e in view.reports.items() if e.status == "ok" and op_count(e) == 0}
@@ -20,7 +27,7 @@ def ineffective_compile(view: CompileSlotView):
     ranks = empty | shredded
     if not ranks:
         return
-    reasons = Counter(reason for r, reason in view.graph_breaks if r in ranks)
+    reasons = Counter(headline(reason) for r, reason in view.graph_breaks if r in ranks)
     top = [reason for reason, _ in reasons.most_common(3)]
     what = "compiles to an empty graph" if empty else "is shredded by graph breaks"
     yield Finding(

@@ -1,0 +1,130 @@
+"""P2: detection latency, from the last rank's batch accepted to the alert on a websocket.
+
+For each trial, N-1 ranks report one agreeing gradient step and the last rank reports a
+divergent one; the clock starts when that last batch's 200 arrives and stops when the
+grad_divergence alert reaches a websocket client of the project. Each trial uses its own
+comparison group, so each is a new alert (one desync = one notification).
+
+    python bench/detection_latency.py                 # 256 and 1024 ranks
+    python bench/detection_latency.py --ranks 256 --trials 20
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import bench_env, fresh_database, print_table, setup_django, start_servers  # noqa: E402
+
+TARGETS = {256: (0.25, 1.0), 1024: (None, 2.0)}  # p50, p99 seconds (DESIGN 7, P2)
+
+
+def session_for_bench_user() -> tuple[str, str]:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from ingest.models import Project, ProjectToken
+
+    project = Project.objects.create(name="bench-latency")
+    user = User.objects.create_user("bench-latency")
+    project.members.add(user)
+    client = Client()
+    client.force_login(user)
+    return ProjectToken.issue(project), client.cookies["sessionid"].value
+
+
+class AlertClock(threading.Thread):
+    """Records when each alert (by subject group) first arrives on the websocket."""
+
+    def __init__(self, url: str, session: str) -> None:
+        from websockets.sync.client import connect
+
+        super().__init__(daemon=True)
+        self.ws = connect(url.replace("http", "ws") + "/ws/alerts/", open_timeout=10,
+                          additional_headers={"Cookie": f"sessionid={session}", "Origin": url})
+        self.seen: dict[str, float] = {}
+
+    def run(self) -> None:
+        try:
+            for raw in self.ws:
+                alert = json.loads(raw).get("alert") or {}
+                group = (alert.get("details") or {}).get("group")
+                if alert.get("kind") == "grad_divergence" and group not in self.seen:
+                    self.seen[group] = time.perf_counter()
+        except Exception:
+            return
+
+
+def post(http: requests.Session, url: str, token: str, run: str, ranks: int, rank: int, trial: int, bad: bool) -> float:
+    body = {"v": 1, "run": {"key": run, "world_size": ranks}, "rank": rank, "session": f"lat-{run}-{rank}-{trial}",
+            "seq": 0, "events": [{"t": "grad", "step": trial, "group": f"g{trial}", "fps": [trial, 1 if bad else 0]}]}
+    response = http.post(f"{url}/api/v1/ingest", data=json.dumps(body), timeout=30,
+                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    response.raise_for_status()
+    return time.perf_counter()
+
+
+def trial(url: str, token: str, run: str, ranks: int, n: int, clock: AlertClock, pool: ThreadPoolExecutor) -> float:
+    sessions = [requests.Session() for _ in range(8)]
+    list(pool.map(lambda r: post(sessions[r % 8], url, token, run, ranks, r, n, False), range(ranks - 1)))
+    accepted = post(sessions[0], url, token, run, ranks, ranks - 1, n, True)
+    deadline = accepted + 30
+    while f"g{n}" not in clock.seen and time.perf_counter() < deadline:
+        time.sleep(0.001)
+    if f"g{n}" not in clock.seen:
+        raise RuntimeError(f"no alert for trial {n} within 30 s")
+    return clock.seen[f"g{n}"] - accepted
+
+
+def measure(url: str, token: str, clock: AlertClock, ranks: int, trials: int) -> list[float]:
+    run = f"latency-{ranks}-{int(time.time())}"
+    with ThreadPoolExecutor(8) as pool:
+        trial(url, token, run, ranks, 0, clock, pool)  # warm-up: run/rank rows, connections
+        return [trial(url, token, run, ranks, n, clock, pool) for n in range(1, trials + 1)]
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--celery", type=int, default=2, help="Celery worker processes")
+    args = parser.parse_args()
+    env = bench_env("lockstep_bench_latency")
+    fresh_database(env)
+    setup_django(env)
+    token, session = session_for_bench_user()
+    servers = start_servers(env, ingest=args.ingest, celery=args.celery)
+    rows = []
+    try:
+        time.sleep(3)  # Celery workers ready
+        clock = AlertClock(servers.url, session)
+        clock.start()
+        for ranks in args.ranks:
+            lat = measure(servers.url, token, clock, ranks, args.trials)
+            p50, p99 = pct(lat, 50), pct(lat, 99)
+            goal50, goal99 = TARGETS.get(ranks, (None, None))
+            verdict = ("ok" if (goal50 is None or p50 <= goal50) and (goal99 is None or p99 <= goal99) else "MISSED")
+            goal = " ".join(x for x in (goal50 and f"p50<={goal50 * 1000:.0f}ms", goal99 and f"p99<={goal99 * 1000:.0f}ms") if x)
+            rows.append((f"{ranks} ranks", f"p50 {p50 * 1000:.0f} ms / p99 {p99 * 1000:.0f} ms / max {max(lat) * 1000:.0f} ms",
+                         f"target {goal or '-'}: {verdict} ({len(lat)} trials)"))
+    finally:
+        servers.stop()
+    print_table(f"P2 detection latency (last batch accepted -> alert on websocket; {args.ingest} ingest, "
+                f"{args.celery} Celery processes)", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The dashboard in headless Chromium against the real stack (uvicorn + Celery worker): a live
+alert appears without reload, acknowledge and silence work, the compare page shows the version
+diff, user text stays inert, and one project's user cannot open another's run.
+
+Runs are ingested as protocol batches over HTTP (no torchrun). One Chromium for the module.
+Set LOCKSTEP_SCREENSHOTS=docs/screenshots to save the main pages as PNGs on the way.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from django.contrib.auth.models import User
+from django.test import Client
+
+from bench.pages_data import FRAMES, TORCH_211, Job, job_batches
+from ingest.models import Project, ProjectToken
+from tests.browser import chromium_page
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+XSS = "<script>window.pwned=1</script><img src=x onerror=window.pwned=1>"
+SHOTS = os.environ.get("LOCKSTEP_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def page(stack):
+    """One Chromium for the module. Playwright's sync API keeps an event loop in this thread,
+    which makes Django refuse ORM calls; the tests' ORM calls are plain sync code, so allow them."""
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with chromium_page(stack.url) as page:
+            page.set_viewport_size({"width": 1280, "height": 900})
+            yield page
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def team(stack):
+    """A project with its token and a member whose session cookie the browser uses."""
+    project = Project.objects.create(name="vision")
+    token = ProjectToken.issue(project)
+    user = User.objects.create_user("ana", password="pw-ana-123")
+    project.members.add(user)
+    client = Client()
+    client.force_login(user)
+    return project, token, client.cookies["sessionid"].value
+
+
+def login(page, stack, session: str) -> None:
+    page.context.clear_cookies()
+    page.context.add_cookies([{"name": "sessionid", "value": session, "url": stack.url}])
+
+
+def send(stack, token: str, batches: list[dict]) -> None:
+    with requests.Session() as http:
+        http.headers["Authorization"] = f"Bearer {token}"
+        for batch in batches:
+            response = http.post(f"{stack.url}/api/v1/ingest", json=batch, timeout=10)
+            assert response.status_code == 200, response.text
+
+
+def split(batches: list[dict], later) -> tuple[list[dict], list[dict]]:
+    """Each rank's events before and after a cut, the later ones as a second agent session."""
+    first, second = [], []
+    for b in batches:
+        early = [e for e in b["events"] if not later(e)]
+        late = [e for e in b["events"] if later(e)]
+        first.append({**b, "events": early})
+        if late:
+            second.append({**b, "session": b["session"] + "-2", "events": late})
+    return first, second
+
+
+def shot(page, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+
+
+def test_live_alert_then_acknowledge_and_silence(stack, page, team):
+    _, token, session = team
+    job = Job("live-run", world=8, steps=13, grad_diverge=(5, 12), recompile=(3, 4), name="resnet ddp 8 ranks")
+    before, after = split(job_batches(job), lambda e: e["t"] in ("grad", "step", "rank_end") and e.get("step", 99) >= 12)
+    send(stack, token, before)
+    login(page, stack, session)
+    page.goto(f"{stack.url}/runs/live-run/")
+    page.wait_for_selector("#live-status:text('live')", timeout=15_000)
+    page.wait_for_selector("#timeline canvas", timeout=15_000)
+    assert page.locator("li.alert[data-kind=grad_divergence]").count() == 0
+    send(stack, token, after)
+    page.wait_for_selector("li.alert[data-kind=grad_divergence]", timeout=30_000)
+    shown = page.locator("li.alert[data-kind=grad_divergence]").inner_text()
+    assert "ranks 5" in shown and "step 12" in shown
+    assert page.evaluate("performance.getEntriesByType('navigation').length") == 1  # no reload
+    page.wait_for_function("document.getElementById('timeline').dataset.drawn > 0", timeout=15_000)
+    time.sleep(3.5)  # the charts refetch after the alert; let them settle for the screenshot
+    shot(page, "run")
+
+    page.goto(f"{stack.url}/alerts/?run=live-run")
+    row = page.locator("tr.alert-row[data-kind=grad_divergence]")
+    row.locator("button.ack").click()
+    page.wait_for_load_state()
+    assert "acked by ana" in page.locator("tr.alert-row[data-kind=grad_divergence]").inner_text()
+    row = page.locator("tr.alert-row[data-kind=grad_divergence]")
+    row.locator("details.silence summary").click()
+    row.locator("textarea[name=comment]").fill("node 5 has a known bad GPU, swapping it tonight")
+    row.locator("input[name=hours]").fill("4")
+    row.locator(".silence-form button[type=submit]").click()
+    page.wait_for_load_state()
+    assert "Silence created." in page.content()
+    assert "silenced until" in page.locator("tr.alert-row[data-kind=grad_divergence]").inner_text()
+    assert "known bad GPU" in page.locator("table.silences").inner_text()
+    shot(page, "alerts")
+
+    page.goto(f"{stack.url}/runs/live-run/frame/?f={FRAMES[0]}")
+    assert "size mismatch" in page.locator("table.reasons").inner_text()
+    shot(page, "frame")
+    page.goto(f"{stack.url}/")
+    shot(page, "runs")
+
+
+def test_compare_page_shows_the_torch_version_diff(stack, page, team):
+    _, token, session = team
+    send(stack, token, job_batches(Job("mlp-torch211", versions=dict(TORCH_211), fp_change_step=20, name="mlp torch 2.11")))
+    send(stack, token, job_batches(Job("mlp-torch213", recompile=(1, 3), name="mlp torch 2.13")))
+    login(page, stack, session)
+    page.goto(f"{stack.url}/")
+    page.check("input[name=run][value=mlp-torch211]")
+    page.check("input[name=run][value=mlp-torch213]")
+    page.click("#compare-form button[type=submit]")
+    page.wait_for_selector("#env")
+    torch_row = page.locator("#env tr", has_text="versions.torch")
+    assert torch_row.is_visible() and "2.11.0+cu128" in torch_row.inner_text() and "2.13.0+cpu" in torch_row.inner_text()
+    same_row = page.locator("#env tr", has_text="env.OMP_NUM_THREADS")
+    assert not same_row.is_visible()  # differences only by default
+    page.uncheck("#diff-only")
+    assert same_row.is_visible()
+    page.check("#diff-only")
+    deadline = time.monotonic() + 20  # the worker settles the grad slots; the page reads consensus
+    while "first differing step 20" not in page.locator("ul.fingerprints").inner_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+        page.reload()
+    assert "first differing step 20" in page.locator("ul.fingerprints").inner_text()
+    page.wait_for_selector("#step-times canvas")
+    shot(page, "compare")
+
+
+def test_user_text_is_escaped_everywhere(stack, page, team):
+    _, token, session = team
+    job = Job("xss-run", name=f"run {XSS}", recompile=(1, 2), recompile_reason=f"reason {XSS}",
+              graph_frame=f"evil.py:1:{XSS}", steps=6)
+    before, after = split(job_batches(job), lambda e: e["t"] == "compile" and e.get("index") == 1)
+    send(stack, token, before)
+    login(page, stack, session)
+    page.goto(f"{stack.url}/runs/xss-run/")
+    page.wait_for_selector("#live-status:text('live')", timeout=15_000)
+    send(stack, token, after)  # the recompile alert, with the reason in its message, arrives live
+    page.wait_for_selector("li.alert[data-kind=recompile_divergence]", timeout=30_000)
+    assert XSS in page.locator("li.alert[data-kind=recompile_divergence]").inner_text()
+    assert f"run {XSS}" in page.locator("h1").inner_text()
+    for url in (f"/runs/xss-run/frame/?f=evil.py:1:{XSS}", f"/runs/xss-run/frame/?f={FRAMES[0]}", "/",
+                "/alerts/?state=all", "/runs/xss-run/ranks/1/"):
+        page.goto(stack.url + url)
+        assert XSS in page.locator("main").inner_text(), url
+    assert page.evaluate("window.pwned") is None
+
+
+def test_other_projects_user_cannot_open_the_run(stack, page, team):
+    _, token, _ = team
+    send(stack, token, job_batches(Job("private-run", steps=3)))
+    outsider = User.objects.create_user("otto", password="pw-otto-123")
+    Project.objects.create(name="speech").members.add(outsider)
+    page.context.clear_cookies()
+    page.goto(f"{stack.url}/runs/private-run/")
+    assert "/login/" in page.url  # login required
+    page.fill("input[name=username]", "otto")
+    page.fill("input[name=password]", "pw-otto-123")
+    page.click("form.login button[type=submit]")
+    page.wait_for_load_state()
+    response = page.goto(f"{stack.url}/runs/private-run/")
+    assert response.status == 404
+    assert page.goto(f"{stack.url}/api/v1/runs/private-run/timeline").status == 403
+    page.goto(f"{stack.url}/")
+    assert "private-run" not in page.content()
