@@ -6,6 +6,19 @@ class DashboardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
         from dashboard.detection import rules
 
         rules.load_all()
+        connection_created.connect(_label_connection)
+
+
+def _label_connection(sender, connection, **kwargs) -> None:
+    """Name every PostgreSQL session after its OS process, so pg_stat_activity shows who holds what."""
+    import os
+    import sys
+
+    role = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('application_name', %s, false)", [f"lockstep:{role}:{os.getpid()}"])

@@ -1,0 +1,64 @@
+"""A Celery worker process killed (SIGKILL, by pid) in the middle of settling a slot: the task is
+redelivered (acks_late, reject on worker lost) and the alert still appears exactly once."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psycopg
+import pytest
+import requests
+from django.db import connection
+
+from dashboard.models import Alert, GradSlot
+from tests.conftest import make_batch
+from tests.e2e.jobs import alert_feed, member_session, project_with_token
+from tests.stack import database_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def blocked_worker_pid(conn: psycopg.Connection, timeout: float = 30) -> int:
+    """The pid of the process whose database session waits on our row lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT application_name FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND application_name LIKE 'lockstep:%'").fetchone()
+        if row:
+            return int(row[0].rsplit(":", 1)[1])
+        time.sleep(0.1)
+    raise AssertionError("no worker ever blocked on the slot")
+
+
+def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client):
+    project, token = project_with_token("killed-worker")
+    feed = alert_feed(stack, member_session(project, "kw"))
+    for rank in (0, 1):
+        batch = make_batch(run="kw-run", rank=rank, events=[{"t": "grad", "step": 0, "fps": [1, 2]}])
+        assert client.post("/api/v1/ingest", batch, content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+    slot = GradSlot.objects.get(run__key="kw-run")
+    with psycopg.connect(database_url(connection.settings_dict), autocommit=False) as lock:
+        # An uncommitted alert with the same identity: the settling task's INSERT waits on it.
+        lock.execute("INSERT INTO dashboard_alert (run_id, kind, subject, severity, state, ranks, message, details, "
+                     "count, first_seen, last_seen, revision, notified_revision) VALUES (%s, 'grad_divergence', "
+                     "'group:ddp', 'critical', 'firing', '{}', '', '{}', 1, now(), now(), 1, 0)", [slot.run_id])
+        batch = make_batch(run="kw-run", rank=2, events=[{"t": "grad", "step": 0, "fps": [1, 9]}])
+        assert requests.post(f"{stack.url}/api/v1/ingest", json=batch, timeout=10,
+                             headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as watch:
+            victim = blocked_worker_pid(watch)
+        assert victim != os.getpid()
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(1)
+        lock.rollback()  # release the lock: the redelivered task (or the sweep) settles the slot now
+    alerts = feed.wait_for({"grad_divergence"}, timeout=60, run="kw-run")
+    time.sleep(3)  # room for any duplicate to show up
+    feed.ws.close()
+    assert Alert.objects.filter(run__key="kw-run").count() == 1
+    alert = Alert.objects.get(run__key="kw-run")
+    assert (alert.ranks, alert.count, alert.revision) == ([2], 1, 1)
+    assert alerts["grad_divergence"]["ranks"] == [2]
+    assert [a["id"] for a in feed.alerts] == [alert.id]  # pushed once
+    assert stack.worker.popen.poll() is None  # the worker's main process replaced its dead child
