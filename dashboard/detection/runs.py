@@ -21,6 +21,10 @@ def active_runs() -> list[Run]:
     return list(recent.filter(ranks__status="running").distinct())
 
 
+def rank_rows(run: Run) -> list[dict]:
+    return list(Rank.objects.filter(run=run).values("rank", "last_step", "status"))
+
+
 def view_of(run: Run) -> RunView:
     now = timezone.now()
     ranks = list(Rank.objects.filter(run=run).values_list("rank", "last_seen", "status"))

@@ -51,6 +51,7 @@ def sweep() -> int:
     for run in runs.active_runs():
         for alert_id in runs.check(run):
             deliver.delay(alert_id)
+        notify.push_progress(run, runs.rank_rows(run))
     for alert_id in notify.pending():
         deliver.delay(alert_id)
     return len(due)

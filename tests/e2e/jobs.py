@@ -54,6 +54,7 @@ class Feed(threading.Thread):
         super().__init__(daemon=True)
         self.ws = connect(url, additional_headers=headers, open_timeout=10)
         self.alerts: list[dict] = []
+        self.progress: list[dict] = []
         self.closed_by: Exception | None = None
 
     def run(self) -> None:
@@ -62,6 +63,8 @@ class Feed(threading.Thread):
                 message = json.loads(raw)
                 if message["type"] == "alert":
                     self.alerts.append(message["alert"])
+                elif message["type"] == "progress":
+                    self.progress.append(message)
         except Exception as exc:  # reported by wait_for
             self.closed_by = exc
 

@@ -16,7 +16,7 @@ import requests
 from django.contrib.auth.models import User
 from django.test import Client
 
-from bench.pages_data import FRAMES, TORCH_211, Job, job_batches
+from bench.pages_data import FRAMES, TORCH_211, Job, graph_blobs, job_batches
 from ingest.models import Project, ProjectToken
 from tests.browser import chromium_page
 
@@ -68,6 +68,12 @@ def send(stack, token: str, batches: list[dict]) -> None:
             assert response.status_code == 200, response.text
 
 
+def send_blobs(stack, token: str) -> None:
+    response = requests.post(f"{stack.url}/api/v1/blobs", json=graph_blobs(), timeout=10,
+                             headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+
+
 def split(batches: list[dict], later) -> tuple[list[dict], list[dict]]:
     """Each rank's events before and after a cut, the later ones as a second agent session."""
     first, second = [], []
@@ -88,7 +94,8 @@ def shot(page, name: str) -> None:
 
 def test_live_alert_then_acknowledge_and_silence(stack, page, team):
     _, token, session = team
-    job = Job("live-run", world=8, steps=13, grad_diverge=(5, 12), recompile=(3, 4), name="resnet ddp 8 ranks")
+    job = Job("live-run", world=8, steps=13, grad_diverge=(5, 12), recompile=(3, 4), name="resnet ddp 8 ranks",
+              graph_frame="demo/ddp_job.py:77:head")
     before, after = split(job_batches(job), lambda e: e["t"] in ("grad", "step", "rank_end") and e.get("step", 99) >= 12)
     send(stack, token, before)
     login(page, stack, session)
@@ -123,6 +130,9 @@ def test_live_alert_then_acknowledge_and_silence(stack, page, team):
 
     page.goto(f"{stack.url}/runs/live-run/frame/?f={FRAMES[0]}")
     assert "size mismatch" in page.locator("table.reasons").inner_text()
+    send_blobs(stack, token)
+    page.goto(f"{stack.url}/runs/live-run/frame/?f=demo/ddp_job.py:77:head")
+    assert "+    dropout = torch.nn.functional.dropout" in page.locator("pre.diff").inner_text()
     shot(page, "frame")
     page.goto(f"{stack.url}/")
     shot(page, "runs")

@@ -49,6 +49,8 @@ def test_divergences_reach_websocket_and_run_page(stack, tmp_path):
     assert "size mismatch" in recompile["message"] and recompile["frame"]
     assert set(feed.latest()) == {"grad_divergence", "recompile_divergence"}  # nothing false
     assert len({a["id"] for a in feed.alerts}) == 2  # one alert per desync
+    progress = [p for p in feed.progress if p["run"] == run_key]
+    assert progress and progress[-1]["world_size"] == 3 and progress[-1]["last_step"] is not None
 
     stored = api(stack, token, f"/runs/{run_key}/alerts").json()["alerts"]
     assert sorted(a["kind"] for a in stored) == ["grad_divergence", "recompile_divergence"]
