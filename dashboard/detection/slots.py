@@ -86,16 +86,20 @@ def grads_ready(run: Run, before: dict[str, int], groups: set[str]) -> list[tupl
     ready = []
     with connection.cursor() as cur:
         for group in sorted(groups):
+            floor = before.get(group, -1)
+            cur.execute('SELECT min(step) FROM ingest_gradwatermark WHERE run_id = %s AND "group" = %s', [run.id, group])
+            lowest = cur.fetchone()[0]
+            if lowest is None or lowest <= floor:  # the usual case: another rank is still behind
+                continue
             cur.execute(
                 """
-                WITH w AS (SELECT min(step) AS lowest, count(*) AS ranks FROM ingest_gradwatermark
-                           WHERE run_id = %(run)s AND "group" = %(group)s)
-                UPDATE dashboard_gradslot SET reported = %(ws)s FROM w
-                WHERE w.ranks >= %(ws)s AND run_id = %(run)s AND "group" = %(group)s
-                  AND step > %(floor)s AND step <= w.lowest AND reported < %(ws)s
+                UPDATE dashboard_gradslot SET reported = %(ws)s
+                WHERE run_id = %(run)s AND "group" = %(group)s AND step > %(floor)s AND step <= %(lowest)s
+                  AND reported < %(ws)s
+                  AND (SELECT count(*) FROM ingest_gradwatermark WHERE run_id = %(run)s AND "group" = %(group)s) >= %(ws)s
                 RETURNING id
                 """,
-                {"run": run.id, "group": group, "ws": run.world_size, "floor": before.get(group, -1)},
+                {"run": run.id, "group": group, "ws": run.world_size, "floor": floor, "lowest": lowest},
             )
             ready += [(GRAD, row[0]) for row in cur.fetchall()]
     return ready

@@ -20,11 +20,13 @@ from tests.stack import ROOT, free_port
 
 
 def torchrun(stack, token: str, run_key: str, script: str, args: list[str], spool, ranks: int = 3,
-             extra_env: dict | None = None) -> subprocess.Popen:
+             extra_env: dict | None = None, via_agent_cli: bool = True) -> subprocess.Popen:
+    """torchrun SCRIPT under the agent (`-m agents run`), or as is when the script attaches it itself."""
     env = dict(stack.env, LOCKSTEP_URL=stack.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run_key,
                LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", **(extra_env or {}))
+    agent = ["-m", "agents", "run"] if via_agent_cli else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
-           str(free_port()), "-m", "agents", "run", script, *args]
+           str(free_port()), *agent, script, *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
 

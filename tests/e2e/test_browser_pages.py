@@ -168,20 +168,23 @@ def test_user_text_is_escaped_everywhere(stack, page, team):
     _, token, session = team
     job = Job("xss-run", name=f"run {XSS}", recompile=(1, 2), recompile_reason=f"reason {XSS}",
               graph_frame=f"evil.py:1:{XSS}", steps=6)
-    before, after = split(job_batches(job), lambda e: e["t"] == "compile" and e.get("index") == 1)
+    graph_frame = f"evil.py:1:{XSS}"
+    before, after = split(job_batches(job), lambda e: e["t"] == "compile" and e["frame"] == graph_frame)
     send(stack, token, before)
     login(page, stack, session)
     page.goto(f"{stack.url}/runs/xss-run/")
     page.wait_for_selector("#live-status:text('live')", timeout=15_000)
-    send(stack, token, after)  # the recompile alert, with the reason in its message, arrives live
-    page.wait_for_selector("li.alert[data-kind=recompile_divergence]", timeout=30_000)
-    assert XSS in page.locator("li.alert[data-kind=recompile_divergence]").inner_text()
+    send(stack, token, after)  # every rank reports the slot: it settles at once and the alert arrives live
+    page.wait_for_selector("li.alert[data-kind=graph_divergence]", timeout=45_000)
+    assert XSS in page.locator("li.alert[data-kind=graph_divergence]").inner_text()
     assert f"run {XSS}" in page.locator("h1").inner_text()
+    page.goto(f"{stack.url}/runs/xss-run/frame/?f={FRAMES[0]}")
+    assert f"reason {XSS}" in page.locator("table.reasons").inner_text()
     for url in (f"/runs/xss-run/frame/?f=evil.py:1:{XSS}", f"/runs/xss-run/frame/?f={FRAMES[0]}", "/",
                 "/alerts/?state=all", "/runs/xss-run/ranks/1/"):
         page.goto(stack.url + url)
         assert XSS in page.locator("main").inner_text(), url
-    assert page.evaluate("window.pwned") is None
+        assert page.evaluate("window.pwned") is None, url
 
 
 def test_other_projects_user_cannot_open_the_run(stack, page, team):

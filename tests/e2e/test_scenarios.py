@@ -65,12 +65,14 @@ def test_cold_cache_on_one_rank(stack, team, tmp_path):
                     "--steps", "1"], cwd=ROOT, check=True, capture_output=True, timeout=300,
                    env={**stack.env, "TORCHINDUCTOR_CACHE_DIR": str(warm)})
     key = f"sc-cache-{uuid.uuid4().hex[:6]}"
-    wrapper = ROOT / "tests" / "e2e" / "per_rank_cache.py"
+    wrapper = ROOT / "demo" / "per_rank_cache.py"
     with running(torchrun(stack, token, key, str(wrapper), ["--steps", "4"], tmp_path / "spool",
-                          extra_env={"WARM_CACHE": str(warm), "COLD_CACHE": str(cold), "COLD_RANK": "1"})) as job:
+                          extra_env={"WARM_CACHE": str(warm), "COLD_CACHE": str(cold), "COLD_RANK": "1"},
+                          via_agent_cli=False)) as job:
         finish(job)
     alerts = feed.wait_for({"cache_divergence"}, 60, run=key)
     assert alerts["cache_divergence"]["ranks"] == [1]
     assert alerts["cache_divergence"]["details"]["miss"] == [1]
     time.sleep(0.5)
     assert "grad_divergence" not in feed.latest(key)
+    assert "rank_specific_artifact" not in feed.latest(key)  # private cache dirs: nothing shared

@@ -7,8 +7,16 @@ PRIVATE = {r: {"cache_dirs": {"inductor": f"/tmp/rank{r}"}} for r in range(2)}
 def test_same_graph_other_code_with_a_shared_cache():
     view = compile_view({0: {"code_norm": "1" * 16}, 1: {"code_norm": "2" * 16}}, index=0, rank_info=SHARED)
     [f] = findings_of(view, "rank_specific_artifact")
-    assert f.ranks == (1,) and f.details["tie"] is True
+    assert f.ranks == (1,) and f.details["artifact"] == "Inductor code"
     assert f.details["shared_cache_dirs"] == ["/shared/cache"]
+
+
+def test_code_from_a_cache_hit_is_not_compared_with_fresh_code():
+    info = {r: {"cache_dirs": {"inductor": "/shared/cache"}} for r in range(3)}
+    view = compile_view({0: {"code_norm": "1" * 16, "cache": {"inductor": "miss"}},
+                         1: {"code_norm": "2" * 16, "cache": {"inductor": "hit"}},
+                         2: {"code_norm": "2" * 16, "cache": {"inductor": "hit"}}}, index=0, rank_info=info)
+    assert findings_of(view, "rank_specific_artifact") == []
 
 
 def test_cache_keys_differ():

@@ -1,66 +1,106 @@
-"""`manage.py up`: the whole stack on one machine, plus a live demo job.
+"""`manage.py up`: the whole stack on one machine, plus live demo jobs.
 
 Starts (or reuses) the database and Redis (embedded ones when DATABASE_URL / REDIS_URL are
 unset), migrates, ensures a demo login and project, runs uvicorn and a Celery worker, then
-launches real torchrun CPU jobs with the agent that provoke divergences. Ctrl-C stops it all;
-the data folder is reused on the next start.
+launches real torchrun CPU jobs with the agent that provoke every divergence the CPU can, and
+prints each alert as it fires. Ctrl-C stops it all; the data folder is reused on the next start.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from ingest.models import Project, ProjectToken
+from dashboard.models import Alert, Baseline
+from ingest.models import Project, ProjectToken, Run
 
-DEMO_JOBS = {
-    "demo-divergence": ["--steps", "40", "--sleep", "0.5", "--shape-rank", "1", "--shape-step", "5",
-                        "--perturb-rank", "2", "--perturb-step", "12"],
-}
+DEMO_USER, DEMO_PASSWORD = "demo", "lockstep-demo"
+
+
+@dataclass
+class DemoJob:
+    """One torchrun job of the demo; `baseline` names an earlier job this one is compared with."""
+
+    name: str
+    what: str
+    script: str
+    args: list[str]
+    env: dict = field(default_factory=dict)
+    max_seconds: float = 240
+    baseline: str | None = None
+    before: list[str] | None = None  # a command run first (e.g. warming a cache)
+    via_agent_cli: bool = True  # False: the script attaches the agent itself
+
+
+def demo_jobs(data: str) -> list[DemoJob]:
+    warm, cold = f"{data}/demo-cache-warm", f"{data}/demo-cache-cold"
+    return [
+        DemoJob("reference", "a clean run of the job, kept as the baseline of the next one", "demo/ddp_job.py",
+                ["--steps", "20", "--sleep", "0.1"]),
+        DemoJob("divergence", "rank 1 recompiles alone (a 17-row batch at step 5), rank 2's gradient is nudged at step 12",
+                "demo/ddp_job.py", ["--steps", "30", "--sleep", "0.3", "--shape-rank", "1", "--shape-step", "5",
+                                    "--perturb-rank", "2", "--perturb-step", "12"], baseline="reference"),
+        DemoJob("compile-trouble", "rank 1 traces another graph, rank 2 gets NaN, a recompile storm, rank 0 compiles slowly",
+                "demo/scenarios.py", ["--steps", "10", "--branch-rank", "1", "--nan-rank", "2", "--nan-step", "4",
+                                      "--storm", "--slow-rank", "0", "--slow-seconds", "4"]),
+        DemoJob("cold-cache", "rank 1 starts with a cold Inductor cache, the others with a warm one",
+                "demo/per_rank_cache.py", ["--steps", "6"],
+                env={"WARM_CACHE": warm, "COLD_CACHE": cold, "COLD_RANK": "1"},
+                before=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port",
+                        "29400", "demo/ddp_job.py", "--steps", "1"], via_agent_cli=False),
+        DemoJob("hung-rank", "torch.compile(DDP(model)) compiles empty graphs; rank 2 freezes at step 5",
+                "demo/scenarios.py", ["--steps", "200", "--sleep", "0.2", "--compile-ddp", "--freeze-rank", "2",
+                                      "--freeze-step", "5"], max_seconds=60),
+    ]
 
 
 class Command(BaseCommand):
-    help = "Start Lockstep (server, Celery worker, embedded services) and a live demo job."
+    help = "Start Lockstep (server, Celery worker, embedded services) and live demo jobs."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-demo", action="store_true", help="start the stack only")
-        parser.add_argument("--ranks", type=int, default=3, help="ranks of the demo job")
+        parser.add_argument("--ranks", type=int, default=3, help="ranks of each demo job")
 
     def handle(self, *args, port: int, host: str, no_demo: bool, ranks: int, **options) -> None:
         self.children: list[subprocess.Popen] = []
-        self.services: list[subprocess.Popen] = []
+        self.stopping = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         self.say(f"data folder {settings.DATA_DIR}; database and Redis ready")
         call_command("migrate", interactive=False, verbosity=0)
-        user, password, token = self.demo_login()
-        env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, REDIS_URL=settings.REDIS_URL, PYTHONUNBUFFERED="1")
-        url = f"http://{host}:{port}"
+        token = self.demo_login()
+        env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, REDIS_URL=settings.REDIS_URL, PYTHONUNBUFFERED="1",
+                   LOCKSTEP_SILENT_AFTER=os.environ.get("LOCKSTEP_SILENT_AFTER", "15"))
+        self.url = f"http://{host}:{port}"
         try:
-            self.services.append(self.start("server", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", host,
-                                  "--port", str(port), "--log-level", "warning"], env))
-            self.services.append(self.start("worker", [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1",
-                                  "--loglevel", "warning", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env))
-            self.say(f"Lockstep is up: {url}/  (login {user} / {password})")
+            services = [
+                self.start("server", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", host,
+                                      "--port", str(port), "--log-level", "warning"], env),
+                self.start("worker", [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency",
+                                      "1", "--loglevel", "warning", "--schedule",
+                                      str(settings.DATA_DIR / "celerybeat-schedule")], env),
+            ]
+            self.say(f"Lockstep is up: {self.url}/   login: {DEMO_USER} / {DEMO_PASSWORD}")
             self.say(f"ingest token for project 'demo': {token}")
             if not no_demo:
-                self.run_demo(env, url, token, ranks)
-            self.say("stack running; press Ctrl-C to stop")
-            while all(service.poll() is None for service in self.services):
-                time.sleep(1)
-            self.say("a stack process exited; stopping")
+                threading.Thread(target=self.run_demo, args=(env, token, ranks), daemon=True).start()
+            self.say("press Ctrl-C to stop")
+            self.watch(services)
         except KeyboardInterrupt:
             self.say("stopping")
         finally:
+            self.stopping.set()
             self.stop_children()
             self.stop_embedded()
 
@@ -68,33 +108,73 @@ class Command(BaseCommand):
         self.stdout.write(f"[lockstep] {text}")
         self.stdout.flush()
 
-    def demo_login(self) -> tuple[str, str, str]:
+    def demo_login(self) -> str:
         project, _ = Project.objects.get_or_create(name="demo")
-        user = User.objects.filter(username="demo").first()
-        password = "lockstep-demo"
+        user = User.objects.filter(username=DEMO_USER).first()
         if user is None:
-            user = User.objects.create_user("demo", password=password, is_staff=True, is_superuser=True)
+            user = User.objects.create_user(DEMO_USER, password=DEMO_PASSWORD, is_staff=True, is_superuser=True)
         project.members.add(user)
-        return user.username, password, ProjectToken.issue(project)
+        return ProjectToken.issue(project)
 
     def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
         log = open(settings.DATA_DIR / f"{name}.log", "ab")
         child = subprocess.Popen(args, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
         self.children.append(child)
-        self.say(f"{name} started (pid {child.pid}, log {log.name})")
         return child
 
-    def run_demo(self, env: dict, url: str, token: str, ranks: int) -> None:
-        for name, job_args in DEMO_JOBS.items():
-            key = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            job_env = dict(env, LOCKSTEP_URL=url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=key, LOCKSTEP_RUN_NAME=name,
-                           LOCKSTEP_SPOOL_DIR=str(settings.DATA_DIR / "spool"), OMP_NUM_THREADS="1")
+    def watch(self, services: list[subprocess.Popen]) -> None:
+        """Print every alert of the demo project as it fires; stop if a service dies."""
+        seen: set[tuple[int, int]] = set(Alert.objects.values_list("id", "revision"))
+        while all(service.poll() is None for service in services):
+            for alert in Alert.objects.select_related("run").filter(run__project__name="demo").order_by("id"):
+                if (alert.id, alert.revision) not in seen:
+                    seen.add((alert.id, alert.revision))
+                    ranks = ",".join(map(str, alert.ranks)) or "-"
+                    self.say(f"ALERT {alert.state:<8} {alert.kind:<31} run {alert.run.key} ranks {ranks}: {alert.message[:160]}")
+            time.sleep(1)
+        self.say("a stack process exited (see the logs in the data folder); stopping")
+
+    def run_demo(self, env: dict, token: str, ranks: int) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        data = str(settings.DATA_DIR)
+        shutil.rmtree(f"{data}/demo-cache-cold", ignore_errors=True)
+        for job in demo_jobs(data):
+            if self.stopping.is_set():
+                return
+            key = f"demo-{job.name}-{stamp}"
+            self.say(f"demo job '{job.name}': {job.what}  ->  {self.url}/runs/{key}/")
+            if job.baseline:
+                self.link_baseline(key, f"demo-{job.baseline}-{stamp}")
+            job_env = dict(env, LOCKSTEP_URL=self.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=key,
+                           LOCKSTEP_RUN_NAME=f"demo {job.name}", LOCKSTEP_SPOOL_DIR=f"{data}/spool",
+                           LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", **job.env)
+            if job.before:
+                subprocess.run(job.before, cwd=settings.BASE_DIR, env={**job_env, "TORCHINDUCTOR_CACHE_DIR": job.env["WARM_CACHE"],
+                                                                       "LOCKSTEP_DISABLE": "1"}, capture_output=True)
+            agent = ["-m", "agents", "run"] if job.via_agent_cli else []
             args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
-                    str(29500 + os.getpid() % 1000), "-m", "agents", "run", "demo/ddp_job.py", *job_args]
-            self.start(f"demo-{name}", args, job_env)
-            self.say(f"demo job started: {url}/runs/{key}/ (rank 1 recompiles alone at step 5, "
-                     "rank 2's gradient is nudged at step 12; alerts appear within a minute)")
+                    str(29500 + os.getpid() % 1000), *agent, job.script, *job.args]
+            child = self.start(f"demo-{job.name}", args, job_env)
+            try:
+                child.wait(job.max_seconds)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+            self.say(f"demo job '{job.name}' ended")
+        self.say("all demo jobs done; compare the first two runs on the compare page")
+
+    def link_baseline(self, key: str, baseline_key: str) -> None:
+        """Mark the earlier run as the baseline of this one (the run row appears with its first batch)."""
+        def link() -> None:
+            for _ in range(120):
+                run, base = Run.objects.filter(key=key).first(), Run.objects.filter(key=baseline_key).first()
+                if run and base:
+                    Baseline.objects.get_or_create(run=run, defaults={"baseline": base})
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=link, daemon=True).start()
 
     def stop_children(self) -> None:
         for child in self.children:
@@ -105,6 +185,7 @@ class Command(BaseCommand):
                 child.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
         self.say("stopped")
 
     def stop_embedded(self) -> None:
