@@ -1,0 +1,94 @@
+"""README command 1's engine, `manage.py up`, on embedded PostgreSQL and Redis in a fresh data
+folder: it serves a login, stops everything on Ctrl-C, and reuses its data on the next start."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from tests.stack import ROOT, free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def start_up(data_dir, port: int) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(LOCKSTEP_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "manage.py", "up", "--no-demo", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_line(proc: subprocess.Popen, pattern: str, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen)}")
+
+
+def log_in(url: str) -> requests.Session:
+    http = requests.Session()
+    http.get(f"{url}/login/", timeout=10)
+    response = http.post(f"{url}/login/", timeout=10, data={
+        "username": "demo", "password": "lockstep-demo", "csrfmiddlewaretoken": http.cookies["csrftoken"]},
+        headers={"Referer": f"{url}/login/"})
+    assert response.ok and response.url.rstrip("/") == url, response.url
+    return http
+
+
+def stop(proc: subprocess.Popen) -> str:
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    return out
+
+
+def embedded_processes(data_dir) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(data_dir) in line and not line.lstrip().startswith("Z")]
+
+
+def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
+    data, port = tmp_path / "data", free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_up(data, port)
+    try:
+        wait_line(proc, r"Lockstep is up: .* login: demo / lockstep-demo")
+        token = wait_line(proc, r"ingest token").rsplit(" ", 1)[1].strip()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                http = log_in(url)
+                break
+            except (requests.ConnectionError, KeyError):
+                time.sleep(0.5)
+        assert "Runs" in http.get(f"{url}/", timeout=10).text
+        assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).json() == {"runs": []}
+        assert "embedded PostgreSQL and Redis stopped" in stop(proc)
+        assert proc.returncode == 0
+        assert embedded_processes(data) == []
+
+        proc = start_up(data, port)  # same folder: the demo login (and its token) still work
+        wait_line(proc, r"Lockstep is up")
+        time.sleep(2)
+        log_in(url)
+        assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
+        stop(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if embedded_processes(data):
+            from dashboard import embedded
+
+            embedded.stop(data)
