@@ -121,5 +121,12 @@ def ranks_text(ranks: Iterable[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+def differing_buckets(view: GradSlotView) -> list[int]:
+    """Bucket indices where some dissenting rank differs from the reference fingerprints."""
+    reference = view.consensus.reference
+    return sorted({i for r in view.consensus.dissenters
+                   for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b})
+
+
 def first_step(reports: dict, ranks: Iterable[int]) -> int | None:
     return min((reports[r].step for r in ranks if reports[r].step is not None), default=None)

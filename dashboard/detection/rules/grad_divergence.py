@@ -1,7 +1,7 @@
 """grad_divergence: after the all-reduce, replicas must hold bitwise-identical gradients."""
 from __future__ import annotations
 
-from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
+from dashboard.detection.rules import Finding, GradSlotView, differing_buckets, ranks_text, rule
 from dashboard.detection.rules.param_divergence import is_param
 
 
@@ -9,10 +9,7 @@ from dashboard.detection.rules.param_divergence import is_param
 def grad_divergence(view: GradSlotView):
     if is_param(view) or view.consensus is None or not view.consensus.dissenters:
         return
-    reference = view.consensus.reference
-    buckets = sorted(
-        {i for r in view.consensus.dissenters for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b}
-    )
+    buckets = differing_buckets(view)
     tie = " (no majority: compared with the lowest rank)" if view.consensus.tie else ""
     yield Finding(
         kind="grad_divergence",

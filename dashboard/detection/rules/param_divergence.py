@@ -1,7 +1,7 @@
 """param_divergence: weight fingerprints of replicas differ (reported every K steps as `param` events)."""
 from __future__ import annotations
 
-from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
+from dashboard.detection.rules import Finding, GradSlotView, differing_buckets, ranks_text, rule
 
 PARAM_PREFIX = "param:"
 
@@ -15,8 +15,7 @@ def param_divergence(view: GradSlotView):
     if not is_param(view) or view.consensus is None or not view.consensus.dissenters:
         return
     dissenters = view.consensus.dissenters
-    buckets = sorted({i for r in dissenters
-                      for i, (a, b) in enumerate(zip(view.reports[r].fps, view.consensus.reference)) if a != b})
+    buckets = differing_buckets(view)
     yield Finding(
         kind="param_divergence",
         severity="critical",
