@@ -90,3 +90,91 @@ def run_alerts(request: HttpRequest, who: auth.Principal, key: str) -> JsonRespo
         return run
     alerts = run.alerts.select_related("acked_by", "run")
     return JsonResponse({"alerts": [a.as_json() for a in alerts]})
+
+
+# --- timeline and compare (DESIGN 3.3) -----------------------------------------------------
+
+@api_view
+def run_timeline(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
+    """Ranks x time compile spans and markers, ranks x steps agreement: aggregated server-side."""
+    from dashboard.pages import timeline
+
+    run = _visible_run(who, key)
+    if isinstance(run, JsonResponse):
+        return run
+    return JsonResponse(timeline.timeline(run))
+
+
+@api_view
+def compare(request: HttpRequest, who: auth.Principal) -> JsonResponse:
+    from dashboard.pages import compare as comparing
+
+    keys = list(dict.fromkeys(k for k in request.GET.get("runs", "").split(",") if k))
+    if not 2 <= len(keys) <= 8:
+        return JsonResponse({"error": "pass 2 to 8 run keys: ?runs=<key>,<key>[,...]"}, status=400)
+    runs = []
+    for key in keys:
+        run = _visible_run(who, key)
+        if isinstance(run, JsonResponse):
+            return run
+        runs.append(run)
+    return JsonResponse(comparing.compare(runs))
+
+
+# --- acknowledge and silence (session users only: an ack names a person) -----------------
+
+def api_action(fn):
+    """POST by a logged-in user with a valid CSRF token; JSON errors (401/403/405) otherwise.
+
+    Bearer tokens name a project, not a person, so they cannot acknowledge or silence.
+    """
+    from django.middleware.csrf import CsrfViewMiddleware
+    from django.views.decorators.csrf import csrf_exempt
+
+    @csrf_exempt
+    @wraps(fn)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+        if request.method != "POST":
+            return JsonResponse({"error": "method not allowed"}, status=405)
+        if auth.bearer_token(request) is not None:
+            return JsonResponse({"error": "acknowledging and silencing need a user session, not a project token"}, status=403)
+        who = auth.principal(request)
+        if who is None:
+            return JsonResponse({"error": "authentication required (session)"}, status=401)
+        rejected = CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
+        if rejected is not None:
+            return JsonResponse({"error": "CSRF check failed"}, status=403)
+        return fn(request, who, *args, **kwargs)
+
+    return wrapper
+
+
+@api_action
+def alert_ack(request: HttpRequest, who: auth.Principal, alert_id: int) -> JsonResponse:
+    from dashboard.pages import alerting
+
+    alert = Alert.objects.select_related("run", "acked_by").filter(id=alert_id).first()
+    if alert is None:
+        return JsonResponse({"error": f"no alert {alert_id}"}, status=404)
+    if not who.can_see(alert.run):
+        return JsonResponse({"error": "alert belongs to another project"}, status=403)
+    return JsonResponse(alerting.acknowledge(alert, who.user).as_json())
+
+
+@api_action
+def silences(request: HttpRequest, who: auth.Principal) -> JsonResponse:
+    import json
+
+    from dashboard.pages import alerting
+
+    try:
+        data = json.loads(request.body or b"{}")
+    except ValueError:
+        return JsonResponse({"error": "body must be JSON"}, status=400)
+    form = alerting.SilenceForm(data if isinstance(data, dict) else {})
+    if not form.is_valid():
+        return JsonResponse({"error": "invalid silence", "fields": form.errors.get_json_data()}, status=400)
+    made = alerting.create_silence(form.cleaned_data, who.user, who.project_ids)
+    if isinstance(made, str):
+        return JsonResponse({"error": made}, status=400)
+    return JsonResponse(alerting.silence_json(made), status=201)

@@ -134,8 +134,6 @@ def test_live_alert_then_acknowledge_and_silence(stack, page, team):
     page.goto(f"{stack.url}/runs/live-run/frame/?f=demo/ddp_job.py:77:head")
     assert "+    dropout = torch.nn.functional.dropout" in page.locator("pre.diff").inner_text()
     shot(page, "frame")
-    page.goto(f"{stack.url}/")
-    shot(page, "runs")
 
 
 def test_compare_page_shows_the_torch_version_diff(stack, page, team):
@@ -144,6 +142,7 @@ def test_compare_page_shows_the_torch_version_diff(stack, page, team):
     send(stack, token, job_batches(Job("mlp-torch213", recompile=(1, 3), name="mlp torch 2.13")))
     login(page, stack, session)
     page.goto(f"{stack.url}/")
+    shot(page, "runs")
     page.check("input[name=run][value=mlp-torch211]")
     page.check("input[name=run][value=mlp-torch213]")
     page.click("#compare-form button[type=submit]")

@@ -1,5 +1,6 @@
-// Live alert feed of the run page: alerts arrive over ws/runs/<key>/ and are rendered as text
-// (never as HTML), so reasons, frame names and graph code from the agents stay inert.
+// Run page: live alert feed over ws/runs/<key>/ (rendered as text, never as HTML, so reasons,
+// frame names and graph code from the agents stay inert) and the timeline / agreement heatmap,
+// fetched from the aggregated timeline API and refreshed when the websocket reports news.
 (function () {
   "use strict";
   const list = document.getElementById("alerts");
@@ -18,16 +19,40 @@
   function render(alert) {
     const existing = list.querySelector(`li[data-id="${alert.id}"]`);
     const li = document.createElement("li");
-    li.className = `alert ${alert.severity}`;
+    li.className = `alert ${alert.severity}${alert.acked_by ? " acked" : ""}`;
     li.dataset.id = alert.id;
     li.dataset.kind = alert.kind;
     li.append(span("kind", alert.kind), span("ranks", `ranks ${alert.ranks.join(", ")}`));
     if (alert.step !== null) li.append(span("step", `step ${alert.step}`));
     li.append(span("message", alert.message));
+    if (alert.acked_by) li.append(span("acked", `acked by ${alert.acked_by}`));
     const none = list.querySelector("li.none");
     if (none) none.remove();
     if (existing) existing.replaceWith(li); else list.prepend(li);
   }
+
+  // Charts: one fetch of server-side aggregates; refetch at most every 3 s after live news.
+  const timelineEl = document.getElementById("timeline");
+  const heatmapEl = document.getElementById("heatmap");
+  let pending = null;
+  async function drawCharts() {
+    pending = null;
+    if (!timelineEl || !window.LockstepCharts) return;
+    try {
+      const response = await fetch(timelineEl.dataset.url, { credentials: "same-origin" });
+      if (!response.ok) return;
+      const data = await response.json();
+      window.LockstepCharts.timeline(timelineEl, data);
+      window.LockstepCharts.heatmap(heatmapEl, data.heatmap, data.world_size);
+      timelineEl.dataset.drawn = String(Date.now());
+    } catch (err) {
+      console.warn("timeline", err);
+    }
+  }
+  function refreshSoon() {
+    if (!pending) pending = setTimeout(drawCharts, 3000);
+  }
+  drawCharts();
 
   function connect(delay) {
     const ws = new WebSocket(url);
@@ -35,6 +60,7 @@
     ws.onmessage = (event) => {
       const msg = JSON.parse(event.data);
       if (msg.type === "alert") render(msg.alert);
+      if (msg.type === "alert" || msg.type === "progress") refreshSoon();
     };
     ws.onclose = () => {
       status.textContent = "reconnecting…";

@@ -1,0 +1,209 @@
+"""P6: run page and timeline API server time for one run of 1024 ranks x 10k steps (target <= 300 ms).
+
+    . .venv/bin/activate && python -m bench.pages [--ranks 1024] [--steps 10000] [--rebuild] [--no-raw] [--screenshot PNG]
+
+Uses its own database (`lockstep_bench_pages` on the DATABASE_URL server, default the local
+PostgreSQL), fills it once with SQL (generate_series), then times the Django views in-process
+(middleware, auth, queries, template/JSON) with the test client: median and p90 of N calls after
+one warm-up. The run is realistic in size: every rank has rank_start info, 10k grad slots
+(rank 517 dissents from step 7000; scattered one-step dissent), 24 compiles and 4 graph breaks
+per rank, and (unless --no-raw) 10M step reports the pages must not scan.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+BENCH_DB = "lockstep_bench_pages"  # own name: other benchmarks recreate lockstep_bench
+
+
+def configure() -> None:
+    base = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lockstep")
+    os.environ["DATABASE_URL"] = base.rsplit("/", 1)[0] + f"/{BENCH_DB}"
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ["ALLOWED_HOSTS"] = "testserver"  # the in-process test client
+    import psycopg
+
+    with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone():
+            conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
+    from django.db import connection, transaction
+
+    from ingest.models import Project, Run
+
+    project, _ = Project.objects.get_or_create(name="bench")
+    Run.objects.filter(key=key).delete()
+    run = Run.objects.create(project=project, key=key, name=f"bench {ranks}x{steps}", world_size=ranks,
+                             torch_version="2.13.0+cpu", last_step=steps - 1)
+    t0 = time.time() - 3600
+    params = {"run": run.id, "ranks": ranks, "steps": steps, "t0": t0}
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
+        if cur.fetchone()[0]:
+            cur.execute("SELECT lockstep_raw_partition(t, current_date) FROM unnest(ARRAY['ingest_compileevent',"
+                        " 'ingest_graphbreakevent', 'ingest_stepreport', 'ingest_gradreport', 'ingest_eventlog']) t")
+        cur.execute(
+            """
+            INSERT INTO ingest_rank (run_id, rank, host, pid, info, status, last_step, last_seen)
+            SELECT %(run)s, r, 'node' || (r / 8), 1000 + r,
+                   jsonb_build_object('versions', jsonb_build_object('torch', '2.13.0+cpu', 'python', '3.11.2'),
+                                      'config_hash', 'cfg', 'env', jsonb_build_object('OMP_NUM_THREADS', '1')),
+                   'ok', %(steps)s - 1, now()
+            FROM generate_series(0, %(ranks)s - 1) r
+            """, params)
+        cur.execute(
+            """
+            INSERT INTO dashboard_gradslot (run_id, step, "group", reported, first_seen, settled_at, settled_n, dissenters, consensus)
+            SELECT %(run)s, s, 'ddp', %(ranks)s, now(), now(), %(ranks)s,
+                   CASE WHEN s >= 7000 THEN ARRAY[517] WHEN s %% 997 = 0 THEN ARRAY[(s * 31) %% %(ranks)s] ELSE '{}'::int[] END,
+                   jsonb_build_object('reference', jsonb_build_array(s, s + 1), 'tie', false)
+            FROM generate_series(0, %(steps)s - 1) s
+            """, params)
+        cur.execute(
+            """
+            INSERT INTO dashboard_compileslot (run_id, frame, index, reported, first_seen, settled_at, settled_n, dissenters, consensus)
+            SELECT %(run)s, 'model.py:' || f || ':block' || f, i, %(ranks)s, now(), now(), %(ranks)s,
+                   CASE WHEN f = 3 AND i = 1 THEN ARRAY[12, 700] ELSE '{}'::int[] END, '{"reference": "aa"}'
+            FROM generate_series(0, 7) f, generate_series(0, 2) i
+            """, params)
+        cur.execute(
+            """
+            INSERT INTO ingest_compileevent (run_id, rank, frame, index, compile_id, step, status, graph_raw, graph_norm,
+                                             code_raw, code_norm, compile_time, cache, detail, ts)
+            SELECT %(run)s, r, 'model.py:' || f || ':block' || f, i, f || '/' || i, i * 1000, 'ok', 'aa', 'aa', 'cc', 'cc',
+                   1.0 + (r %% 7) * 0.1,
+                   CASE WHEN (r + f) %% 5 = 0 THEN '{"inductor": "miss"}' ELSE '{"inductor": "hit"}' END::jsonb,
+                   '{"counts": {"graph_op_count": 40}}'::jsonb,
+                   to_timestamp(%(t0)s + f * 20 + i * 600 + (r %% 13) * 0.2)
+            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, generate_series(0, 2) i
+            """, params)
+        cur.execute(
+            """
+            INSERT INTO ingest_graphbreakevent (run_id, rank, frame, reason, step, ts)
+            SELECT %(run)s, r, 'model.py:1:block1', 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
+            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b
+            """, params)
+        if raw:
+            cur.execute(
+                """
+                INSERT INTO ingest_stepreport (run_id, rank, step, loss, step_time, ts)
+                SELECT %(run)s, r, s, 1.0 / (s + 1), 0.2, to_timestamp(%(t0)s + s * 0.3)
+                FROM generate_series(0, %(steps)s - 1) s, generate_series(0, %(ranks)s - 1) r
+                """, params)
+        for kind, severity, ranks, step, frame, message in (
+            ("grad_divergence", "critical", [517], 7000, None, "Gradients of rank 517 differ from the other replicas at step 7000"),
+            ("graph_divergence", "critical", [12, 700], 1000, "model.py:3:block3", "Ranks 12, 700 traced another graph for model.py:3:block3"),
+            ("cache_divergence", "warning", [0, 5, 10], 0, "model.py:0:block0", "Ranks 0, 5, 10 missed the inductor cache"),
+        ):
+            cur.execute(
+                """
+                INSERT INTO dashboard_alert (run_id, kind, subject, severity, state, ranks, step, frame, message, details,
+                                             count, first_seen, last_seen, revision, notified_revision)
+                VALUES (%s, %s, %s, %s, 'firing', %s, %s, %s, %s, '{}', 1, now(), now(), 1, 1)
+                """, [run.id, kind, f"{kind}:{step}", severity, ranks, step, frame, message])
+    with connection.cursor() as cur:
+        for table in ("ingest_rank", "dashboard_gradslot", "dashboard_compileslot", "ingest_compileevent",
+                      "ingest_graphbreakevent", "ingest_stepreport", "dashboard_alert"):
+            cur.execute(f"ANALYZE {table}")
+
+
+def timed(client, url: str, n: int) -> list[float]:
+    client.get(url)  # warm-up: connections, template cache
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        response = client.get(url)
+        samples.append((time.perf_counter() - start) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("-n", type=int, default=15)
+    parser.add_argument("--rebuild", action="store_true", help="regenerate the run even if it exists")
+    parser.add_argument("--no-raw", action="store_true", help="skip the 10M step reports (faster setup)")
+    parser.add_argument("--screenshot", metavar="PNG", help="also save the run page as seen in headless Chromium")
+    args = parser.parse_args(argv)
+    configure()
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+
+    from ingest.models import Project, Run
+
+    key = f"bench-{args.ranks}x{args.steps}"
+    if args.rebuild or not Run.objects.filter(key=key).exists():
+        start = time.perf_counter()
+        populate(key, args.ranks, args.steps, raw=not args.no_raw)
+        print(f"populated {key} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    user, _ = User.objects.get_or_create(username="bench")
+    Project.objects.get(name="bench").members.add(user)
+    client = Client()
+    client.force_login(user)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM ingest_stepreport WHERE run_id = (SELECT id FROM ingest_run WHERE key = %s)", [key])
+        step_rows = cur.fetchone()[0]
+    rows = [("run page", f"/runs/{key}/"), ("timeline API", f"/api/v1/runs/{key}/timeline")]
+    print(f"P6 ({args.ranks} ranks x {args.steps} steps, {step_rows:,} step reports), server time in ms, n={args.n}")
+    print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
+    worst = 0.0
+    for name, url in rows:
+        samples = sorted(timed(client, url, args.n))
+        p90 = samples[min(len(samples) - 1, int(len(samples) * 0.9))]
+        worst = max(worst, statistics.median(samples))
+        ok = "yes" if statistics.median(samples) <= 300 else "NO"
+        print(f"{name:<16}{statistics.median(samples):>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}{300:>10}  {ok}")
+    body = client.get(f"/api/v1/runs/{key}/timeline").content
+    print(f"timeline payload: {len(body) / 1024:.0f} KiB")
+    if args.screenshot:
+        screenshot(key, client.cookies["sessionid"].value, args.screenshot)
+    return 0 if worst <= 300 else 1
+
+
+def screenshot(key: str, session: str, path: str) -> None:
+    """The run page of the big run in headless Chromium, served by uvicorn on the bench database."""
+    import subprocess
+
+    from tests.browser import chromium_page
+    from tests.stack import free_port
+
+    port = free_port()
+    env = dict(os.environ, ALLOWED_HOSTS="127.0.0.1")
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--port", str(port),
+                               "--log-level", "warning"], env=env, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        with chromium_page(url, session) as page:
+            page.set_viewport_size({"width": 1280, "height": 900})
+            for _ in range(100):
+                try:
+                    page.goto(f"{url}/runs/{key}/")
+                    break
+                except Exception:
+                    time.sleep(0.2)
+            page.wait_for_selector("#heatmap canvas", timeout=30_000)
+            time.sleep(1)
+            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1280, "height": 1500}, full_page=True)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
