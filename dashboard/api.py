@@ -123,11 +123,14 @@ def compare(request: HttpRequest, who: auth.Principal) -> JsonResponse:
 
 # --- acknowledge and silence (session users only: an ack names a person) -----------------
 
-def api_action(fn):
+def api_action(fn=None, *, tokens: bool = False):
     """POST by a logged-in user with a valid CSRF token; JSON errors (401/403/405) otherwise.
 
-    Bearer tokens name a project, not a person, so they cannot acknowledge or silence.
+    Bearer tokens name a project, not a person, so they cannot acknowledge or silence; actions
+    made with `tokens=True` (automation, e.g. CI choosing a baseline) accept them too.
     """
+    if fn is None:
+        return lambda f: api_action(f, tokens=tokens)
     from django.middleware.csrf import CsrfViewMiddleware
     from django.views.decorators.csrf import csrf_exempt
 
@@ -136,11 +139,14 @@ def api_action(fn):
     def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
         if request.method != "POST":
             return JsonResponse({"error": "method not allowed"}, status=405)
-        if auth.bearer_token(request) is not None:
+        bearer = auth.bearer_token(request) is not None
+        if bearer and not tokens:
             return JsonResponse({"error": "acknowledging and silencing need a user session, not a project token"}, status=403)
         who = auth.principal(request)
         if who is None:
-            return JsonResponse({"error": "authentication required (session)"}, status=401)
+            return JsonResponse({"error": "authentication required"}, status=401)
+        if bearer:
+            return fn(request, who, *args, **kwargs)
         rejected = CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
         if rejected is not None:
             return JsonResponse({"error": "CSRF check failed"}, status=403)
@@ -178,3 +184,29 @@ def silences(request: HttpRequest, who: auth.Principal) -> JsonResponse:
     if isinstance(made, str):
         return JsonResponse({"error": made}, status=400)
     return JsonResponse(alerting.silence_json(made), status=201)
+
+
+@api_action(tokens=True)
+def run_baseline(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
+    """`{"baseline": "<run key>"}`: compare this run step by step with that one (baseline_divergence)."""
+    import json
+
+    from dashboard.detection import baseline
+
+    run = _visible_run(who, key)
+    if isinstance(run, JsonResponse):
+        return run
+    try:
+        base_key = json.loads(request.body or b"{}").get("baseline")
+    except (ValueError, AttributeError):
+        return JsonResponse({"error": "body must be a JSON object"}, status=400)
+    if not isinstance(base_key, str) or not base_key:
+        return JsonResponse({"error": "baseline must be a run key", "path": "baseline"}, status=400)
+    base = _visible_run(who, base_key)
+    if isinstance(base, JsonResponse):
+        return base
+    try:
+        baseline.choose(run, base, who.user)
+    except ValueError as exc:
+        return JsonResponse({"error": str(exc), "path": "baseline"}, status=400)
+    return JsonResponse({"run": run.key, "baseline": base.key}, status=201)

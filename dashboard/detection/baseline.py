@@ -4,7 +4,13 @@ Only consensus rows are compared, so the comparison costs O(slots), never O(slot
 """
 from __future__ import annotations
 
-from dashboard.models import Baseline, GradSlot
+from django.db import transaction
+
+from dashboard.detection import alerts
+from dashboard.detection.consensus import Consensus
+from dashboard.detection.rules import GradSlotView
+from dashboard.detection.rules.baseline_divergence import baseline_divergence
+from dashboard.models import Alert, Baseline, GradSlot
 from ingest.models import Run
 
 
@@ -18,13 +24,38 @@ def reference(run: Run, step: int, group: str) -> tuple[tuple | None, str | None
     return (tuple(ref) if ref is not None else None), link.baseline.key
 
 
-def first_difference(run: Run, baseline: Run) -> tuple[int, str, list[int]] | None:
-    """(step, group, buckets) of the first settled step where the two runs' consensus differs."""
+def first_difference(run: Run, baseline: Run) -> GradSlotView | None:
+    """The first settled step (in order) where the two runs' consensus differs, as a slot view."""
     theirs = {(s.step, s.group): s.consensus.get("reference")
               for s in GradSlot.objects.filter(run=baseline, settled_at__isnull=False).only("step", "group", "consensus")}
     for slot in GradSlot.objects.filter(run=run, settled_at__isnull=False).order_by("step", "group"):
         other = theirs.get((slot.step, slot.group))
         mine = slot.consensus.get("reference")
         if other is not None and mine is not None and list(other) != list(mine):
-            return slot.step, slot.group, [i for i, (a, b) in enumerate(zip(mine, other)) if a != b]
+            agreed = Consensus(reference=tuple(mine), dissenters=(), tie=False)
+            return GradSlotView(slot.step, slot.group, {}, agreed, run.world_size, tuple(other), baseline.key)
     return None
+
+
+def choose(run: Run, base: Run, user=None) -> Baseline:
+    """Make `base` the baseline of `run`; the comparison over settled steps runs in a Celery task."""
+    from dashboard.detection import tasks
+
+    if base.id == run.id:
+        raise ValueError("a run cannot be its own baseline")
+    link, _ = Baseline.objects.update_or_create(run=run, defaults={"baseline": base, "chosen_by": user})
+    transaction.on_commit(lambda: tasks.compare_baseline.delay(run.id))
+    return link
+
+
+def compare(run: Run) -> list[int]:
+    """Raise the run's baseline_divergence alert from its settled history (resolving alerts against a
+    former baseline); alert ids to deliver."""
+    link = Baseline.objects.select_related("baseline").filter(run=run).first()
+    with transaction.atomic():
+        current = f"baseline:{link.baseline.key}:" if link else None
+        stale = [(a.kind, a.subject) for a in Alert.objects.filter(run=run, kind="baseline_divergence", state="firing")
+                 if current is None or not a.subject.startswith(current)]
+        view = first_difference(run, link.baseline) if link else None
+        findings = list(baseline_divergence(view)) if view else []
+        return alerts.apply(run, findings, stale, None)

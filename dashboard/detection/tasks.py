@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from dashboard.delivery import notify, webhooks
-from dashboard.detection import runs, settle, slots
+from dashboard.detection import baseline, runs, settle, slots
 from dashboard.models import CompileSlot, GradSlot
 
 SETTLERS = {slots.COMPILE: settle.settle_compile, slots.GRAD: settle.settle_grad}
@@ -40,6 +40,17 @@ def send_webhook(self, notification_id: int) -> None:
         webhooks.send(notification_id)
     except Exception as exc:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, RETRY_BACKOFF_MAX_S))
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def compare_baseline(run_id: int) -> int:
+    from ingest.models import Run
+
+    run = Run.objects.filter(id=run_id).first()
+    changed = baseline.compare(run) if run else []
+    for alert_id in changed:
+        deliver.delay(alert_id)
+    return len(changed)
 
 
 @shared_task(ignore_result=True)

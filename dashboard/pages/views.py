@@ -12,7 +12,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard.api import with_alert_counts
-from dashboard.models import Alert, Silence
+from dashboard.detection import baseline
+from dashboard.models import Alert, Baseline, Silence
 from dashboard.pages import alerting, compare as comparing, frames
 from dashboard.pages.access import visible_run, visible_runs
 from ingest.auth import user_project_ids
@@ -78,8 +79,25 @@ def run(request: HttpRequest, key: str) -> HttpResponse:
         "summary": run_summary(found),
         "frames": found.compileslot_set.values_list("frame", flat=True).distinct().order_by("frame")[:200],
         "dissent_frames": set(frames_with_dissent),
+        "baseline": Baseline.objects.select_related("baseline").filter(run=found).first(),
+        "baseline_choices": visible_runs(request).filter(project=found.project).exclude(id=found.id)
+        .order_by("-started_at").values_list("key", flat=True)[:50],
     }
     return render(request, "dashboard/run.html", context)
+
+
+@login_required
+@require_POST
+def run_baseline(request: HttpRequest, key: str) -> HttpResponse:
+    """Choose the run this one is compared with step by step (baseline_divergence)."""
+    found = visible_run(request, key)
+    base = visible_runs(request).filter(key=request.POST.get("baseline", ""), project=found.project).first()
+    if base is None or base.id == found.id:
+        messages.error(request, "Choose another run of the same project as the baseline.")
+    else:
+        baseline.choose(found, base, request.user)
+        messages.success(request, f"{base.key} is now the baseline of {found.key}; differences show up as alerts.")
+    return redirect("run", key=found.key)
 
 
 @login_required
