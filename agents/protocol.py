@@ -119,8 +119,8 @@ class Grads(Event, tag="grads"):
     """Compact form of `grad` for the steady state (P1/P7): many consecutive steps in one event.
 
     `fps` is base64 (standard alphabet, padded) of `steps * buckets` unsigned 64-bit
-    fingerprints, little-endian, step-major: step `step + i`, bucket `b` is the u64 at byte
-    offset `8 * (i * buckets + b)`. Raw bytes neither need a u64 range check nor cost ~20
+    fingerprints, little-endian, step-major: step `step + i * stride`, bucket `b` is the u64 at
+    byte offset `8 * (i * buckets + b)` (`stride` is LOCKSTEP_GRAD_EVERY). Raw bytes neither need a u64 range check nor cost ~20
     decimal digits each, and one event amortizes the JSON framing over `steps` rank-steps.
     `nonfinite` and `norms`, when given, hold one value per step. Each step counts as one
     grad event (one rank-step) everywhere, exactly as if sent as a `grad` event.
@@ -130,6 +130,7 @@ class Grads(Event, tag="grads"):
     buckets: Annotated[int, msgspec.Meta(ge=1, le=MAX_BUCKETS)]
     fps: bytes
     steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_GRADS_STEPS)] = 1
+    stride: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1
     group: Short = "ddp"
     norms: list[float] = []
     nonfinite: list[NonNeg] = []
@@ -144,18 +145,22 @@ class Grads(Event, tag="grads"):
 
     @classmethod
     def pack(cls, step: int, rows: list[list[int]], group: str = "ddp", **kw) -> "Grads":
-        """Build from per-step bucket fingerprints (what an agent has after `steps` grad events)."""
+        """Build from per-step bucket fingerprints (what an agent has after `steps` grad events);
+        pass `stride=K` when steps are K apart."""
         buckets = len(rows[0])
         fps = b"".join(v.to_bytes(8, "little") for row in rows for v in row)
         return cls(step=step, steps=len(rows), buckets=buckets, group=group, fps=fps, **kw)
 
+    def step_numbers(self) -> range:
+        return range(self.step, self.step + self.steps * self.stride, self.stride)
+
     def unpack(self) -> list[list[int]]:
         """Per-step lists of u64 fingerprints (the `fps` of the equivalent `grad` events)."""
-        n, view = self.buckets, memoryview(self.fps).cast("Q") if _LITTLE else None
-        if view is None:
-            values = [int.from_bytes(self.fps[i:i + 8], "little") for i in range(0, len(self.fps), 8)]
+        if _LITTLE:
+            values = memoryview(self.fps).cast("Q").tolist()
         else:
-            values = view.tolist()
+            values = [int.from_bytes(self.fps[i:i + 8], "little") for i in range(0, len(self.fps), 8)]
+        n = self.buckets
         return [values[i * n:(i + 1) * n] for i in range(self.steps)]
 
 

@@ -34,7 +34,7 @@ def _database(url: str) -> dict:
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
         "OPTIONS": query,
-        "TEST": {"NAME": os.environ.get("LOCKSTEP_TEST_DB")},
+        "TEST": {"NAME": os.environ.get("LOCKSTEP_TEST_DB")},  # per-process test DB (tests/service_env.py)
     }
 
 
@@ -99,6 +99,12 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": _database(DATABASE_URL)}
+# ASGI runs each request's sync view in a fresh thread, and Django's connections are per thread: with
+# persistent connections, many concurrent ingest requests exhaust max_connections. LOCKSTEP_DB_POOL=N
+# gives every server process one psycopg pool of at most N connections instead (set it in production).
+if int(os.environ.get("LOCKSTEP_DB_POOL", "0")) > 0:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": int(os.environ["LOCKSTEP_DB_POOL"]), "timeout": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = {
@@ -141,7 +147,18 @@ LANGUAGE_CODE = "en-us"
 
 # Detection: a slot settles when every rank reported it, or this long after its first report.
 LOCKSTEP_SETTLE_TIMEOUT = float(os.environ.get("LOCKSTEP_SETTLE_TIMEOUT", "10"))
+LOCKSTEP_SILENT_AFTER = float(os.environ.get("LOCKSTEP_SILENT_AFTER", "60"))
+LOCKSTEP_PUBLIC_URL = os.environ.get("LOCKSTEP_PUBLIC_URL", "").rstrip("/")
 LOCKSTEP_MAX_BODY = int(os.environ.get("LOCKSTEP_MAX_BODY", str(8 * 1024 * 1024)))
+
+# Ingest at scale (ingest/): raw retention, load shedding, outage answers, blob leases, metrics.
+LOCKSTEP_RAW_RETENTION_DAYS = float(os.environ.get("LOCKSTEP_RAW_RETENTION_DAYS", "14"))
+LOCKSTEP_RATE_LIMIT = int(os.environ.get("LOCKSTEP_RATE_LIMIT", "5000"))  # batches/s per project; 0 = off
+LOCKSTEP_RETRY_AFTER = int(os.environ.get("LOCKSTEP_RETRY_AFTER", "5"))  # seconds, on 503
+LOCKSTEP_BLOB_LEASE = float(os.environ.get("LOCKSTEP_BLOB_LEASE", "60"))  # seconds one agent has to upload a wanted blob
+LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # when set, /metrics needs it as bearer token
+CELERY_IMPORTS = ("ingest.tasks",)
+CELERY_BEAT_SCHEDULE["prune-raw-partitions"] = {"task": "ingest.tasks.prune_raw", "schedule": 3600.0}
 
 LOGGING = {
     "version": 1,

@@ -1,4 +1,11 @@
-"""Telemetry as the agents report it: projects and their tokens, runs, ranks, raw per-rank events."""
+"""Telemetry as the agents report it: projects and their tokens, runs, ranks, raw per-rank events.
+
+The raw per-rank tables (`RawEvent` subclasses) are PostgreSQL tables partitioned by day of
+`received` (migration 0002): rows arrive by binary COPY and leave when retention drops a whole
+partition. In the database their primary key is (id, received) and they carry no foreign key
+to `ingest_run` (a per-row RI check would cost as much as the insert); Django still cascades
+deletes of a run through the ORM.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -7,6 +14,7 @@ import secrets
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.utils import timezone
 
 
 class Project(models.Model):
@@ -92,10 +100,20 @@ class IngestBatch(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="batch_once")]
+        indexes = [models.Index(fields=["received_at"], name="batch_received")]  # retention deletes by age
 
 
-class CompileEvent(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+class RawEvent(models.Model):
+    """Fields every raw per-rank table has; `received` (server time) is the partition key."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_constraint=False, db_index=False)  # composite indexes lead with run
+    received = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+
+class CompileEvent(RawEvent):
     rank = models.PositiveIntegerField()
     frame = models.CharField(max_length=512)
     index = models.PositiveIntegerField()
@@ -118,19 +136,20 @@ class CompileEvent(models.Model):
         indexes = [models.Index(fields=["run", "frame", "index"])]
 
 
-class GraphBreakEvent(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+class GraphBreakEvent(RawEvent):
     rank = models.PositiveIntegerField()
     frame = models.CharField(max_length=512)
     reason = models.TextField()
     step = models.BigIntegerField(null=True)
     ts = models.DateTimeField()
 
+    class Meta:
+        indexes = [models.Index(fields=["run", "frame"], name="graphbreak_run_frame")]
 
-class GradReport(models.Model):
+
+class GradReport(RawEvent):
     """One rank's bucket fingerprints for one step of one comparison group (signed int64 storage)."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE)
     rank = models.PositiveIntegerField()
     step = models.BigIntegerField()
     group = models.CharField(max_length=64)
@@ -143,8 +162,7 @@ class GradReport(models.Model):
         indexes = [models.Index(fields=["run", "step", "group"])]
 
 
-class StepReport(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+class StepReport(RawEvent):
     rank = models.PositiveIntegerField()
     step = models.BigIntegerField()
     loss = models.FloatField(null=True)
@@ -155,11 +173,45 @@ class StepReport(models.Model):
         indexes = [models.Index(fields=["run", "rank", "step"])]
 
 
-class EventLog(models.Model):
+class EventLog(RawEvent):
     """Events kept verbatim until a later feature gives them a table of their own (param, detail, dropped)."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE)
     rank = models.PositiveIntegerField()
     t = models.CharField(max_length=32)
     body = models.JSONField()
     ts = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "t"], name="eventlog_run_t")]
+
+
+class Blob(models.Model):
+    """A normalized graph text, stored once per content hash however many ranks hold it.
+
+    A row without text is a request in flight: `requested_at` is when one agent was asked to
+    upload it (the others are not asked again until that lease expires).
+    """
+
+    hash = models.CharField(max_length=32, primary_key=True)
+    text = models.TextField(null=True)
+    size = models.PositiveIntegerField(default=0)
+    requested_at = models.DateTimeField(null=True)
+    stored_at = models.DateTimeField(null=True)
+
+
+class GradWatermark(models.Model):
+    """The highest step each rank reported for one comparison group: one row per rank, not per step.
+
+    A grad slot is complete once every rank's watermark passed it, so ingest updates one row per
+    batch instead of a counter per rank-step (1024 ranks would otherwise rewrite each slot row
+    1024 times). See dashboard.detection.slots.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    group = models.CharField(max_length=64)
+    rank = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "group", "rank"], name="watermark_per_rank")]
+        indexes = [models.Index(fields=["run", "group", "step"], name="watermark_min_max")]

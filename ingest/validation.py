@@ -21,14 +21,20 @@ class Rejection(Exception):
 
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
 
 
 def _path_of(message: str) -> tuple[str, str | None]:
-    """msgspec says 'Expected `int`, got `str` - at `$.events[3].step`'; split off the path."""
+    """msgspec says 'Expected `int`, got `str` - at `$.events[3].step`'; split off the path.
+
+    A missing field is named in the message only; it becomes the last part of the path.
+    """
     match = _PATH.search(message)
-    if not match:
-        return message, None
-    return message[: match.start()], match.group("path").lstrip(".") or None
+    error, path = (message[: match.start()], match.group("path").lstrip(".")) if match else (message, "")
+    missing = _MISSING.match(error)
+    if missing:
+        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
+    return error, path or None
 
 
 def read_body(raw: bytes, encoding: str, limit: int) -> bytes:
@@ -60,5 +66,58 @@ def decode(body: bytes) -> protocol.Batch:
         raise Rejection(400, f"malformed JSON: {exc}") from None
     if batch.rank >= batch.run.world_size:
         raise Rejection(400, f"rank {batch.rank} is outside world_size {batch.run.world_size}", "rank")
+    if b"\\u0000" in body:
+        _reject_nul(msgspec.to_builtins(batch), "")
+    for i, event in enumerate(batch.events):
+        _check_storable(event, f"events[{i}]")
     return batch
+
+
+def decode_blobs(body: bytes) -> protocol.BlobUpload:
+    try:
+        upload = protocol.decode_blobs(body)
+    except msgspec.ValidationError as exc:
+        error, path = _path_of(str(exc))
+        raise Rejection(400, error, path) from None
+    except msgspec.DecodeError as exc:
+        raise Rejection(400, f"malformed JSON: {exc}") from None
+    if b"\\u0000" in body:
+        _reject_nul(msgspec.to_builtins(upload), "")
+    return upload
+
+
+# Protocol bounds wider than the columns they land in; a value past these would be a database error (a 500).
+_COLUMN_LIMITS = {"group": 64, "compile_id": 64, "status": 16}
+_INT4_MAX = (1 << 31) - 1
+_STEP_MAX = 1 << 62  # the protocol's NonNeg bound, also for a `grads` event's last step
+_TS_MAX = 32_503_680_000.0  # year 3000: past it, datetime (and timestamptz) overflow
+
+
+def _check_storable(event: protocol.Event, path: str) -> None:
+    for name, limit in _COLUMN_LIMITS.items():
+        value = getattr(event, name, None)
+        if isinstance(value, str) and len(value) > limit:
+            raise Rejection(400, f"{name} longer than {limit} characters", f"{path}.{name}")
+    if not 0 <= event.ts <= _TS_MAX:
+        raise Rejection(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"{path}.ts")
+    if isinstance(event, protocol.Compile) and event.index > _INT4_MAX:
+        raise Rejection(400, f"index exceeds {_INT4_MAX}", f"{path}.index")
+    if isinstance(event, protocol.Grads) and event.step_numbers()[-1] > _STEP_MAX:
+        raise Rejection(400, f"last step exceeds {_STEP_MAX}", f"{path}.steps")
+    if isinstance(event, protocol.RankEnd) and event.exit_code is not None and abs(event.exit_code) > _INT4_MAX:
+        raise Rejection(400, "exit_code out of range", f"{path}.exit_code")
+
+
+def _reject_nul(value, path: str) -> None:
+    """PostgreSQL text and jsonb cannot hold U+0000: name the first string that has one."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise Rejection(400, "strings must not contain U+0000", path or None)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _reject_nul(key, path)
+            _reject_nul(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _reject_nul(item, f"{path}[{i}]")
 

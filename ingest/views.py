@@ -1,69 +1,169 @@
-"""POST /api/v1/ingest: authenticate, validate, store all-or-nothing, then queue settling.
+"""POST /api/v1/ingest and /api/v1/blobs, GET /api/v1/schema and /metrics.
 
 Error contract (DESIGN 3.2): 400 malformed (with the failing path), 401 bad token, 403 another
 project's run, 409 same (session, seq) with other content, 413 too large, 415 wrong content
-type. Bad input never reaches the database and never yields a 500.
+type, 429 + Retry-After when a project sends faster than LOCKSTEP_RATE_LIMIT, 503 +
+Retry-After while PostgreSQL is unreachable (the batch was not accepted: the agent keeps it and
+resends). Bad input never reaches the database and never yields a 500.
 """
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
+from collections.abc import Callable
 
 import msgspec
-
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from agents import protocol
-from dashboard.detection import tasks
-from ingest import auth, validation, writers
+from ingest import auth, blobs, metrics, ratelimit, schema, validation, writers
+from ingest import tasks as ingest_tasks
+from ingest.models import Project
 from ingest.validation import Rejection
 
 log = logging.getLogger(__name__)
 
 
-def error(status: int, message: str, path: str | None = None) -> JsonResponse:
+def error(status: int, message: str, path: str | None = None, retry_after: int | None = None) -> JsonResponse:
     body = {"error": message}
     if path is not None:
         body["path"] = path
-    return JsonResponse(body, status=status)
+    response = JsonResponse(body, status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+def _guarded(handler: Callable[[HttpRequest], JsonResponse], request: HttpRequest, endpoint: str) -> JsonResponse:
+    """Map rejections and database outages to their JSON answers, and count every outcome."""
+    started = time.perf_counter()
+    try:
+        response = handler(request)
+    except Rejection as rejection:
+        retry = 1 if rejection.status == 429 else None
+        response = error(rejection.status, rejection.error, rejection.path, retry)
+    except (OperationalError, InterfaceError) as exc:
+        writers.forget_runs()
+        log.warning("database unavailable: %s", exc)
+        response = error(503, "database unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
+    except DatabaseError as exc:  # e.g. a deadlock between two batches: transient, safe to resend
+        writers.forget_runs()
+        log.warning("database error, batch rolled back: %s", exc)
+        response = error(503, "transient database error; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
+    if response.status_code != 200:
+        metrics.REQUESTS.labels(endpoint, "rejected", str(response.status_code)).inc()
+    metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
+    return response
+
+
+def _authorized_body(request: HttpRequest) -> tuple[Project, bytes]:
+    """Token, rate limit, content type and size checks, then the (inflated) body."""
+    token = auth.bearer_token(request)
+    project = _project_for(token) if token else None
+    if project is None:
+        raise Rejection(401, "missing or invalid bearer token")
+    if ratelimit.over_limit(project.id):
+        raise Rejection(429, f"project {project.name} exceeds {settings.LOCKSTEP_RATE_LIMIT} batches/s; retry later")
+    if request.content_type != "application/json":
+        raise Rejection(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}")
+    limit = settings.LOCKSTEP_MAX_BODY
+    try:
+        declared = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        raise Rejection(400, "invalid Content-Length") from None
+    if declared > limit:
+        raise Rejection(413, f"body exceeds {limit} bytes")
+    raw = request.read(limit + 1)  # bounded even without a Content-Length (chunked)
+    if len(raw) > limit:
+        raise Rejection(413, f"body exceeds {limit} bytes")
+    return project, validation.read_body(raw, request.headers.get("Content-Encoding", ""), limit)
+
+
+TOKEN_CACHE_S = 10.0
+_tokens: dict[str, tuple[float, Project]] = {}
+
+
+def _project_for(token: str) -> Project | None:
+    """Token -> project, remembered for TOKEN_CACHE_S (a query per batch otherwise); misses are not cached."""
+    cached = _tokens.get(token)
+    if cached and cached[0] > time.monotonic():
+        return cached[1]
+    project = auth.project_for_token(token)
+    if project is not None:
+        if len(_tokens) > 10_000:
+            _tokens.clear()
+        _tokens[token] = (time.monotonic() + TOKEN_CACHE_S, project)
+    return project
 
 
 @csrf_exempt
 @require_POST
 def ingest(request: HttpRequest) -> JsonResponse:
-    try:
-        return _ingest(request)
-    except Rejection as rejection:
-        return error(rejection.status, rejection.error, rejection.path)
+    return _guarded(_ingest, request, "ingest")
 
 
 def _ingest(request: HttpRequest) -> JsonResponse:
-    token = auth.bearer_token(request)
-    project = auth.project_for_token(token) if token else None
-    if project is None:
-        raise Rejection(401, "missing or invalid bearer token")
-    if request.content_type != "application/json":
-        raise Rejection(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}")
-    limit = settings.LOCKSTEP_MAX_BODY
-    if int(request.headers.get("Content-Length") or 0) > limit:
-        raise Rejection(413, f"body exceeds {limit} bytes")
-    raw = request.body
-    if len(raw) > limit:
-        raise Rejection(413, f"body exceeds {limit} bytes")
-    body = validation.read_body(raw, request.headers.get("Content-Encoding", ""), limit)
+    project, body = _authorized_body(request)
     batch = validation.decode(body)
     stored = writers.store(batch, project, writers.digest(body))
     _queue_settles(stored.ready)
-    reply = protocol.IngestReply(accepted=stored.accepted, duplicate=stored.duplicate)
+    reply = protocol.IngestReply(accepted=stored.accepted, duplicate=stored.duplicate,
+                                 want_blobs=blobs.wanted(stored.graph_hashes))
+    _count(batch, stored)
     return JsonResponse(msgspec.to_builtins(reply))
 
 
+def _count(batch: protocol.Batch, stored: writers.Stored) -> None:
+    if stored.duplicate:
+        metrics.REQUESTS.labels("ingest", "duplicate", "200").inc()
+        return
+    metrics.REQUESTS.labels("ingest", "accepted", "200").inc()
+    for kind, n in Counter(type(e).__struct_config__.tag for e in batch.events).items():
+        metrics.EVENTS.labels(kind).inc(n)
+    metrics.RANK_STEPS.inc(stored.rank_steps)
+
+
 def _queue_settles(ready: list[tuple[str, int]]) -> None:
-    """Settle complete slots now; if the broker is down, the sweep settles them later (state is in PostgreSQL)."""
+    """Settle complete slots now, a chunk per message (the last rank of a 256-step batch completes
+    256 slots at once); if the broker is down, the sweep settles them later (state is in PostgreSQL)."""
+    by_kind: dict[str, list[int]] = {}
+    for kind, slot_id in ready:
+        by_kind.setdefault(kind, []).append(slot_id)
     try:
-        for kind, slot_id in ready:
-            tasks.settle_slot.delay(kind, slot_id)
+        for kind, ids in by_kind.items():
+            for i in range(0, len(ids), ingest_tasks.SETTLE_CHUNK):
+                ingest_tasks.settle_slots.delay(kind, ids[i:i + ingest_tasks.SETTLE_CHUNK])
     except Exception:
         log.warning("broker unavailable; %d slots left to the sweep", len(ready), exc_info=True)
+
+
+@csrf_exempt
+@require_POST
+def upload_blobs(request: HttpRequest) -> JsonResponse:
+    return _guarded(_upload_blobs, request, "blobs")
+
+
+def _upload_blobs(request: HttpRequest) -> JsonResponse:
+    _, body = _authorized_body(request)
+    checked = blobs.verify(validation.decode_blobs(body))
+    reply = blobs.store(checked)
+    metrics.REQUESTS.labels("blobs", "accepted", "200").inc()
+    return JsonResponse(msgspec.to_builtins(reply))
+
+
+@require_GET
+def openapi(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(schema.openapi())
+
+
+@require_GET
+def prometheus(request: HttpRequest) -> HttpResponse:
+    required = settings.LOCKSTEP_METRICS_TOKEN
+    if required and auth.bearer_token(request) != required:
+        return error(401, "metrics need the LOCKSTEP_METRICS_TOKEN bearer token")
+    return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -72,7 +72,7 @@ def test_same_session_seq_with_other_content_is_409(post):
         (lambda b: b.update(rank=3), "rank"),
         (lambda b: b.update(rank=-1), "rank"),
         (lambda b: b.update(v=2), "v"),
-        (lambda b: b["run"].pop("key"), "run"),
+        (lambda b: b["run"].pop("key"), "run.key"),
         (lambda b: b["run"].update(key="bad key/with spaces"), "run.key"),
         (lambda b: b.update(seq="0"), "seq"),
     ],

@@ -1,0 +1,146 @@
+"""Shared by the ingest benchmarks: a dedicated database, the server processes, simulated ranks.
+
+The bench database (`lockstep_bench` next to DATABASE_URL's, dropped and migrated at start) and
+Redis database 10 are its own, so a run never touches the suite's or the demo's data.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = Path(__file__).resolve().parent / "data" / "agent-events.json"
+
+
+def bench_env(db_name: str = "lockstep_bench") -> dict:
+    base = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lockstep")
+    parts = urlparse(base)
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=urlunparse(parts._replace(path="/" + db_name)),
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10"),
+        DJANGO_SETTINGS_MODULE="dashboard.settings",
+        PYTHONPATH=str(ROOT),
+        LOCKSTEP_RATE_LIMIT="0",
+        LOG_LEVEL="WARNING",
+        LOCKSTEP_DB_POOL="4",
+    )
+    return env
+
+
+def fresh_database(env: dict) -> None:
+    """Drop and recreate the bench database, then migrate it."""
+    import psycopg
+
+    url = urlparse(env["DATABASE_URL"])
+    name = url.path.lstrip("/")
+    with psycopg.connect(urlunparse(url._replace(path="/postgres")), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True,
+                   stderr=subprocess.DEVNULL)
+    import redis
+
+    redis.Redis.from_url(env["REDIS_URL"]).flushdb()
+
+
+def setup_django(env: dict) -> None:
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "LOCKSTEP_RATE_LIMIT")})
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Servers:
+    """N uvicorn worker processes (one listening socket) and M Celery workers, as process groups."""
+
+    url: str
+    procs: list[subprocess.Popen]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def start_servers(env: dict, ingest: int, celery: int) -> Servers:
+    port = free_port()
+    env = dict(env, PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="lockstep-prom-"))
+    log = open(Path(tempfile.gettempdir()) / "lockstep-bench-servers.log", "ab")
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", str(ingest), "--log-level", "warning", "--no-access-log"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
+    if celery:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "--concurrency", str(celery), "--loglevel", "warning"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    servers = Servers(f"http://127.0.0.1:{port}", procs)
+    _wait_http(port)
+    return servers
+
+
+def _wait_http(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("ingest server did not come up; see /tmp/lockstep-bench-servers.log")
+
+
+def recording() -> list[dict]:
+    """Events the real agent sent (bench/ingest_record.py); the template of every simulated rank."""
+    return json.loads(RECORDING.read_text())["events"]
+
+
+def compile_burst(recorded: list[dict], rank: int) -> list[dict]:
+    """The recorded start of a rank: its compile (and graph-break) events, plus a rank_start."""
+    start = {"t": "rank_start", "host": f"node{rank // 8}", "pid": 1000 + rank, "local_rank": rank % 8,
+             "device": f"cuda:{rank % 8}", "versions": {"torch": "2.13.0"}}
+    return [start] + [e for e in recorded if e["t"] in ("compile", "graph_break")]
+
+
+def fingerprints(step: int, buckets: int) -> list[int]:
+    """Replicas agree: every rank gets the same fingerprints for a step."""
+    rng = random.Random(step)
+    return [rng.getrandbits(64) for _ in range(buckets)]
+
+
+def gzip_body(body: dict | bytes) -> bytes:
+    raw = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+    return gzip.compress(raw, compresslevel=6)
+
+
+def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
+    width = max(len(r[0]) for r in rows)
+    vwidth = max(len(r[1]) for r in rows)
+    print(f"\n{title}\n" + "-" * (width + vwidth + 40))
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>{vwidth}}  {note}")

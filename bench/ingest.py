@@ -1,0 +1,203 @@
+"""P1 and P7: grad events over HTTP into PostgreSQL, against a raw binary COPY of the same rows.
+
+Simulates N ranks (default 1024) from the events the real agent recorded (bench/data/): each rank
+first sends its compile burst, then steady batches of `--steps-per-batch` steps in the compact
+`grads` form (plus the recorded per-step `step` event with --step-events). All ranks advance
+together, so grad slots fill and settle as in a real job. Bodies are built and gzipped before
+the clock starts; the clock covers the steady phase only. Then the same grad rows are written by
+one raw binary COPY into the same table, same indexes, same run of the script.
+
+    python bench/ingest.py                       # 1024 ranks, 2 ingest processes
+    python bench/ingest.py --ingest 2 --celery 2 # the docs/scale-out.md run
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from common import (bench_env, compile_burst, fingerprints, fresh_database, gzip_body, print_table, recording,
+                    setup_django, start_servers)
+
+PENDING_GRAD = 'lockstep_slots_pending{kind="grad"}'
+MLFLOW_ANCHOR = "MLflow tracking server log_batch: 1.6k-3.3k points/s on this kind of machine"
+
+
+@dataclass
+class Request:
+    body: bytes
+    rank_steps: int
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    rank_steps: int = 0
+    wire_bytes: int = 0
+    failures: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def build(args, recorded: list[dict]) -> tuple[list[Request], list[Request], dict]:
+    """Compile-burst requests, steady requests (step-major across ranks), and the packed events per batch."""
+    from agents import protocol
+
+    run = {"key": f"bench-{uuid.uuid4().hex[:8]}", "world_size": args.ranks, "name": "ingest bench"}
+    step_template = next((e for e in recorded if e["t"] == "step"), {"t": "step", "loss": 0.25, "step_time": 0.05})
+    n_batches = args.steps // args.steps_per_batch
+    packed = {}
+    for b in range(n_batches):
+        first = b * args.steps_per_batch
+        rows = [fingerprints(first + i, args.buckets) for i in range(args.steps_per_batch)]
+        packed[b] = protocol.encode(protocol.Grads.pack(first, rows, ts=time.time())).decode()
+    sessions = [str(uuid.uuid4()) for _ in range(args.ranks)]
+    burst = [Request(gzip_body({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": 0,
+                                "events": compile_burst(recorded, r)}), 0) for r in range(args.ranks)]
+    steady = []
+    for b in range(n_batches):
+        first = b * args.steps_per_batch
+        extra = ""
+        if args.step_events:
+            extra = "," + ",".join(json.dumps(dict(step_template, step=first + i, ts=time.time()), separators=(",", ":"))
+                                   for i in range(args.steps_per_batch))
+        for r in range(args.ranks):
+            head = json.dumps({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": b + 1}, separators=(",", ":"))
+            body = head[:-1] + ',"events":[' + packed[b] + extra + "]}"
+            steady.append(Request(gzip_body(body.encode()), args.steps_per_batch))
+    return burst, steady, {"run": run["key"], "packed": packed}
+
+
+def send_all(url: str, token: str, requests: list[Request], connections: int) -> tuple[Tally, float]:
+    host, port = url.removeprefix("http://").split(":")
+    work: queue.Queue = queue.Queue()
+    for item in requests:
+        work.put(item)
+    tally = Tally()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Content-Encoding": "gzip"}
+    header_bytes = len("POST /api/v1/ingest HTTP/1.1\r\n") + sum(len(k) + len(v) + 4 for k, v in headers.items()) + 60
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        while True:
+            try:
+                item = work.get_nowait()
+            except queue.Empty:
+                break
+            conn.request("POST", "/api/v1/ingest", item.body, headers)
+            response = conn.getresponse()
+            payload = response.read()
+            with tally.lock:
+                tally.sent += 1
+                tally.wire_bytes += len(item.body) + header_bytes
+                if response.status == 200:
+                    tally.rank_steps += item.rank_steps
+                else:
+                    tally.failures.append(f"{response.status} {payload[:200]!r}")
+        conn.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(connections)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return tally, time.perf_counter() - started
+
+
+def raw_copy(packed: dict, ranks: int, run_key: str) -> tuple[int, float]:
+    """The same grad rows (other run id), pre-encoded, through one binary COPY: the ceiling."""
+    from django.db import connection
+
+    from agents import protocol
+    from ingest import partitions, pgcopy, writers
+    from ingest.models import Project, Run
+
+    project = Project.objects.get(name="bench")
+    run = Run.objects.create(project=project, key=run_key + "-rawcopy", world_size=ranks)
+    now = datetime.now(timezone.utc)
+    partitions.ensure_around(now)
+    rows = []
+    for body in packed.values():
+        event = protocol.msgspec.json.decode(body, type=protocol.Grads)
+        for rank in range(ranks):
+            rows.extend(writers.grad_rows(run.id, rank, [], [event], now)[0])
+    data = b"".join(pgcopy.stream(rows, len(writers.GRAD_COLUMNS)))
+    cols = ", ".join(f'"{c}"' for c in writers.GRAD_COLUMNS)
+    connection.ensure_connection()
+    raw = connection.connection
+    started = time.perf_counter()
+    with raw.transaction(), raw.cursor() as cur, cur.copy(f"COPY ingest_gradreport ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+        for i in range(0, len(data), 1 << 20):
+            copy.write(data[i:i + (1 << 20)])
+    return len(rows), time.perf_counter() - started
+
+
+def scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=512, help="steady steps per rank")
+    parser.add_argument("--steps-per-batch", type=int, default=256)
+    parser.add_argument("--buckets", type=int, default=16)
+    parser.add_argument("--ingest", type=int, default=2, help="ASGI worker processes")
+    parser.add_argument("--celery", type=int, default=0, help="Celery worker processes settling slots meanwhile")
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--step-events", action="store_true", help="also send the recorded per-step `step` event")
+    args = parser.parse_args()
+
+    env = bench_env()
+    fresh_database(env)
+    setup_django(env)
+    from ingest.models import Project, ProjectToken
+
+    token = ProjectToken.issue(Project.objects.create(name="bench"))
+    recorded = recording()
+    burst, steady, built = build(args, recorded)
+    servers = start_servers(env, args.ingest, args.celery)
+    try:
+        burst_tally, burst_s = send_all(servers.url, token, burst, args.connections)
+        tally, elapsed = send_all(servers.url, token, steady, args.connections)
+        after = scrape(servers.url)
+    finally:
+        servers.stop()
+    rows, copy_s = raw_copy(built["packed"], args.ranks, built["run"])
+    http_rate, copy_rate = tally.rank_steps / elapsed, rows / copy_s
+    failures = burst_tally.failures + tally.failures
+    print_table(
+        f"ingest bench: {args.ranks} ranks x {args.steps} steps, {args.buckets} buckets, {args.steps_per_batch} steps/batch,"
+        f" {args.ingest} ingest processes, {args.celery} Celery workers, {args.connections} connections",
+        [
+            ("compile burst", f"{burst_s:.2f} s", f"{len(burst)} batches, {burst_tally.sent - len(burst_tally.failures)} accepted"),
+            ("P1 grad events/s over HTTP", f"{http_rate:,.0f}", f"{tally.rank_steps:,} rank-steps in {elapsed:.2f} s (target >= 200,000)"),
+            ("raw binary COPY rows/s", f"{copy_rate:,.0f}", f"{rows:,} same rows, one COPY, same table"),
+            ("P1 HTTP / raw COPY", f"{http_rate / copy_rate:.2f}x", "target >= 0.5x"),
+            ("P7 wire bytes per rank-step", f"{tally.wire_bytes / max(tally.rank_steps, 1):.1f}",
+             "gzip body + HTTP request headers (target <= 200)"),
+            ("failed requests", str(len(failures)), failures[0] if failures else ""),
+            ("slots pending at end", f"{after.get(PENDING_GRAD, 0):.0f}", "grad slots not yet settled"),
+            ("settle queue depth at end", f"{after.get('lockstep_settle_queue_depth', 0):.0f}", "Celery tasks waiting"),
+            ("anchor", "1.6k-3.3k/s", MLFLOW_ANCHOR),
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Operators' view at /metrics (Prometheus text format).
+
+Request counters live in each process; with several ASGI worker processes set
+PROMETHEUS_MULTIPROC_DIR (an empty folder shared by them) and prometheus_client sums them.
+Detection state (slots waiting to settle, settle latency, Celery queue depth) is read from
+PostgreSQL and Redis at scrape time, so every process reports the same cluster-wide truth.
+Events per second is `rate(lockstep_ingest_events_total[1m])`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import redis
+from django.db import connection
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+
+from ingest import ratelimit
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter("lockstep_ingest_requests", "Requests (ingest batches, blob uploads) by outcome and HTTP status",
+                   ["endpoint", "outcome", "status"])
+EVENTS = Counter("lockstep_ingest_events", "Events accepted (one entry of `events`)", ["type"])
+RANK_STEPS = Counter("lockstep_ingest_rank_steps", "Grad rank-steps accepted (a `grads` event counts each step)")
+SECONDS = Histogram("lockstep_ingest_request_seconds", "Request handling time", ["endpoint"],
+                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+SETTLE_QUEUE = "celery"  # Celery's default queue: a Redis list the settle tasks wait in
+LATENCY_WINDOW_S = 300
+
+
+class DetectionState:
+    """Cluster-wide gauges computed at scrape time."""
+
+    def collect(self):
+        depth = GaugeMetricFamily("lockstep_settle_queue_depth", "Tasks waiting in the Celery queue (Redis list length)")
+        try:
+            depth.add_metric([], ratelimit.client().llen(SETTLE_QUEUE))
+        except redis.RedisError:
+            log.warning("redis unavailable for queue depth", exc_info=True)
+        yield depth
+        pending = GaugeMetricFamily("lockstep_slots_pending", "Slots reported but not yet settled", labels=["kind"])
+        latency = GaugeMetricFamily("lockstep_settle_latency_seconds",
+                                    f"First report -> settled, slots settled in the last {LATENCY_WINDOW_S} s",
+                                    labels=["kind", "quantile"])
+        with connection.cursor() as cur:
+            for kind, table in (("compile", "dashboard_compileslot"), ("grad", "dashboard_gradslot")):
+                cur.execute(f"SELECT count(*) FROM {table} WHERE settled_at IS NULL")
+                pending.add_metric([kind], cur.fetchone()[0])
+                cur.execute(
+                    f"SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP"
+                    f" (ORDER BY extract(epoch FROM settled_at - first_seen))"
+                    f" FROM {table} WHERE settled_at > now() - make_interval(secs => %s)",
+                    [LATENCY_WINDOW_S],
+                )
+                quantiles = cur.fetchone()[0] or []
+                for q, value in zip(("0.5", "0.99"), quantiles):
+                    latency.add_metric([kind, q], value)
+        yield pending
+        yield latency
+
+
+def render() -> bytes:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        counters = CollectorRegistry()
+        multiprocess.MultiProcessCollector(counters)
+    else:
+        counters = REGISTRY
+    state = CollectorRegistry()
+    state.register(DetectionState())
+    return generate_latest(counters) + generate_latest(state)

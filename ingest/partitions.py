@@ -1,0 +1,54 @@
+"""Daily partitions of the raw per-rank tables: made before rows arrive, dropped by retention.
+
+`lockstep_raw_partition()` (migration 0002) creates one table's partition for one UTC day and is
+safe to race between ingest processes. Ingest makes sure of today's and tomorrow's before it
+opens the batch transaction, so partition DDL never runs while a batch holds row locks.
+"""
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, timedelta
+
+from django.db import connection
+
+RAW_TABLES = ("ingest_compileevent", "ingest_graphbreakevent", "ingest_gradreport", "ingest_stepreport", "ingest_eventlog")
+_SUFFIX = re.compile(r"_p(\d{8})$")
+
+
+_known: set[date] = set()  # days this process has seen ready; partitions are only dropped once long past
+
+
+def ensure(days: list[date]) -> None:
+    """Create the partitions of every raw table for these UTC days (no-op where they exist)."""
+    days = [d for d in days if d not in _known]
+    if not days:
+        return
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT lockstep_raw_partition(t, d) FROM unnest(%s::text[]) t, unnest(%s::date[]) d",
+            [list(RAW_TABLES), days],
+        )
+    if not connection.in_atomic_block:  # committed: safe to remember (a rolled-back creation is not)
+        _known.update(days)
+
+
+def ensure_around(now: datetime, ahead: int = 1) -> None:
+    today = now.date()
+    ensure([today + timedelta(days=i) for i in range(ahead + 1)])
+
+
+def existing(table: str) -> list[tuple[str, date]]:
+    """(partition name, its UTC day) of one raw table, oldest first."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+            [table],
+        )
+        names = [row[0] for row in cur.fetchall()]
+    found = [(name, datetime.strptime(m.group(1), "%Y%m%d").date()) for name in names if (m := _SUFFIX.search(name))]
+    return sorted(found, key=lambda item: item[1])
+
+
+def drop(name: str) -> None:
+    with connection.cursor() as cur:
+        cur.execute(f'DROP TABLE IF EXISTS "{name}"')

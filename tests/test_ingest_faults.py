@@ -1,0 +1,123 @@
+"""Under load and faults: 413/429/503 answers, Redis or PostgreSQL down, several ASGI worker processes.
+
+The outage test runs its own throwaway PostgreSQL (embedded, in a tmp dir): it never stops the
+machine's servers.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from django.db import OperationalError
+
+from dashboard import embedded
+from ingest import ratelimit, writers
+from ingest.models import IngestBatch
+from tests.conftest import make_batch
+from tests.stack import ROOT, Stack, free_port, spawn
+
+
+@pytest.mark.django_db
+def test_rate_limit_is_429_with_retry_after_and_stores_nothing(post, settings):
+    settings.LOCKSTEP_RATE_LIMIT = 1
+    answers = [post(make_batch(seq=i)) for i in range(3)]  # at least two fall in one second
+    limited = [a for a in answers if a.status_code == 429]
+    assert limited, [a.status_code for a in answers]
+    assert limited[0]["Retry-After"] == "1" and "batches/s" in limited[0].json()["error"]
+    assert IngestBatch.objects.count() == 3 - len(limited)
+
+
+@pytest.mark.django_db
+def test_redis_down_does_not_block_ingest(post, settings, monkeypatch):
+    settings.LOCKSTEP_RATE_LIMIT = 1
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    monkeypatch.setattr(ratelimit, "_client", None)
+    started = time.monotonic()
+    assert [post(make_batch(seq=i)).status_code for i in range(3)] == [200, 200, 200]
+    assert time.monotonic() - started < 5  # no retry backoff per request
+
+
+@pytest.mark.django_db
+def test_database_error_is_503_with_retry_after(post, settings, monkeypatch):
+    def down(*args, **kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(writers, "store", down)
+    response = post(make_batch())
+    assert response.status_code == 503
+    assert response["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
+    assert "retry" in response.json()["error"]
+
+
+def _post(url: str, token: str, body: dict) -> requests.Response:
+    return requests.post(url + "/api/v1/ingest", data=gzip.compress(json.dumps(body).encode()), timeout=30,
+                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                                  "Content-Encoding": "gzip"})
+
+
+@pytest.fixture
+def throwaway(tmp_path):
+    """A PostgreSQL of this test's own, migrated, with two uvicorn worker processes in front of it.
+
+    Its data folder is outside pytest's 0700 tmp tree: PostgreSQL runs as the `pgserver` user.
+    """
+    data = Path(tempfile.mkdtemp(prefix="lockstep-faults-"))
+    data.chmod(0o755)
+    database_url = embedded.postgres_url(data)
+    env = {**subprocess.os.environ, "DATABASE_URL": database_url, "REDIS_URL": "redis://127.0.0.1:6379/9",
+           "LOCKSTEP_DB_POOL": "2", "LOCKSTEP_RETRY_AFTER": "2", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+           "LOCKSTEP_RATE_LIMIT": "0", "PYTHONUNBUFFERED": "1"}
+    manage = [sys.executable, "manage.py"]
+    subprocess.run(manage + ["migrate", "-v", "0"], cwd=ROOT, env=env, check=True, capture_output=True)
+    token = subprocess.run(manage + ["createtoken", "faults"], cwd=ROOT, env=env, check=True, capture_output=True,
+                           text=True).stdout.strip().splitlines()[-1]
+    port = free_port()
+    server = spawn("uvicorn-2w", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", "127.0.0.1",
+                                  "--port", str(port), "--workers", "2", "--log-level", "warning"], env, tmp_path)
+    stack = Stack(f"http://127.0.0.1:{port}", env, server, server)
+    try:
+        stack.wait_http(60)
+        yield stack, token, data
+    finally:
+        server.stop()
+        embedded.stop(data)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_two_workers_then_database_outage_then_recovery(throwaway):
+    stack, token, data = throwaway
+    run = f"faults-{uuid.uuid4().hex[:6]}"
+    batches = [make_batch(run=run, rank=r, world_size=4, seq=s, session=f"s-{run}-{r}") for r in range(4) for s in range(5)]
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda b: _post(stack.url, token, b).status_code, batches))
+    assert codes == [200] * 20
+    metrics = requests.get(stack.url + "/metrics", timeout=30).text
+    assert 'lockstep_ingest_requests_total{endpoint="ingest",outcome="accepted",status="200"} 20.0' in metrics
+
+    embedded.stop(data)  # PostgreSQL goes away mid-run
+    retry = make_batch(run=run, rank=0, world_size=4, seq=5, session=f"s-{run}-0")
+    down = _post(stack.url, token, retry)
+    assert down.status_code == 503, down.text
+    assert down.headers["Retry-After"] == "2" and down.json()["error"]
+
+    embedded.postgres_url(data)  # back; the agent resends what was not accepted
+    deadline = time.monotonic() + 30
+    while (again := _post(stack.url, token, retry)).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert again.status_code == 200 and again.json()["duplicate"] is False
+    assert _post(stack.url, token, retry).json()["duplicate"] is True
+    count = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c",
+         f"from ingest.models import IngestBatch; print(IngestBatch.objects.filter(run__key='{run}').count())"],
+        cwd=ROOT, env=stack.env, capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert count == "21"  # every accepted batch, once
