@@ -59,7 +59,8 @@ def store(batch: protocol.Batch, project: Project, body_digest: str) -> Stored:
         before = _claim(batch, run, body_digest, by_type)
         if before is None:
             return Stored(accepted=0, duplicate=True)
-        grad_keys = _write_grads(run, batch.rank, by_type.pop(protocol.Grad, []), by_type.pop(protocol.Grads, []), now)
+        grads = by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])]
+        grad_keys = _write_grads(run, batch.rank, grads, by_type.pop(protocol.Grads, []), now)
         for kind, events in by_type.items():
             WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
         compiles = by_type.get(protocol.Compile, [])
@@ -67,6 +68,11 @@ def store(batch: protocol.Batch, project: Project, body_digest: str) -> Stored:
     _touch_run(run, batch, by_type)
     ready += slots.grads_ready(run, before, {k.group for k in grad_keys if slots.replicated(k.group)})
     return Stored(accepted=len(batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=len(grad_keys))
+
+
+def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
+    """Weight fingerprints ride the gradient pipeline (slots, consensus) in their own group."""
+    return protocol.Grad(step=e.step, group=slots.PARAM_PREFIX + e.group, fps=e.fps, ts=e.ts)
 
 
 def _graph_hashes(compiles: list[protocol.Compile]) -> list[str]:

@@ -89,3 +89,14 @@ def test_late_report_reopens_the_slot(post):
     assert slot.pending
     settle.settle_grad(slot.id)
     assert Alert.objects.get().ranks == [1]
+
+
+def test_weight_fingerprints_settle_as_param_slots(post):
+    for rank in range(3):
+        send(post, rank, 0, [{"t": "param", "step": 50, "fps": [1, 2 if rank != 0 else 3]},
+                             {"t": "param", "step": 0, "group": "local", "fps": [rank]}])
+    [slot] = GradSlot.objects.all()
+    assert (slot.group, slot.step, slot.reported) == ("param:ddp", 50, 3)
+    settle.settle_grad(slot.id)
+    alert = Alert.objects.get()
+    assert (alert.kind, alert.ranks, alert.step) == ("param_divergence", [0], 50)

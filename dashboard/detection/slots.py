@@ -24,11 +24,12 @@ from agents import protocol
 from ingest.models import CompileEvent, GradReport, Rank, Run
 
 COMPILE, GRAD = "compile", "grad"
+PARAM_PREFIX = "param:"  # weight fingerprints are stored as grad slots of group "param:<group>"
 
 
 def replicated(group: str) -> bool:
     """Only groups the agent saw evidence of replication for are compared across ranks."""
-    return not group.startswith("local")
+    return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 
 def touch(run: Run, compiles: list[protocol.Compile], grads: list[protocol.Grad], rank: int = 0) -> list[tuple[str, int]]:

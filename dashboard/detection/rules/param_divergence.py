@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from dashboard.detection.rules import Finding, GradSlotView, differing_buckets, ranks_text, rule
-
-PARAM_PREFIX = "param:"
+from dashboard.detection.slots import PARAM_PREFIX
 
 
 def is_param(view: GradSlotView) -> bool:
