@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents import protocol
 from ingest import auth, blobs, metrics, ratelimit, schema, validation, writers
-from ingest import tasks as ingest_tasks
+from dashboard.detection import tasks as detection_tasks
 from ingest.models import Project
 from ingest.validation import Rejection
 
@@ -129,15 +129,9 @@ def _count(batch: protocol.Batch, stored: writers.Stored) -> None:
 
 
 def _queue_settles(ready: list[tuple[str, int]]) -> None:
-    """Settle complete slots now, a chunk per message (the last rank of a 256-step batch completes
-    256 slots at once); if the broker is down, the sweep settles them later (state is in PostgreSQL)."""
-    by_kind: dict[str, list[int]] = {}
-    for kind, slot_id in ready:
-        by_kind.setdefault(kind, []).append(slot_id)
+    """Settle complete slots now; if the broker is down, the sweep settles them later (state is in PostgreSQL)."""
     try:
-        for kind, ids in by_kind.items():
-            for i in range(0, len(ids), ingest_tasks.SETTLE_CHUNK):
-                ingest_tasks.settle_slots.delay(kind, ids[i:i + ingest_tasks.SETTLE_CHUNK])
+        detection_tasks.queue_settles(ready)
     except Exception:
         log.warning("broker unavailable; %d slots left to the sweep", len(ready), exc_info=True)
 

@@ -59,4 +59,4 @@ def test_workers_know_the_ingest_tasks(settings):
     schedule = settings.CELERY_BEAT_SCHEDULE["prune-raw-partitions"]
     app.loader.import_default_modules()
     assert schedule["task"] in app.tasks
-    assert "ingest.tasks.settle_slots" in app.tasks
+    assert "dashboard.detection.tasks.settle_slots" in app.tasks

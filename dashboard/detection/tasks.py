@@ -15,6 +15,7 @@ from dashboard.detection import baseline, runs, settle, slots
 from dashboard.models import CompileSlot, GradSlot
 
 SETTLERS = {slots.COMPILE: settle.settle_compile, slots.GRAD: settle.settle_grad}
+SETTLE_CHUNK = 32  # slots per message: one publish per chunk instead of per slot, chunks spread over workers
 RETRY_BACKOFF_MAX_S = 300
 
 
@@ -24,6 +25,25 @@ def settle_slot(kind: str, slot_id: int) -> int:
     for alert_id in changed:
         deliver.delay(alert_id)
     return len(changed)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def settle_slots(kind: str, slot_ids: list[int]) -> int:
+    """Settle the slots one batch completed (the last rank of a 256-step batch completes 256 at once)."""
+    changed = [alert_id for slot_id in slot_ids for alert_id in SETTLERS[kind](slot_id)]
+    for alert_id in dict.fromkeys(changed):
+        deliver.delay(alert_id)
+    return len(changed)
+
+
+def queue_settles(ready: list[tuple[str, int]]) -> None:
+    """Queue settling of complete slots, a chunk per message."""
+    by_kind: dict[str, list[int]] = {}
+    for kind, slot_id in ready:
+        by_kind.setdefault(kind, []).append(slot_id)
+    for kind, ids in by_kind.items():
+        for i in range(0, len(ids), SETTLE_CHUNK):
+            settle_slots.delay(kind, ids[i:i + SETTLE_CHUNK])
 
 
 @shared_task(acks_late=True, ignore_result=True)
