@@ -154,3 +154,20 @@ class Baseline(models.Model):
     baseline = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="baseline_for")
     chosen_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class DetailRequest(models.Model):
+    """The server wants one rank's per-parameter fingerprints of one step (to name the parameters
+    behind a grad divergence). Handed to the rank in its next ingest reply, answered by `detail` events."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    rank = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    group = models.CharField(max_length=64)
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="detail_requests")
+    asked_at = models.DateTimeField(null=True)
+    answered_at = models.DateTimeField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "rank", "step", "group"], name="detail_once")]
+        indexes = [models.Index(fields=["run", "rank"], condition=models.Q(asked_at__isnull=True), name="detail_unasked")]

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents import protocol
 from ingest import auth, blobs, metrics, ratelimit, schema, validation, writers
+from dashboard.detection import detail
 from dashboard.detection import tasks as detection_tasks
 from ingest.models import Project
 from ingest.validation import Rejection
@@ -113,7 +114,7 @@ def _ingest(request: HttpRequest) -> JsonResponse:
     stored = writers.store(batch, project, writers.digest(body))
     _queue_settles(stored.ready)
     reply = protocol.IngestReply(accepted=stored.accepted, duplicate=stored.duplicate,
-                                 want_blobs=blobs.wanted(stored.graph_hashes))
+                                 want_blobs=blobs.wanted(stored.graph_hashes), detail=_details(batch, stored))
     _count(batch, stored)
     return JsonResponse(msgspec.to_builtins(reply))
 
@@ -126,6 +127,18 @@ def _count(batch: protocol.Batch, stored: writers.Stored) -> None:
     for kind, n in Counter(type(e).__struct_config__.tag for e in batch.events).items():
         metrics.EVENTS.labels(kind).inc(n)
     metrics.RANK_STEPS.inc(stored.rank_steps)
+
+
+def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
+    """Steps whose per-parameter fingerprints the server wants from this rank; answers in this
+    batch may complete an alert's question, which is then explained in a task."""
+    if stored.duplicate or stored.run_id is None:
+        return []
+    answers = {e.step for e in batch.events if isinstance(e, protocol.Detail)}
+    if answers:
+        for alert_id in detail.answered(stored.run_id, batch.rank, answers):
+            detection_tasks.explain.delay(alert_id)
+    return detail.wanted(stored.run_id, batch.rank)
 
 
 def _queue_settles(ready: list[tuple[str, int]]) -> None:

@@ -42,6 +42,7 @@ class Stored:
     ready: list[tuple[str, int]] = field(default_factory=list)
     graph_hashes: list[str] = field(default_factory=list)
     rank_steps: int = 0
+    run_id: int | None = None
 
 
 def digest(body: bytes) -> str:
@@ -67,7 +68,8 @@ def store(batch: protocol.Batch, project: Project, body_digest: str) -> Stored:
         ready = slots.touch(run, compiles, grad_keys, batch.rank)
     _touch_run(run, batch, by_type)
     ready += slots.grads_ready(run, before, {k.group for k in grad_keys if slots.replicated(k.group)})
-    return Stored(accepted=len(batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=len(grad_keys))
+    return Stored(accepted=len(batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=len(grad_keys),
+                  run_id=run.id)
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:

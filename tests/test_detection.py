@@ -100,3 +100,24 @@ def test_weight_fingerprints_settle_as_param_slots(post):
     settle.settle_grad(slot.id)
     alert = Alert.objects.get()
     assert (alert.kind, alert.ranks, alert.step) == ("param_divergence", [0], 50)
+
+
+def test_grad_divergence_asks_for_and_names_the_parameters(post):
+    for rank in range(3):
+        send(post, rank, 0, [grad(2, [5, 6 if rank == 1 else 7])])
+    settle.settle_grad(GradSlot.objects.get().id)
+    alert = Alert.objects.get()
+    asked = [post(make_batch(rank=r, seq=1, events=[{"t": "heartbeat"}])).json()["detail"] for r in range(3)]
+    assert asked == [[2], [2], []]  # the dissenter and the reference rank, nobody else
+    assert post(make_batch(rank=1, seq=2, events=[{"t": "heartbeat"}])).json()["detail"] == []  # asked once
+    params = {"net.0.weight": 11, "net.0.bias": 12, "net.2.weight": 13}
+    for rank, seq in ((0, 2), (1, 3)):
+        mine = dict(params, **({"net.2.weight": 99} if rank == 1 else {}))
+        assert post(make_batch(rank=rank, seq=seq, events=[{"t": "detail", "step": 2, "params": mine}])).status_code == 200
+    from dashboard.detection import detail
+
+    assert detail.explain(alert.id)
+    alert.refresh_from_db()
+    assert alert.details["params"] == ["net.2.weight"]
+    assert alert.message.endswith("parameters: net.2.weight")
+    assert not detail.explain(alert.id)  # explained once

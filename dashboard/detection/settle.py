@@ -5,10 +5,10 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.detection import alerts, baseline, slots
+from dashboard.detection import alerts, baseline, detail, slots
 from dashboard.detection.consensus import consensus
 from dashboard.detection.rules import CompileSlotView, GradSlotView, clean_subjects, evaluate, position
-from dashboard.models import CompileSlot, GradSlot
+from dashboard.models import Alert, CompileSlot, GradSlot
 from ingest.models import GraphBreakEvent, Rank
 
 
@@ -26,7 +26,8 @@ def settle_compile(slot_id: int) -> list[int]:
             graph_breaks=list(GraphBreakEvent.objects.filter(run=slot.run, frame=slot.frame).values_list("rank", "reason")[:200]),
         )
         hashes = {r: e.graph_norm for r, e in reports.items() if e.graph_norm}
-        return _conclude(slot, view, consensus(hashes) if hashes else None, len(reports))
+        changed, _ = _conclude(slot, view, consensus(hashes) if hashes else None, len(reports))
+        return changed
 
 
 def settle_grad(slot_id: int) -> list[int]:
@@ -38,17 +39,29 @@ def settle_grad(slot_id: int) -> list[int]:
         verdict = consensus({r: tuple(g.fps) for r, g in reports.items()}) if reports else None
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
         view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key)
-        return _conclude(slot, view, verdict, len(reports))
+        changed, findings = _conclude(slot, view, verdict, len(reports))
+        if any(f.kind == "grad_divergence" for f in findings):
+            _ask_for_parameters(slot, verdict)
+        return changed
 
 
-def _conclude(slot, view, verdict, n_reports: int) -> list[int]:
+def _ask_for_parameters(slot, verdict) -> None:
+    """First divergent step of the alert: ask the ranks for per-parameter fingerprints."""
+    alert = Alert.objects.filter(run=slot.run, kind="grad_divergence", subject=f"group:{slot.group}").first()
+    if alert is not None and alert.step == slot.step and "params" not in alert.details:
+        reference = min(r for r in range(slot.run.world_size) if r not in verdict.dissenters)
+        detail.request(alert, slot.group, verdict.dissenters, reference)
+
+
+def _conclude(slot, view, verdict, n_reports: int) -> tuple[list[int], list]:
+    """Store the slot's consensus, run the rules, apply the findings: (alert ids to deliver, findings)."""
     slot.settled_at = timezone.now()
     slot.settled_n = max(slot.reported, n_reports)
     slot.dissenters = list(verdict.dissenters) if verdict else []
     slot.consensus = {"reference": _jsonable(verdict.reference), "tie": verdict.tie} if verdict else {}
     slot.save(update_fields=["settled_at", "settled_n", "dissenters", "consensus"])
     findings = evaluate(view)
-    return alerts.apply(slot.run, findings, clean_subjects(view, findings), position(view))
+    return alerts.apply(slot.run, findings, clean_subjects(view, findings), position(view)), findings
 
 
 def _jsonable(value):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from dashboard.delivery import notify, webhooks
-from dashboard.detection import baseline, runs, settle, slots
+from dashboard.detection import baseline, detail, runs, settle, slots
 from dashboard.models import CompileSlot, GradSlot
 
 SETTLERS = {slots.COMPILE: settle.settle_compile, slots.GRAD: settle.settle_grad}
@@ -60,6 +60,15 @@ def send_webhook(self, notification_id: int) -> None:
         webhooks.send(notification_id)
     except Exception as exc:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, RETRY_BACKOFF_MAX_S))
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def explain(alert_id: int) -> bool:
+    """All asked ranks answered: name the differing parameters in the alert, then deliver it."""
+    changed = detail.explain(alert_id)
+    if changed:
+        deliver.delay(alert_id)
+    return changed
 
 
 @shared_task(acks_late=True, ignore_result=True)

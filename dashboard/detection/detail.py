@@ -1,0 +1,65 @@
+"""Naming the parameters behind a gradient divergence.
+
+Buckets say *where* replicas disagree; the agents keep per-parameter fingerprints of the last
+128 steps. When grad_divergence fires, the dissenters and one reference rank are asked (in
+their next ingest reply) for that step's per-parameter values; when all have answered, the
+differing parameters go into the alert.
+"""
+from __future__ import annotations
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from dashboard.models import Alert, DetailRequest
+from ingest.models import EventLog
+
+
+def request(alert: Alert, group: str, dissenters: tuple[int, ...], reference: int) -> None:
+    """Ask the ranks of one divergent step (idempotent per run, rank, step, group)."""
+    for rank in sorted({*dissenters, reference}):
+        DetailRequest.objects.get_or_create(run_id=alert.run_id, rank=rank, step=alert.step, group=group,
+                                            defaults={"alert": alert})
+
+
+def wanted(run_id: int, rank: int) -> list[int]:
+    """Steps to put in this rank's ingest reply (each asked once); cheap when there are none."""
+    with connection.cursor() as cur:
+        cur.execute("UPDATE dashboard_detailrequest SET asked_at = now() WHERE run_id = %s AND rank = %s "
+                    "AND asked_at IS NULL RETURNING step", [run_id, rank])
+        return sorted({row[0] for row in cur.fetchall()})
+
+
+def answered(run_id: int, rank: int, steps: set[int]) -> list[int]:
+    """Record a rank's answers; return the ids of alerts whose requests are now all answered."""
+    with transaction.atomic():
+        DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps, answered_at__isnull=True).update(
+            answered_at=timezone.now())
+        alert_ids = set(DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps)
+                        .values_list("alert_id", flat=True))
+        return [a for a in alert_ids if not DetailRequest.objects.filter(alert_id=a, answered_at__isnull=True).exists()]
+
+
+def explain(alert_id: int) -> bool:
+    """Put the differing parameters into the alert; True when that changed it."""
+    with transaction.atomic():
+        alert = Alert.objects.select_for_update().filter(id=alert_id).first()
+        asks = list(DetailRequest.objects.filter(alert_id=alert_id))
+        if alert is None or not asks or "params" in alert.details:
+            return False
+        values = {ask.rank: _params(alert.run_id, ask.rank, ask.step, ask.group) for ask in asks}
+        reference = values[min(r for r in values if r not in alert.ranks)] if set(values) - set(alert.ranks) else {}
+        differing = sorted({name for r in alert.ranks for name, fp in values.get(r, {}).items() if reference.get(name) != fp})
+        alert.details = {**alert.details, "params": differing[:50]}
+        if differing:
+            alert.message = f"{alert.message}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "")
+        alert.revision += 1
+        alert.save(update_fields=["details", "message", "revision", "last_seen"])
+        return True
+
+
+def _params(run_id: int, rank: int, step: int, group: str) -> dict[str, int]:
+    rows = EventLog.objects.filter(run_id=run_id, rank=rank, t="detail", body__step=step).values_list("body", flat=True)
+    for body in rows:
+        if body.get("group", "ddp") == group:
+            return body.get("params") or {}
+    return {}
