@@ -14,13 +14,22 @@ import sys
 import threading
 import time
 
-from agents import protocol
-from agents.fingerprint import fingerprint
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported lazily: the server imports agents.protocol without torch
+    from agents import protocol
 
 __all__ = ["attach", "fingerprint", "Agent", "NoopAgent"]
 
 _lock = threading.RLock()
 _agent: "Agent | NoopAgent | None" = None
+
+
+def fingerprint(tensor) -> int:
+    """Public 64-bit fingerprint of the exact bits of `tensor` (see agents.fingerprint)."""
+    from agents.fingerprint import fingerprint as _fingerprint
+
+    return _fingerprint(tensor)
 
 
 class NoopAgent:
@@ -50,10 +59,11 @@ class Agent:
         self._closed = False
         self._ended = False
         self._end: tuple[str, int | None, str | None] = ("ok", None, None)
-        self.grads = GradTracker(self._emit, cfg.grad_every)
+        self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every)
+        start = self._rank_start()  # before the sender starts, so rank_start is the first event
         self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step)
         try:
-            self._emit(self._rank_start())
+            self._emit(start)
             self.capture = CompileCapture(self._emit, lambda: self.grads.step)
             install(self.capture)
             self.grads.install()
@@ -65,20 +75,23 @@ class Agent:
     def session(self) -> str:
         return self.transport.session
 
-    def _emit(self, event: protocol.Event) -> None:
+    def _emit(self, event: "protocol.Event") -> None:
         if not self._ended:
             self.transport.put(event)
 
-    def _details(self, steps: list[int]) -> list[protocol.Event]:
+    def _details(self, steps: list[int]) -> "list[protocol.Event]":
         return [d for s in steps for d in self.grads.detail(s)]
 
-    def _rank_start(self) -> protocol.RankStart:
+    def _rank_start(self) -> "protocol.RankStart":
         from agents import environment as env
+        from agents import protocol
+        from agents.fingerprint import ALGO
 
         return protocol.RankStart(
             ts=time.time(), host=socket.gethostname()[:512], pid=os.getpid(), local_rank=self.cfg.local_rank,
             device=env.device(self.cfg.local_rank), versions=env.versions(), config_hash=env.config_hash(),
             env=env.filtered_env(), cache_dirs=env.cache_dirs(), collective_timeout_s=env.collective_timeout_s(),
+            fp_algo=ALGO,
         )
 
     def step(self, n: int) -> None:
@@ -106,6 +119,8 @@ class Agent:
                 self.grads.drain(block=True)
             except Exception:
                 pass
+            from agents import protocol
+
             st, code, why = self._end
             self.transport.put(protocol.RankEnd(ts=time.time(), status=st, exit_code=code,
                                                 reason=why[:16_384] if why else None))

@@ -92,6 +92,7 @@ class CompileCapture(logging.Handler):
         self._pending: dict[tuple, _Pending] = {}
         self._index: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.now: Callable[[], float] = time.time  # event timestamps (replay uses the trace's own)
 
     # logging.Handler API -------------------------------------------------------------
     def emit(self, record: logging.LogRecord) -> None:
@@ -108,6 +109,12 @@ class CompileCapture(logging.Handler):
     def handle(self, record: logging.LogRecord) -> bool:  # skip formatting/locking of base class
         self.emit(record)
         return True
+
+    def feed(self, meta: dict, payload: str | None) -> None:
+        """One trace record given as (metadata, payload): what `replay` reads from TORCH_TRACE files."""
+        if isinstance(meta, dict) and meta:
+            with self._lock:
+                self._handle(meta, payload)
 
     # record routing ----------------------------------------------------------------
     def _handle(self, meta: dict, payload: str | None) -> None:
@@ -153,7 +160,7 @@ class CompileCapture(logging.Handler):
         index = self._index.get(frame, 0)
         self._index[frame] = index + 1
         step = self._step()
-        now = time.time()
+        now = self.now()
         for reason in pend.breaks:
             self._emit(protocol.GraphBreak(ts=now, frame=frame, reason=reason[:16_384], step=step))
         self._emit(self._compile_event(m, pend, frame, index, step, now))
@@ -170,10 +177,16 @@ class CompileCapture(logging.Handler):
                        now: float) -> protocol.Compile:
         fail_type = m.get("fail_type")
         reason = m.get("recompile_reason") or pend.recompile_reason
+        status = "ok"
+        if fail_type:
+            # Dynamo runs the frame eagerly when errors are suppressed or a recompile/cache limit
+            # was hit; otherwise the failure reached the user.
+            limit = "limit" in str(fail_type).lower() or "limit" in str(m.get("fail_reason") or "").lower()
+            status = "eager" if limit or m.get("config_suppress_errors") else "failed"
         breaks = m.get("num_graph_breaks")
         return protocol.Compile(
             ts=now, frame=frame[:512], index=index, compile_id=str(m.get("compile_id") or "")[:512],
-            step=step, status="failed" if fail_type else "ok",
+            step=step, status=status,
             fail_type=str(fail_type)[:512] if fail_type else None,
             fail_reason=str(m.get("fail_reason"))[:16_384] if m.get("fail_reason") else None,
             recompile_reason=str(reason)[:16_384] if reason else None,

@@ -31,6 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("spool_dir")
     up.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
     up.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
+    rp = verbs.add_parser("replay", help="ingest existing TORCH_TRACE logs (one *rank_N*.log per rank)",
+                          description="Parse TORCH_TRACE files (the format tlparse reads: "
+                                      "dedicated_log_torch_trace_rank_<r>_*.log) through the agent's capture code "
+                                      "and send the Compile/GraphBreak events of every rank as run KEY. Idempotent: "
+                                      "the same files give the same sessions, which the server deduplicates.")
+    rp.add_argument("trace_dir")
+    rp.add_argument("--run", required=True, help="run key to store the ranks under")
+    rp.add_argument("--world-size", type=int, default=None, help="default: highest rank found + 1")
+    rp.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
+    rp.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
+    rp.add_argument("--spool-dir", default=None, help="write the batches here (for `upload`) instead of sending")
     return p
 
 
@@ -85,38 +96,92 @@ def _send(url: str, token: str | None, body: bytes) -> str | None:
     return outcome.detail
 
 
+class Progress:
+    """Progress on a terminal (events, rate, what is left), one summary line otherwise."""
+
+    def __init__(self, verb: str, total: int, stream=None) -> None:
+        self.verb, self.total = verb, total
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.done = self.failed = self.events = 0
+        self.start = time.monotonic()
+        self._last = 0.0
+
+    def update(self, events: int, ok: bool) -> None:
+        self.done += 1
+        if ok:
+            self.events += events
+        else:
+            self.failed += 1
+        now = time.monotonic()
+        if self.tty and (now - self._last > 0.1 or self.done == self.total):
+            self._last = now
+            rate = self.events / max(now - self.start, 1e-6)
+            print(f"\r{self.verb}: {self.done}/{self.total} batches, {self.events} events, {rate:.0f} ev/s, "
+                  f"{self.total - self.done} batches left", end="", file=self.stream, flush=True)
+
+    def summary(self) -> None:
+        if self.tty:
+            print(file=self.stream)
+        elapsed = time.monotonic() - self.start
+        print(f"{self.verb}: {self.done - self.failed} batches ({self.events} events) in {elapsed:.1f}s, "
+              f"{self.events / max(elapsed, 1e-6):.0f} ev/s, {self.failed} failed", file=self.stream, flush=True)
+
+
 def upload(spool_dir: str, url: str | None, token: str | None) -> int:
     if not url:
         print("upload: no --url and no LOCKSTEP_URL", file=sys.stderr)
         return 2
     url = url.rstrip("/")
     files = list_batches(spool_dir)
-    tty = sys.stdout.isatty()
-    sent = failed = events = 0
-    start = time.monotonic()
-    for i, path in enumerate(files):
+    progress = Progress("uploaded", len(files))
+    for path in files:
         with open(path, "rb") as f:
             body = f.read()
         error = _send(url, token, body)
         if error is None:
             os.unlink(path)
-            sent += 1
-            events += _count_events(body)
         else:
-            failed += 1
             print(f"upload: {os.path.basename(path)}: {error}", file=sys.stderr)
-        if tty:
-            rate = events / max(time.monotonic() - start, 1e-6)
-            print(f"\r{i + 1}/{len(files)} batches, {events} events, {rate:.0f} ev/s, "
-                  f"{len(files) - i - 1} remaining", end="", flush=True)
-    if tty:
-        print()
-    print(f"uploaded {sent} batches ({events} events) in {time.monotonic() - start:.1f}s, {failed} failed")
-    return 1 if failed else 0
+        progress.update(_count_events(body), error is None)
+    progress.summary()
+    return 1 if progress.failed else 0
+
+
+def replay(trace_dir: str, run: str, url: str | None, token: str | None, spool_dir: str | None,
+           world_size: int | None) -> int:
+    """Read TORCH_TRACE logs, then send the batches (or write them to a spool for `upload`)."""
+    from agents.replay import batches as replay_batches
+    from agents.spool import Spool, file_name
+    from agents.transport import encode_body
+
+    if not url and not spool_dir:
+        print("replay: give --url (or LOCKSTEP_URL) or --spool-dir", file=sys.stderr)
+        return 2
+    found = replay_batches(trace_dir, run, world_size)
+    if not found:
+        print(f"replay: no *rank_<N>*.log files under {trace_dir}", file=sys.stderr)
+        return 2
+    progress = Progress("replayed", len(found))
+    spool = Spool(spool_dir, 1 << 40) if spool_dir else None
+    for batch in found:
+        body = encode_body(batch)
+        if spool is not None:
+            spool.write(file_name(batch.rank, batch.session, batch.seq, body[:2] == b"\x1f\x8b"), body)
+            error = None
+        else:
+            error = _send(url.rstrip("/"), token, body)
+            if error:
+                print(f"replay: rank {batch.rank} seq {batch.seq}: {error}", file=sys.stderr)
+        progress.update(len(batch.events), error is None)
+    progress.summary()
+    return 1 if progress.failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     if ns.verb == "run":
         return run_script(ns.script, ns.args)
+    if ns.verb == "replay":
+        return replay(ns.trace_dir, ns.run, ns.url, ns.token, ns.spool_dir, ns.world_size)
     return upload(ns.spool_dir, ns.url, ns.token)

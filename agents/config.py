@@ -32,6 +32,7 @@ class Config:
     spool_dir: str
     spool_cap: int
     grad_every: int
+    param_every: int
     disabled: bool
     flush_interval: float
     heartbeat: float
@@ -118,6 +119,7 @@ def resolve(
         spool_dir=spool_dir or env.get("LOCKSTEP_SPOOL_DIR") or "./lockstep-spool",
         spool_cap=_num("LOCKSTEP_SPOOL_MAX_BYTES", DEFAULT_SPOOL_CAP, int),
         grad_every=max(1, grad_every or _num("LOCKSTEP_GRAD_EVERY", 1, int)),
+        param_every=max(0, _num("LOCKSTEP_PARAM_EVERY", 50, int)),
         disabled=_flag(env.get("LOCKSTEP_DISABLE")),
         flush_interval=max(0.01, _num("LOCKSTEP_FLUSH_INTERVAL", 0.5)),
         heartbeat=max(0.1, _num("LOCKSTEP_HEARTBEAT", 5.0)),

@@ -28,7 +28,22 @@ def versions() -> dict[str, str]:
             out["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
     except Exception:
         pass
+    driver = _driver_version()
+    if driver:
+        out["driver"] = driver
+    if getattr(torch.version, "hip", None):
+        out["hip"] = str(torch.version.hip)
     return out
+
+
+def _driver_version() -> str | None:
+    """NVIDIA kernel driver version from /proc (no NVML needed); None elsewhere."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module(?: for [^ ]+)?\s+([0-9.]+)", f.read())
+        return m.group(1) if m else None
+    except OSError:
+        return None
 
 
 def device(local_rank: int | None) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from agents import protocol
 from agents.fingerprint import Pending, bucket_fingerprints
@@ -90,14 +90,61 @@ class _InFlight:
     group: str
     names: list[str]
     pending: Pending
+    weights: bool = False
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The rank's own shard of a DTensor (FSDP2 / tensor parallel); plain tensors as they are."""
+    to_local = getattr(t, "to_local", None)
+    if to_local is not None and type(t).__name__ == "DTensor":
+        try:
+            return to_local()
+        except Exception:
+            pass
+    return t.detach()
+
+
+def _dtensor_group(p: torch.Tensor) -> str | None:
+    """Comparison group of a DTensor parameter (FSDP2 `fully_shard`, tensor parallel).
+
+    Ranks holding the same shard (same coordinate on every non-replicated mesh dimension) are
+    true replicas and share a group: "dtensor" when replicated on every dimension, else
+    "shard:<coordinates>". Plain FSDP2 on a 1-D mesh gives every rank its own shard, hence its
+    own group, so nothing is compared that need not agree; HSDP's replicas are compared.
+    """
+    if type(p).__name__ != "DTensor":
+        return None
+    try:
+        coord = p.device_mesh.get_coordinate() or []
+        sharded = [str(c) for c, pl in zip(coord, p.placements) if not pl.is_replicate()]
+        dims = [str(i) for i, pl in enumerate(p.placements) if not pl.is_replicate()]
+        return "dtensor" if not sharded else f"shard:{','.join(dims)}={','.join(sharded)}"
+    except Exception:
+        return "local"
+
+
+def _grad_stats(present: list[torch.Tensor]) -> torch.Tensor:
+    """int64 [2] on the device: the float64 bits of the squared global norm, and the number of
+    gradients holding a non-finite value (a NaN or inf element makes that tensor's norm
+    non-finite). Three small ops per step from one fused foreach norm, never one per element.
+    """
+    try:
+        norms = torch.stack(torch._foreach_norm(present, 2))
+    except Exception:
+        norms = torch.stack([torch.linalg.vector_norm(g.float()) for g in present])
+    norms = norms.double()
+    sumsq = (norms * norms).sum()
+    nonfinite = (~torch.isfinite(norms)).sum()
+    return torch.stack([sumsq.view(torch.int64), nonfinite.to(torch.int64)])
 
 
 class GradTracker:
     """Owns the step counter, the optimizer hook, in-flight fingerprints and the detail ring."""
 
-    def __init__(self, emit: Callable[[protocol.Event], None], grad_every: int = 1) -> None:
+    def __init__(self, emit: Callable[[protocol.Event], None], grad_every: int = 1, param_every: int = 50) -> None:
         self._emit = emit
         self._every = max(1, grad_every)
+        self._param_every = max(0, param_every)  # 0: no weight fingerprints
         self._next_step = 0
         self._current: int | None = None
         self._last_time: float | None = None
@@ -107,6 +154,7 @@ class GradTracker:
         self._ring: collections.deque[tuple[int, str, dict[str, int]]] = collections.deque()
         self._lock = threading.Lock()
         self._handle = None
+        self._post_handle = None
 
     @property
     def step(self) -> int:
@@ -119,16 +167,29 @@ class GradTracker:
     def install(self) -> None:
         track_ddp()
         self._handle = register_optimizer_step_pre_hook(self._hook)
+        if self._param_every:
+            self._post_handle = register_optimizer_step_post_hook(self._post_hook)
 
     def uninstall(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for name in ("_handle", "_post_handle"):
+            handle = getattr(self, name)
+            if handle is not None:
+                handle.remove()
+                setattr(self, name, None)
 
     # the hook ------------------------------------------------------------------------
     def _hook(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         try:
             self._on_step(optimizer)
+        except Exception:  # never raise into user code
+            pass
+
+    def _post_hook(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        """After the update: weight fingerprints every `param_every` steps (same groups and buckets)."""
+        try:
+            step = self._next_step - 1
+            if step >= 0 and step % self._param_every == 0:
+                self._fingerprint(optimizer, step, weights=True)
         except Exception:  # never raise into user code
             pass
 
@@ -154,22 +215,25 @@ class GradTracker:
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 name = ddp.get(id(p))
-                key = ("ddp" if name is not None else "local") + suffix
+                shard = _dtensor_group(p) if name is None else None
+                key = (shard or ("ddp" if name is not None else "local")) + suffix
                 names, params = groups.setdefault(key, ([], []))
                 names.append(name if name is not None else f"group{gi}.{pi}")
                 params.append(p)
         return groups
 
     @torch.no_grad()
-    def _fingerprint(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+    def _fingerprint(self, optimizer: torch.optim.Optimizer, step: int, weights: bool = False) -> None:
         for group, (names, params) in self._groups(optimizer).items():
-            grads = [p.grad for p in params]
+            if weights:
+                tensors = [_local(p) for p in params]
+                pending = bucket_fingerprints(tensors, NBUCKETS)
+                with self._lock:
+                    self._inflight.append(_InFlight(step, group, names, pending, weights=True))
+                continue
+            grads = [_local(p.grad) if p.grad is not None else None for p in params]
             present = [g for g in grads if g is not None]
-            extra = None
-            if present:
-                sumsq = torch.stack([torch.linalg.vector_norm(g.float()).double() ** 2 for g in present]).sum()
-                nonfinite = torch.stack([(~torch.isfinite(g)).sum() for g in present]).sum()
-                extra = torch.cat([sumsq.reshape(1).view(torch.int64), nonfinite.reshape(1).to(torch.int64)])
+            extra = _grad_stats(present) if present else None
             pending = bucket_fingerprints(grads, NBUCKETS, extra=extra)
             with self._lock:
                 self._inflight.append(_InFlight(step, group, names, pending))
@@ -186,6 +250,9 @@ class GradTracker:
 
     def _finish(self, item: _InFlight) -> None:
         per, buckets = item.pending.result()
+        if item.weights:
+            self._emit(protocol.Param(ts=time.time(), step=item.step, group=item.group, fps=buckets))
+            return
         extra = item.pending.extra()
         norm = nonfinite = None
         if len(extra) == 2:

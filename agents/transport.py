@@ -123,6 +123,7 @@ class Transport:
         with self._cv:
             self._closing = True
             self._deadline = time.monotonic() + max(0.0, timeout)
+            self._not_before = min(self._not_before, time.monotonic())  # the backend may be back: try now
             self._cv.notify()
         self._thread.join(max(0.0, timeout) + 2.0)
 

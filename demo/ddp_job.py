@@ -25,12 +25,32 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--perturb-rank", type=int, default=None, help="rank that nudges one grad at --perturb-step")
     p.add_argument("--perturb-step", type=int, default=None)
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: nccl with one GPU per rank when CUDA is available, else gloo on the CPU")
+    p.add_argument("--width", type=int, default=64, help="hidden width of the MLP")
+    p.add_argument("--depth", type=int, default=2, help="hidden layers of the MLP")
+    p.add_argument("--time-from", type=int, default=None,
+                   help="print the mean step time of steps >= this one (rank 0, one line: STEPTIME ...)")
     return p.parse_args()
 
 
-def make_model() -> nn.Module:
+def make_model(width: int = 64, depth: int = 2) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    layers: list[nn.Module] = [nn.Linear(32, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 4))
+
+
+def pick_backend(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def batch_for(rank: int, step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,13 +61,23 @@ def batch_for(rank: int, step: int, rows: int) -> tuple[torch.Tensor, torch.Tens
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    backend = pick_backend(args.backend)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
     rank = dist.get_rank()
-    model = DDP(torch.compile(make_model()))
+    module = make_model(args.width, args.depth).to(device)
+    model = DDP(torch.compile(module), device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    t0 = None
     for step in range(args.steps):
+        if step == args.time_from:
+            _sync(device)
+            t0, c0 = time.perf_counter(), time.process_time()
         rows = args.batch + (1 if (rank, step) == (args.shape_rank, args.shape_step) else 0)
-        x, y = batch_for(rank, step, rows)
+        x, y = (t.to(device) for t in batch_for(rank, step, rows))
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -59,6 +89,12 @@ def main() -> None:
             time.sleep(args.sleep)
         if rank == 0 and os.environ.get("DEMO_VERBOSE"):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+    _sync(device)
+    if t0 is not None and rank == 0:
+        n = args.steps - args.time_from
+        print(f"STEPTIME backend={backend} steps={n} mean_ms={(time.perf_counter() - t0) / n * 1e3:.4f} "
+              f"cpu_ms={(time.process_time() - c0) / n * 1e3:.4f} "
+              f"agent={'off' if os.environ.get('LOCKSTEP_DISABLE') == '1' else 'on'}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

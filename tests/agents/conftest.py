@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class Stub:
     """Tiny ingest server: answers from `script` (status, headers) then 200; records accepted batches."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.script: list[tuple[int, dict]] = []
         self.requests: list[tuple[float, protocol.Batch]] = []
         self.accepted: list[protocol.Batch] = []
@@ -53,7 +53,7 @@ class Stub:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

@@ -71,3 +71,19 @@ def test_frame_key_is_rank_independent(tmp_path, monkeypatch):
     assert frame_key(site + "/torch/nn/x.py", 3, "f") == "torch/nn/x.py:3:f"
     monkeypatch.chdir(tmp_path)
     assert frame_key(str(tmp_path / "train.py"), 10, "step") == "train.py:10:step"
+
+
+def test_failed_and_eager_fallback_status_and_missing_fields():
+    """Fields absent on other torch versions degrade to defaults; fail_type maps to a status."""
+    events: list = []
+    handler = CompileCapture(events.append, lambda: None)
+    base = {"co_name": "f", "co_filename": "/x/train.py", "co_firstlineno": 3}
+    handler.feed({"compilation_metrics": dict(base, compile_id="0/0")}, None)
+    handler.feed({"compilation_metrics": dict(base, fail_type="RecompileLimitExceeded", fail_reason="limit hit")}, None)
+    handler.feed({"compilation_metrics": dict(base, fail_type="Unsupported", config_suppress_errors=True)}, None)
+    handler.feed({"compilation_metrics": dict(base, fail_type="BackendCompilerFailed", fail_reason="boom")}, None)
+    handler.feed({"compilation_metrics": None}, None)  # malformed: ignored or defaulted, never raises
+    compiles = [e for e in events if isinstance(e, protocol.Compile) and e.frame.endswith(":f")]
+    assert [c.status for c in compiles] == ["ok", "eager", "eager", "failed"]
+    assert compiles[0].times == {} and compiles[0].counts == {} and compiles[0].hashes == {}
+    assert [c.index for c in compiles] == [0, 1, 2, 3]

@@ -157,3 +157,35 @@ def test_unencodable_event_is_dropped_alone(tmp_path, stub):
     events = events_of(stub.accepted)
     assert _steps(stub.accepted) == [1]
     assert any(isinstance(e, protocol.Dropped) and e.reason == "unencodable" for e in events)
+
+
+def test_server_killed_and_restarted_mid_run_loses_and_duplicates_nothing(tmp_path, monkeypatch):
+    from agents import transport
+
+    from .conftest import Stub
+
+    monkeypatch.setattr(transport, "BACKOFF_MAX", 0.5)
+    first = Stub()
+    port = first.server.server_address[1]
+    t = _transport(tmp_path, first.url)
+    _send_steps(t, range(0, 30), pause=0.01)
+    time.sleep(0.3)
+    first.close()  # killed mid-run: the next batches fail and are spooled
+    _send_steps(t, range(30, 60), pause=0.01)
+    time.sleep(0.5)
+    second = Stub(port)  # restarted on the same address
+    try:
+        _send_steps(t, range(60, 90), pause=0.01)
+        start = time.monotonic()
+        t.close(timeout=15)
+        assert time.monotonic() - start < 10
+        batches = {}
+        for b in first.accepted + second.accepted:
+            # what the server stores: one copy per (session, seq); a repeat must be the same batch
+            assert batches.setdefault((b.session, b.seq), b) == b
+        steps = [e.step for _, b in sorted(batches.items()) for e in b.events if isinstance(e, protocol.Step)]
+        assert steps == list(range(90))  # exact: nothing lost, nothing twice, in order
+        assert sorted(seq for _, seq in batches) == list(range(len(batches)))
+        assert second.accepted and not os.listdir(tmp_path / "spool")
+    finally:
+        second.close()

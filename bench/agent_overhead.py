@@ -1,0 +1,150 @@
+"""P4: the agent's cost per training step (target <= 2% with defaults), and the trace handler's
+cost per compiled graph.
+
+    python bench/agent_overhead.py                   # both parts, CPU (gloo), 2 ranks
+    python bench/agent_overhead.py --part step --nproc 2 --steps 300 --width 1024 --depth 4
+    python bench/agent_overhead.py --part handler --graphs 12
+
+`step`: runs demo/ddp_job.py under torchrun (DDP + torch.compile; NCCL with one GPU per rank
+when CUDA is there, else gloo) alternately with LOCKSTEP_DISABLE=1 and with the agent in
+offline mode (spool in a temp dir), `--rounds` times each, and reports rank 0's mean step time
+over steps >= --time-from (the best round of each side) and the overhead.
+`handler`: compiles `--graphs` distinct small functions in a fresh process with and without the
+agent's trace handler installed (caches off, so every graph is really compiled) and reports
+the extra compile time per graph.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], env: dict, timeout: float) -> str:
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    if proc.returncode != 0:
+        print(out[-3000:], file=sys.stderr)
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return out
+
+
+def _base_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def step_overhead(args) -> None:
+    job = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc)]
+    script = ["demo/ddp_job.py", "--steps", str(args.steps), "--time-from", str(args.time_from),
+              "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch)]
+    results: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    for r in range(args.rounds):
+        for mode in ("off", "on"):
+            env = _base_env()
+            with tempfile.TemporaryDirectory() as spool:
+                if mode == "off":
+                    env["LOCKSTEP_DISABLE"] = "1"
+                else:
+                    env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=spool)
+                out = _run(job + ["--master-port", str(_free_port()), "-m", "agents", "run"] + script, env,
+                           args.timeout)
+            m = re.search(r"STEPTIME backend=(\S+) steps=(\d+) mean_ms=([\d.]+) cpu_ms=([\d.]+)", out)
+            if not m:
+                raise SystemExit("no STEPTIME line:\n" + out[-2000:])
+            results[mode].append(float(m.group(3)))
+            cpu[mode].append(float(m.group(4)))
+            print(f"round {r} agent={mode:<3} backend={m.group(1)} mean step {float(m.group(3)):.3f} ms wall, "
+                  f"{float(m.group(4)):.3f} ms CPU (rank 0 process)", flush=True)
+    off, on = min(results["off"]), min(results["on"])
+    print(f"{'agent':<6} {'step ms (best round)':>22} {'all rounds':>30}")
+    for mode, best in (("off", off), ("on", on)):
+        print(f"{mode:<6} {best:>22.3f} {', '.join(f'{v:.3f}' for v in results[mode]):>30}")
+    print(f"P4 overhead: {100 * (on - off) / off:+.2f}% per step wall (target <= 2%); model width {args.width} "
+          f"depth {args.depth}, {args.nproc} ranks, steps {args.time_from}..{args.steps - 1}")
+    c_off, c_on = min(cpu["off"]), min(cpu["on"])
+    print(f"CPU time of rank 0 per step: {c_off:.3f} ms off, {c_on:.3f} ms on: {100 * (c_on - c_off) / c_off:+.2f}% "
+          f"(less sensitive to other load on a shared machine)")
+
+
+_HANDLER_CHILD = r"""
+import sys, time, torch
+mode, n = sys.argv[1], int(sys.argv[2])
+if mode == "on":
+    from agents.capture import CompileCapture, install
+    events = []
+    install(CompileCapture(events.append, lambda: 0))
+fns = []
+for i in range(n):
+    exec(f"def f{i}(x):\n    return (x * {i + 2}).sin() + x.cos() * {i + 3} - x.relu() / {i + 4}", globals())
+    fns.append(torch.compile(globals()[f"f{i}"]))
+x = torch.randn(64)
+torch.compile(lambda x: x + 1)(x)  # warm up the compiler stack itself
+t = time.perf_counter()
+for f in fns:
+    f(x)
+dt = time.perf_counter() - t
+print(f"HANDLER mode={mode} graphs={n} seconds={dt:.4f} events={len(events) if mode == 'on' else 0}")
+"""
+
+
+def handler_cost(args) -> None:
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    env = _base_env()
+    env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+    for _ in range(args.rounds):
+        for mode in ("off", "on"):
+            out = _run([sys.executable, "-c", _HANDLER_CHILD, mode, str(args.graphs)], env, args.timeout)
+            m = re.search(r"seconds=([\d.]+)", out)
+            times[mode].append(float(m.group(1)))
+    off, on = min(times["off"]), min(times["on"])
+    print(f"compile of {args.graphs} graphs: {off:.3f} s without the handler, {on:.3f} s with it (best of "
+          f"{args.rounds})")
+    print(f"trace handler cost: {1e3 * (on - off) / args.graphs:+.1f} ms per compiled graph "
+          f"({100 * (on - off) / off:+.1f}% of compile time)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", choices=("all", "step", "handler"), default="all")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--time-from", type=int, default=20)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--graphs", type=int, default=12)
+    p.add_argument("--timeout", type=float, default=600)
+    args = p.parse_args()
+    t = time.time()
+    if args.part in ("all", "step"):
+        step_overhead(args)
+    if args.part in ("all", "handler"):
+        handler_cost(args)
+    print(f"({time.time() - t:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""P3: fingerprint throughput vs `tensor.sum()` on the same bytes (DESIGN 7: target >= 0.75x).
+
+    python bench/fingerprint.py [--mb 256] [--repeat 7] [--device cpu|cuda|all]
+
+Prints one table row per (device, path): GB/s of the fingerprint, GB/s of float32 sum over the
+same tensor, and the ratio. Timings are interleaved (sum, fp, sum, ...) and the best of
+`--repeat` runs is kept for each, so a noisy shared machine hurts both sides alike. On CUDA,
+times come from CUDA events. Paths: `agent` (what the agent uses: Triton on CUDA, else the
+Inductor-compiled kernel), `compiled`, `eager` (the torch-ops reference), `segmented` (many
+small tensors batched, as for small parameters).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import agents.fingerprint as F  # noqa: E402
+
+
+def _timer(device: torch.device):
+    if device.type == "cuda":
+        def run(fn):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+    else:
+        def run(fn):
+            t = time.perf_counter()
+            fn()
+            return time.perf_counter() - t
+    return run
+
+
+def measure(device: torch.device, mb: int, repeat: int, paths: list[str]) -> list[tuple]:
+    n = mb * (1 << 20) // 4
+    x = torch.randn(n, device=device)
+    words = x.view(torch.int32)
+    timer = _timer(device)
+    small = list(x[: (1 << 22)].split(1000))  # ~4k tensors of 1000 floats
+    fns = {
+        "agent": lambda: F.lane_sums_words(words),
+        "compiled": lambda: F._lane_sums_compiled(words),
+        "triton": lambda: F._lane_sums_triton(words),
+    }
+    checks = {"compiled": F._lane_sums_compiled, "triton": F._lane_sums_triton}
+    fns |= {
+        "eager": lambda: F._lane_sums_eager(words),
+        "segmented": lambda: F.segmented_lane_sums([t.view(torch.int32) for t in small]),
+    }
+    rows = []
+    for name in paths:
+        fn = fns[name]
+        nbytes = sum(t.numel() for t in small) * 4 if name == "segmented" else n * 4
+        ref = (lambda: x[: (1 << 22)].sum()) if name == "segmented" else (lambda: x.sum())
+        try:
+            if name in checks:
+                F._verify(name, checks[name], device)
+            fn(), ref(), fn()  # warm up (compiles, verification)
+        except Exception as e:  # noqa: BLE001
+            rows.append((device.type, name, f"unavailable: {type(e).__name__}: {str(e)[:60]}", "", ""))
+            continue
+        reps = 2 if name == "eager" else repeat
+        t_fp = t_sum = float("inf")
+        for _ in range(reps):  # interleaved, best of each
+            t_sum = min(t_sum, timer(ref))
+            t_fp = min(t_fp, timer(fn))
+        rows.append((device.type, name, f"{nbytes / t_fp / 1e9:.1f}", f"{nbytes / t_sum / 1e9:.1f}", f"{t_sum / t_fp:.2f}"))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--device", default="all", help="cpu, cuda or all (cuda when available)")
+    p.add_argument("--paths", default="agent,compiled,triton,eager", help="comma-separated")
+    args = p.parse_args()
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    devices = [d for d in devices if d != "cuda" or torch.cuda.is_available()]
+    print(f"torch {torch.__version__}, {args.mb} MiB float32, best of {args.repeat}, algo {F.ALGO}")
+    print(f"{'device':<7} {'path':<10} {'fp GB/s':>10} {'sum GB/s':>10} {'ratio':>6}")
+    for d in devices:
+        paths = [q for q in args.paths.split(",") if q != "triton" or d == "cuda"]
+        for row in measure(torch.device(d), args.mb, args.repeat, paths):
+            if row[3] == "":
+                print(f"{row[0]:<7} {row[1]:<10} {row[2]}")
+            else:
+                print(f"{row[0]:<7} {row[1]:<10} {row[2]:>10} {row[3]:>10} {row[4]:>6}")
+    print(f"fast paths equal to the reference (checked once per device): {F._verified}")
+    print("target P3: ratio >= 0.75 for `agent`")
+
+
+if __name__ == "__main__":
+    main()

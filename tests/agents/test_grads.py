@@ -1,0 +1,93 @@
+"""GradTracker in-process: grad and param (weight) fingerprints, statistics, groups."""
+import math
+
+import torch
+from torch import nn
+
+from agents import protocol
+from agents.fingerprint import bucket_fingerprints
+from agents.grads import GradTracker, _dtensor_group
+
+
+def _train(tracker_kwargs, steps=5, poison_step=None):
+    events: list = []
+    tracker = GradTracker(events.append, **tracker_kwargs)
+    tracker.install()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weights = {}
+    try:
+        for step in range(steps):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            if step == poison_step:
+                model[0].weight.grad[0, 0] = float("nan")
+            opt.step()
+            weights[step] = [p.detach().clone() for p in model.parameters()]
+        tracker.drain(block=True)
+    finally:
+        tracker.uninstall()
+    return events, weights
+
+
+def test_param_events_every_k_steps_from_the_post_hook():
+    events, weights = _train({"grad_every": 1, "param_every": 2}, steps=5)
+    params = [e for e in events if isinstance(e, protocol.Param)]
+    assert [p.step for p in params] == [0, 2, 4] and {p.group for p in params} == {"local"}
+    for p in params:  # weights after the update of that step, same buckets as grads
+        expected = bucket_fingerprints(weights[p.step], 16).result()[1]
+        assert p.fps == expected
+    grads = [e for e in events if isinstance(e, protocol.Grad)]
+    assert [g.step for g in grads] == list(range(5)) and len(grads[0].fps) == len(params[0].fps) == 4
+
+
+def test_param_every_zero_disables_and_stats_count_nonfinite():
+    events, _ = _train({"grad_every": 1, "param_every": 0}, steps=3, poison_step=1)
+    assert not [e for e in events if isinstance(e, protocol.Param)]
+    grads = {e.step: e for e in events if isinstance(e, protocol.Grad)}
+    assert grads[0].nonfinite == 0 and grads[0].norm > 0 and math.isfinite(grads[0].norm)
+    assert grads[1].nonfinite == 1 and math.isnan(grads[1].norm)
+
+
+def test_plain_tensors_have_no_dtensor_group():
+    assert _dtensor_group(nn.Parameter(torch.zeros(3))) is None
+
+
+_FSDP2 = r"""
+import os, sys, torch, torch.distributed as dist
+from torch import nn
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from agents.grads import GradTracker
+from agents import protocol
+for shape in ((1,), (1, 1)):
+    events = []
+    t = GradTracker(events.append, 1, 1); t.install()
+    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    fully_shard(m, mesh=init_device_mesh("cpu", shape, mesh_dim_names=("rep", "shard")[-len(shape):]))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m(torch.randn(3, 8)).sum().backward(); opt.step(); t.drain(); t.uninstall()
+    print("GROUPS", shape, sorted({(type(e).__name__, e.group) for e in events
+                                   if isinstance(e, (protocol.Grad, protocol.Param))}))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_shards_get_shard_groups_never_ddp_or_local():
+    """FSDP2 (fully_shard): each shard is its own comparison group; HSDP replicas share the shard
+    coordinate of the sharded mesh dimension only (here one rank, so coordinates are 0)."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    from .test_process import _free_port
+
+    out = subprocess.run([sys.executable, "-c", _FSDP2, str(_free_port())], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GROUPS")]
+    assert lines == ["GROUPS (1,) [('Grad', 'shard:0=0'), ('Param', 'shard:0=0')]",
+                     "GROUPS (1, 1) [('Grad', 'shard:1=0'), ('Param', 'shard:1=0')]"]
