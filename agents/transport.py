@@ -22,7 +22,7 @@ from typing import Callable
 
 import msgspec
 
-from agents import protocol
+from agents import packing, protocol
 from agents.config import Config
 from agents.spool import Spool, file_name
 
@@ -175,11 +175,12 @@ class Transport:
     def _make_body(self, events: list[protocol.Event]) -> tuple[int, bytes, int]:
         """(seq, body, n_events). Oversized batches are split before they get a seq."""
         batch = protocol.Batch(v=protocol.PROTOCOL_VERSION, run=self.run, rank=self.cfg.rank,
-                               session=self.session, seq=self._seq, events=events)
+                               session=self.session, seq=self._seq, events=packing.compact(events))
         try:
             raw = protocol.encode(batch)
         except (TypeError, ValueError, msgspec.MsgspecError):
-            batch.events = events = self._encodable(events)
+            events = self._encodable(events)
+            batch.events = packing.compact(events)
             raw = protocol.encode(batch)
         if len(raw) > BATCH_TARGET_BYTES and len(events) > 1:
             half = len(events) // 2

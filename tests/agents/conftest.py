@@ -84,4 +84,14 @@ def read_spool(directory: str) -> dict[int, list[protocol.Batch]]:
 
 
 def events_of(batches: list[protocol.Batch]) -> list:
-    return [e for b in batches for e in b.events]
+    """Events as the agent produced them: compact `grads` are unpacked into their `grad` events."""
+    return [g for b in batches for e in b.events for g in expand(e)]
+
+
+def expand(event) -> list:
+    if not isinstance(event, protocol.Grads):
+        return [event]
+    norms = event.norms or [None] * event.steps
+    nonfinite = event.nonfinite or [0] * event.steps
+    return [protocol.Grad(step=step, group=event.group, fps=fps, norm=norm, nonfinite=bad, ts=event.ts)
+            for step, fps, norm, bad in zip(event.step_numbers(), event.unpack(), norms, nonfinite)]

@@ -12,7 +12,7 @@ from agents import protocol
 from .conftest import REPO, events_of, read_spool
 
 
-def _run(cmd, env, timeout=150):
+def _run(cmd, env, timeout=300):
     """Run in its own session so a timeout kills the whole tree (no processes left behind)."""
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
