@@ -94,7 +94,7 @@ def throwaway(tmp_path):
         shutil.rmtree(data, ignore_errors=True)
 
 
-def test_two_workers_then_database_outage_then_recovery(throwaway):
+def test_two_workers_then_database_outage_then_recovery(throwaway, record_property):
     stack, token, data = throwaway
     run = f"faults-{uuid.uuid4().hex[:6]}"
     batches = [make_batch(run=run, rank=r, world_size=4, seq=s, session=f"s-{run}-{r}") for r in range(4) for s in range(5)]
@@ -121,3 +121,5 @@ def test_two_workers_then_database_outage_then_recovery(throwaway):
          f"from ingest.models import IngestBatch; print(IngestBatch.objects.filter(run__key='{run}').count())"],
         cwd=ROOT, env=stack.env, capture_output=True, text=True, check=True).stdout.split()[-1]
     assert count == "21"  # every accepted batch, once
+    record_property("accepted_batches", 21)
+    record_property("accepted_batches_stored", int(count))

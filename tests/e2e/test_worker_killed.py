@@ -31,7 +31,7 @@ def blocked_worker_pid(conn: psycopg.Connection, timeout: float = 30) -> int:
     raise AssertionError("no worker ever blocked on the slot")
 
 
-def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client):
+def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client, record_property):
     project, token = project_with_token("killed-worker")
     feed = alert_feed(stack, member_session(project, "kw"))
     for rank in (0, 1):
@@ -62,3 +62,5 @@ def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client):
     assert alerts["grad_divergence"]["ranks"] == [2]
     assert [a["id"] for a in feed.alerts] == [alert.id]  # pushed once
     assert stack.worker.popen.poll() is None  # the worker's main process replaced its dead child
+    record_property("alerts", 1)
+    record_property("websocket_pushes", len(feed.alerts))
