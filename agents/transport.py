@@ -33,7 +33,7 @@ MAX_QUEUE = 200_000
 MAX_BATCH_EVENTS = 5_000
 BATCH_TARGET_BYTES = 2 * 1024 * 1024
 BACKOFF_BASE = 0.25
-BACKOFF_MAX = 30.0
+BACKOFF_MAX = 10.0  # a returning backend is used within ~10 s; jitter spreads a cluster
 HTTP_TIMEOUT = 10.0
 
 

@@ -7,8 +7,12 @@ together, so grad slots fill and settle as in a real job. Bodies are built and g
 the clock starts; the clock covers the steady phase only. Then the same grad rows are written by
 one raw binary COPY into the same table, same indexes, same run of the script.
 
-    python bench/ingest.py                       # 1024 ranks, 2 ingest processes
+    python bench/ingest.py                       # P1/P7 as in bench/README.md: 1024 ranks x 512 steps,
+                                                 # 256 steps/batch, 2 ingest processes, 8 connections
     python bench/ingest.py --ingest 2 --celery 2 # the docs/scale-out.md run
+
+Ingest goes through the lean ASGI route (ingest/fastpath.py), as in production; LOCKSTEP_INGEST_FASTPATH=0
+in the environment sends it through Django's full request handling instead, for comparison.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import argparse
 import http.client
 import itertools
 import json
+import os
 import queue
 import threading
 import time
@@ -174,7 +179,9 @@ def main() -> None:
     servers = start_servers(env, args.ingest, args.celery)
     try:
         burst_tally, burst_s = send_all(servers.url, token, burst, args.connections)
+        load_before = os.getloadavg()[0]
         tally, elapsed = send_all(servers.url, token, steady, args.connections)
+        load_after = os.getloadavg()[0]
         after = scrape(servers.url)
     finally:
         servers.stop()
@@ -195,6 +202,8 @@ def main() -> None:
             ("slots pending at end", f"{after.get(PENDING_GRAD, 0):.0f}", "grad slots not yet settled"),
             ("settle queue depth at end", f"{after.get('lockstep_settle_queue_depth', 0):.0f}", "Celery tasks waiting"),
             ("anchor", "1.6k-3.3k/s", MLFLOW_ANCHOR),
+            ("load average (1 min)", f"{load_before:.1f} -> {load_after:.1f}",
+             f"{os.cpu_count()} CPUs shared by client, server, PostgreSQL (and whatever else runs)"),
         ],
     )
 

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 TRAILER = struct.pack(">h", -1)
 NULL = struct.pack(">i", -1)
+FIELD_COUNT = [struct.pack(">h", n) for n in range(32)]  # a row's first two bytes
 INT8_OID = 20
 _PG_EPOCH_US = 946_684_800 * 1_000_000  # 2000-01-01T00:00:00Z in unix microseconds
 

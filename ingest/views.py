@@ -105,6 +105,11 @@ def _project_for(token: str) -> Project | None:
 @csrf_exempt
 @require_POST
 def ingest(request: HttpRequest) -> JsonResponse:
+    return handle_ingest(request)
+
+
+def handle_ingest(request) -> JsonResponse:
+    """The whole ingest answer; also called by the lean ASGI route (`ingest.fastpath`) with a `LeanRequest`."""
     return _guarded(_ingest, request, "ingest")
 
 
@@ -138,7 +143,7 @@ def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
     if answers:
         for alert_id in detail.answered(stored.run_id, batch.rank, answers):
             detection_tasks.explain.delay(alert_id)
-    return detail.wanted(stored.run_id, batch.rank)
+    return stored.detail or []  # handed out in the batch's own statement (writers._claim)
 
 
 def _queue_settles(ready: list[tuple[str, int]]) -> None:

@@ -8,13 +8,16 @@ kinds go through psycopg's binary `write_row`.
 from __future__ import annotations
 
 import hashlib
+import struct
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import repeat
 from datetime import datetime, timezone
 from typing import NamedTuple
 
 import msgspec
+import psycopg
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
@@ -43,33 +46,50 @@ class Stored:
     graph_hashes: list[str] = field(default_factory=list)
     rank_steps: int = 0
     run_id: int | None = None
+    detail: list[int] | None = None  # steps of detail requests handed to this rank (None: not looked up)
 
 
 def digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+class _Resent(Exception):
+    """The (session, seq) claim failed: roll the batch's writes back, then tell a resend from a conflict."""
+
+
 def store(batch: protocol.Batch, project: Project, body_digest: str) -> Stored:
+    """Round trips of a steady batch: BEGIN, COPY (2), one prepared statement for the claim, the rank's
+    facts, watermarks, slots and detail requests, COMMIT, then two small prepared statements (run
+    liveness; the slots this batch completed). Was: BEGIN, claim, COPY (2), slots, COMMIT, run,
+    watermark minimum (+ slot update), detail requests, each parsed and planned anew. Rows are
+    written before the claim, so its row locks are held only until COMMIT; a resend (rare) is
+    rolled back whole."""
     now = datetime.now(timezone.utc)
     partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
-    with transaction.atomic():
-        run = _run(batch, project)
-        by_type = defaultdict(list)
-        for event in batch.events:
-            by_type[type(event)].append(event)
-        before = _claim(batch, run, body_digest, by_type)
-        if before is None:
-            return Stored(accepted=0, duplicate=True)
-        grads = by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])]
-        grad_keys = _write_grads(run, batch.rank, grads, by_type.pop(protocol.Grads, []), now)
-        for kind, events in by_type.items():
-            WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
-        compiles = by_type.get(protocol.Compile, [])
-        ready = slots.touch(run, compiles, grad_keys, batch.rank)
-    _touch_run(run, batch, by_type)
-    ready += slots.grads_ready(run, before, {k.group for k in grad_keys if slots.replicated(k.group)})
-    return Stored(accepted=len(batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=len(grad_keys),
-                  run_id=run.id)
+    try:
+        with transaction.atomic():
+            run = _run(batch, project)
+            by_type = defaultdict(list)
+            for event in batch.events:
+                by_type[type(event)].append(event)
+            grads = by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])]
+            written = _write_grads(run, batch.rank, grads, by_type.pop(protocol.Grads, []), now)
+            for kind, events in by_type.items():
+                WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
+            compiles = by_type.get(protocol.Compile, [])
+            ready = slots.touch(run, compiles, [], batch.rank)  # compile slots (the rare kind); grad slots in _claim
+            groups = written.groups()
+            before, late, asked = _claim(batch, run, body_digest, by_type, groups)
+    except _Resent:
+        previous = IngestBatch.objects.get(session=batch.session, seq=batch.seq)
+        if previous.digest != body_digest:
+            raise Rejection(409, f"batch seq {batch.seq} of session {batch.session} was already received with other content",
+                            "seq") from None
+        return Stored(accepted=0, duplicate=True)
+    ready += [(slots.GRAD, slot_id) for slot_id in late]
+    ready += _after_commit(run, batch, by_type, before, [group for group, _ in groups])
+    return Stored(accepted=len(batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=written.rows,
+                  run_id=run.id, detail=asked)
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -110,76 +130,98 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
     return run
 
 
-def _claim(batch: protocol.Batch, run: Run, body_digest: str, by_type: dict) -> dict[str, int] | None:
-    """Claim (session, seq) and record the rank's facts in one round trip.
+def _claim(batch: protocol.Batch, run: Run, body_digest: str, by_type: dict,
+           groups: list[tuple[str, list[int]]]) -> tuple[dict[str, int], list[int], list[int]]:
+    """Claim (session, seq), record the rank's facts, report the grad steps and hand out detail
+    requests, in one statement (the rank row is only updated when the claim succeeded).
 
-    Returns the rank's grad watermarks from before this batch, or None for an exact resend;
-    raises 409 for a different body under the same (session, seq). The rank row is only
-    updated when the claim succeeded (`WHERE EXISTS (SELECT 1 FROM claim)`).
+    Returns the rank's grad watermarks from before this batch, the settled grad slots whose late
+    reports completed them, and the steps of this rank's detail requests (`DetailRequest`, each
+    handed out once; inside the batch transaction, so a resend rolls the hand-out back). Raises `_Resent` when (session, seq) was already claimed.
     """
     last_step = _last_step(batch.events)
     start = by_type.get(protocol.RankStart, [None])[-1]
     end = by_type.get(protocol.RankEnd, [None])[-1]
     info = msgspec.to_builtins(start) if start else None
-    with connection.cursor() as cur:
-        cur.execute(
-            """
+    params = {
+        "session": batch.session, "seq": batch.seq, "digest": body_digest, "run": run.id, "rank": batch.rank,
+        "events": len(batch.events), "host": start.host if start else "", "pid": start.pid if start else None,
+        "info": msgspec.json.encode(info).decode() if info else None, "has_info": info is not None,
+        "status": end.status if end else "running", "ended": end is not None,
+        "exit": end.exit_code if end else None, "step": last_step, "ws": run.world_size,
+    }
+    reports = ""
+    for i, (group, steps) in enumerate(groups):
+        reports += "," + slots.grad_report_ctes(i)
+        params.update(slots.grad_report_params(i, group, steps))
+    late = " UNION ALL ".join(f"SELECT id FROM late{i} WHERE reported >= %(ws)s::int" for i in range(len(groups)))
+    claimed, watermarks, asked, late_ready = _query(
+            f"""
             WITH claim AS (
               INSERT INTO ingest_ingestbatch (session, seq, digest, run_id, rank, events, received_at)
-              VALUES (%(session)s, %(seq)s, %(digest)s, %(run)s, %(rank)s, %(events)s, now())
+              VALUES (%(session)s::text, %(seq)s::bigint, %(digest)s::text, %(run)s::bigint, %(rank)s::int, %(events)s::int,
+                      now())
               ON CONFLICT (session, seq) DO NOTHING RETURNING id
             ), ranked AS (
               INSERT INTO ingest_rank (run_id, rank, host, pid, info, status, exit_code, last_step, last_seen)
-              SELECT %(run)s, %(rank)s, %(host)s, %(pid)s, COALESCE(%(info)s::jsonb, '{}'::jsonb), %(status)s, %(exit)s,
-                     %(step)s, now()
+              SELECT %(run)s::bigint, %(rank)s::int, %(host)s::text, %(pid)s::bigint, COALESCE(%(info)s::jsonb, '{{}}'::jsonb),
+                     %(status)s::text, %(exit)s::int, %(step)s::bigint, now()
               WHERE EXISTS (SELECT 1 FROM claim)
               ON CONFLICT (run_id, rank) DO UPDATE SET
                 host = COALESCE(NULLIF(EXCLUDED.host, ''), ingest_rank.host),
                 pid = COALESCE(EXCLUDED.pid, ingest_rank.pid),
-                info = CASE WHEN %(has_info)s THEN EXCLUDED.info ELSE ingest_rank.info END,
-                status = CASE WHEN %(ended)s THEN EXCLUDED.status ELSE ingest_rank.status END,
+                info = CASE WHEN %(has_info)s::boolean THEN EXCLUDED.info ELSE ingest_rank.info END,
+                status = CASE WHEN %(ended)s::boolean THEN EXCLUDED.status ELSE ingest_rank.status END,
                 exit_code = COALESCE(EXCLUDED.exit_code, ingest_rank.exit_code),
                 last_step = GREATEST(ingest_rank.last_step, EXCLUDED.last_step),
                 last_seen = now()
-            )
+            ), asked AS (
+              UPDATE dashboard_detailrequest SET asked_at = now()
+              WHERE run_id = %(run)s::bigint AND rank = %(rank)s::int AND asked_at IS NULL
+              RETURNING step
+            ){reports}
             SELECT (SELECT id FROM claim),
-                   (SELECT COALESCE(json_object_agg("group", step), '{}') FROM ingest_gradwatermark
-                    WHERE run_id = %(run)s AND rank = %(rank)s)
+                   (SELECT COALESCE(json_object_agg("group", step), '{{}}') FROM ingest_gradwatermark
+                    WHERE run_id = %(run)s::bigint AND rank = %(rank)s::int),
+                   ARRAY(SELECT DISTINCT step FROM asked ORDER BY step),
+                   ARRAY({late or "SELECT NULL::bigint WHERE false"})
             """,
-            {
-                "session": batch.session, "seq": batch.seq, "digest": body_digest, "run": run.id, "rank": batch.rank,
-                "events": len(batch.events), "host": start.host if start else "", "pid": start.pid if start else None,
-                "info": msgspec.json.encode(info).decode() if info else None, "has_info": info is not None,
-                "status": end.status if end else "running", "ended": end is not None,
-                "exit": end.exit_code if end else None, "step": last_step,
-            },
-        )
-        claimed, watermarks = cur.fetchone()
-    if claimed is not None:
-        return watermarks
-    previous = IngestBatch.objects.get(session=batch.session, seq=batch.seq)
-    if previous.digest != body_digest:
-        raise Rejection(409, f"batch seq {batch.seq} of session {batch.session} was already received with other content", "seq")
-    return None
+        params,
+    )[0]
+    if claimed is None:
+        raise _Resent()
+    return watermarks, late_ready, asked
+
+
+def _after_commit(run: Run, batch: protocol.Batch, by_type: dict, before: dict[str, int],
+                  groups: list[str]) -> list[tuple[str, int]]:
+    """After the batch committed: run liveness, then the grad slots every rank has now passed.
+
+    Run liveness stays out of the batch transaction: every rank's batch touches this one row, so
+    inside it its row lock would serialize all ingest of a run; skipped when nothing changes. It is
+    its own statement (its row lock is released at once, never held while slot rows are locked:
+    settling locks slot then run). Completed slots are looked for after commit, so of two ranks
+    committing at once the later sees both (`dashboard.detection.slots.grads_ready`, same SQL).
+    """
+    start = by_type.get(protocol.RankStart, [None])[-1]
+    _query(
+        """
+        UPDATE ingest_run SET last_seen = now(), last_step = GREATEST(last_step, %(step)s::bigint),
+          torch_version = COALESCE(NULLIF(%(torch)s::text, ''), torch_version)
+        WHERE id = %(run)s::bigint AND (last_seen < now() - interval '1 second' OR last_step IS NULL
+                                        OR last_step < %(step)s::bigint OR %(torch)s::text <> '')
+        """,
+        {"run": run.id, "step": _last_step(batch.events), "torch": start.versions.get("torch", "") if start else ""},
+        rows=False,
+    )
+    if not groups:
+        return []
+    rows = _query("WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
+                  {"run": run.id, "ws": run.world_size, **slots.grads_ready_params(before, groups)})
+    return [(slots.GRAD, row[0]) for row in rows]
 
 
 _PROGRESS = (protocol.Grad, protocol.Grads, protocol.Step, protocol.Param)
-
-
-def _touch_run(run: Run, batch: protocol.Batch, by_type: dict) -> None:
-    """Run liveness, after commit: every rank's batch touches this one row, so inside the batch
-    transaction its row lock would serialize all ingest of a run. Skipped when nothing changes."""
-    start = by_type.get(protocol.RankStart, [None])[-1]
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            UPDATE ingest_run SET last_seen = now(), last_step = GREATEST(last_step, %(step)s),
-              torch_version = COALESCE(NULLIF(%(torch)s, ''), torch_version)
-            WHERE id = %(run)s AND (last_seen < now() - interval '1 second' OR last_step IS NULL
-                                    OR last_step < %(step)s OR %(torch)s <> '')
-            """,
-            {"run": run.id, "step": _last_step(batch.events), "torch": start.versions.get("torch", "") if start else ""},
-        )
 
 
 def _last_step(events: list[protocol.Event]) -> int | None:
@@ -189,9 +231,28 @@ def _last_step(events: list[protocol.Event]) -> int | None:
     return max(steps) if steps else None
 
 
+_EXPLICIT_ONLY = 1 << 30  # prepare_threshold: only statements executed with prepare=True are prepared
+
+
+def _query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
+    """Run one of the batch statements as a server-side prepared statement (parsed and planned once
+    per connection instead of once per batch: the planning of these CTEs cost about as much as
+    running them). Django's own cursors bind client-side and never prepare; psycopg errors become
+    django.db errors as with them (so a dead database is a 503)."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = connection.connection
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = _EXPLICIT_ONLY
+        with psycopg.Cursor(raw) as cur:
+            cur.execute(sql, params, prepare=True)
+            return cur.fetchall() if rows else []
+
+
 def _copy_stream(table: str, columns: tuple[str, ...], chunks) -> None:
     cols = ", ".join(f'"{c}"' for c in columns)
-    with connection.connection.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+    with connection.wrap_database_errors, connection.connection.cursor() as cur, \
+            cur.copy(f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
         for chunk in chunks:
             copy.write(chunk)
 
@@ -199,7 +260,8 @@ def _copy_stream(table: str, columns: tuple[str, ...], chunks) -> None:
 def _copy_rows(table: str, columns: tuple[tuple[str, str], ...], rows) -> None:
     """psycopg binary COPY with declared types, for the low-volume tables."""
     cols = ", ".join(f'"{name}"' for name, _ in columns)
-    with connection.connection.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+    with connection.wrap_database_errors, connection.connection.cursor() as cur, \
+            cur.copy(f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types([kind for _, kind in columns])
         for row in rows:
             copy.write_row(row)
@@ -224,18 +286,101 @@ def grad_rows(run_id: int, rank: int, grads: list[protocol.Grad], packed: list[p
                         + pgcopy.int8(nonfinite[i]) + tail)
         keys.extend(GradKey(step, e.group) for step in e.step_numbers())
     for e in grads:
-        array = pgcopy.int8_arrays(pgcopy.u64_list_bytes(e.fps), len(e.fps))[0] if e.fps else pgcopy.empty_int8_array()
-        rows.append(head + pgcopy.int8(e.step) + pgcopy.text(e.group) + array + pgcopy.float8(e.norm)
-                    + pgcopy.int8(e.nonfinite) + pgcopy.timestamptz(_when(e.ts, now)) + received)
+        rows.append(_list_form_row(head, e, received, now))
         keys.append(GradKey(e.step, e.group))
     return rows, keys
 
 
-def _write_grads(run: Run, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime) -> list[GradKey]:
-    rows, keys = grad_rows(run.id, rank, grads, packed, now)
-    if rows:
-        _copy_stream("ingest_gradreport", GRAD_COLUMNS, [b"".join(pgcopy.stream(rows, len(GRAD_COLUMNS)))])
-    return keys
+def _list_form_row(head: bytes, e: protocol.Grad, received: bytes, now: datetime) -> bytes:
+    array = pgcopy.int8_arrays(pgcopy.u64_list_bytes(e.fps), len(e.fps))[0] if e.fps else pgcopy.empty_int8_array()
+    return (head + pgcopy.int8(e.step) + pgcopy.text(e.group) + array + pgcopy.float8(e.norm)
+            + pgcopy.int8(e.nonfinite) + pgcopy.timestamptz(_when(e.ts, now)) + received)
+
+
+@dataclass
+class GradCopy:
+    """A batch's grad rows as one binary COPY body, and what slot counting needs of them."""
+
+    data: bytes
+    rows: int
+    steps: dict[str, list]  # group -> its steps (ranges or lists, in event order)
+
+    def groups(self) -> list[tuple[str, list[int]]]:
+        """Replicated groups with their sorted distinct steps (what `slots.grad_report_params` takes)."""
+        out = []
+        for group in sorted(self.steps):
+            if not slots.replicated(group):
+                continue
+            pieces = self.steps[group]
+            if len(pieces) == 1 and isinstance(pieces[0], range) and pieces[0].step > 0:
+                out.append((group, list(pieces[0])))
+            else:
+                out.append((group, sorted({s for piece in pieces for s in piece})))
+        return out
+
+
+_B8 = struct.pack(">i", 8)
+_row_formats: dict[str, struct.Struct] = {}
+
+
+def _packed_rows(head: bytes, e: protocol.Grads, received: bytes, now: datetime) -> list[bytes]:
+    """The rows of one `grads` event, field count included: one `struct` pack per row over columns
+    (constants repeated), the fingerprint arrays byte-swapped by C slice assignments (`pgcopy.int8_arrays`)."""
+    n = e.steps
+    arrays = pgcopy.int8_arrays(e.fps, e.buckets)
+    group = pgcopy.text(e.group)
+    fmt = [f">{len(head) + 4}sq{len(group) + len(arrays[0])}s"]
+    cols: list = [repeat(head + _B8, n), e.step_numbers(), [group + a for a in arrays]]
+    if e.norms:
+        fmt.append("4sd")
+        cols += [repeat(_B8, n), e.norms]
+    else:
+        fmt.append("4s")
+        cols.append(repeat(pgcopy.NULL, n))
+    tail = pgcopy.timestamptz(_when(e.ts, now)) + received
+    if e.nonfinite:
+        fmt.append(f"4sq{len(tail)}s")
+        cols += [repeat(_B8, n), e.nonfinite, repeat(tail, n)]
+    else:
+        tail = pgcopy.int8(0) + tail
+        fmt.append(f"{len(tail)}s")
+        cols.append(repeat(tail, n))
+    key = "".join(fmt)
+    packer = _row_formats.get(key)
+    if packer is None:
+        if len(_row_formats) > 256:
+            _row_formats.clear()
+        packer = _row_formats[key] = struct.Struct(key)
+    return list(map(packer.pack, *cols))
+
+
+def grad_copy(run_id: int, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime) -> GradCopy:
+    """Both grad forms as one binary COPY body (`GRAD_COLUMNS`), rows in the order `grad_rows` gives them."""
+    head = pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)] + pgcopy.int8(run_id) + pgcopy.int4(rank)
+    received = pgcopy.timestamptz(now)
+    parts = [pgcopy.HEADER]
+    steps: dict[str, list] = {}
+    rows = 0
+    for e in packed:
+        parts += _packed_rows(head, e, received, now)
+        steps.setdefault(e.group, []).append(e.step_numbers())
+        rows += e.steps
+    if grads:
+        row_head = pgcopy.int8(run_id) + pgcopy.int4(rank)
+        count = pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)]
+        for e in grads:
+            parts.append(count + _list_form_row(row_head, e, received, now))
+            steps.setdefault(e.group, []).append((e.step,))
+        rows += len(grads)
+    parts.append(pgcopy.TRAILER)
+    return GradCopy(b"".join(parts), rows, steps)
+
+
+def _write_grads(run: Run, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime) -> GradCopy:
+    encoded = grad_copy(run.id, rank, grads, packed, now)
+    if encoded.rows:
+        _copy_stream("ingest_gradreport", GRAD_COLUMNS, [encoded.data])
+    return encoded
 
 
 def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> None:

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,22 @@ class Stack:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"worker did not come up:\n{self.worker.tail()}")
+
+
+def unique(prefix: str) -> str:
+    """Names for rows that outlive a test (live_db never truncates)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def live_db(django_db_setup, django_db_blocker):
+    """Committed database access for tests that share data with the stack's processes.
+
+    Unlike pytest-django's transactional_db there is no TRUNCATE at teardown: that TRUNCATE
+    deadlocks with the Celery sweep, which keeps running. Tests use unique names instead.
+    """
+    with django_db_blocker.unblock():
+        yield
 
 
 @pytest.fixture(scope="session")

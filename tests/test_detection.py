@@ -65,8 +65,11 @@ def test_recompile_on_one_rank_settles_after_the_timeout(post, settings):
     for rank in range(3):
         send(post, rank, 0, [compile0, grad(0, [1])])
     send(post, 1, 1, [{**compile0, "index": 1, "step": 4, "recompile_reason": REASON}])
+    slot = CompileSlot.objects.get(index=1)
+    settle.settle_compile(slot.id)  # ranks 0 and 2 are still before step 4: not judged yet
+    assert CompileSlot.objects.get(index=1).pending and not Alert.objects.exists()
     for rank in (0, 2):
-        send(post, rank, 1, [{"t": "heartbeat", "step": 5}])
+        send(post, rank, 1, [grad(s, [1]) for s in range(1, 6)])
     slot = CompileSlot.objects.get(index=1)
     assert slot.reported == 1
     assert slot.id not in slots.overdue(CompileSlot)

@@ -4,9 +4,6 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.test import Client
-from websockets.exceptions import InvalidStatus
-from websockets.sync.client import connect
 
 from ingest.models import Project, ProjectToken, Run
 from tests.conftest import make_batch
@@ -54,24 +51,3 @@ def test_createtoken_rejects_a_bad_project_name():
         call_command("createtoken", "no spaces please")
     assert not Project.objects.exists()
 
-
-@pytest.mark.e2e
-@pytest.mark.django_db(transaction=True)
-def test_websocket_needs_a_session_of_a_member(stack, post, project, run_of):
-    ws_url = stack.url.replace("http", "ws") + "/ws/runs/page-run/"
-    origin = {"Origin": stack.url}
-
-    def session_of(user) -> str:
-        client = Client()
-        client.force_login(user)
-        return client.cookies["sessionid"].value
-
-    with pytest.raises(InvalidStatus):
-        connect(ws_url, additional_headers=origin, open_timeout=10)
-    outsider = session_of(User.objects.create_user("eve"))
-    with pytest.raises(InvalidStatus):
-        connect(ws_url, additional_headers={**origin, "Cookie": f"sessionid={outsider}"}, open_timeout=10)
-    member = User.objects.create_user("max")
-    project.members.add(member)
-    with connect(ws_url, additional_headers={**origin, "Cookie": f"sessionid={session_of(member)}"}, open_timeout=10) as ws:
-        ws.ping().wait(5)

@@ -2,12 +2,13 @@
 
 Buckets say *where* replicas disagree; the agents keep per-parameter fingerprints of the last
 128 steps. When grad_divergence fires, the dissenters and one reference rank are asked (in
-their next ingest reply) for that step's per-parameter values; when all have answered, the
+their next ingest reply: `ingest.writers` hands the requests out inside the batch's own
+statement) for that step's per-parameter values; when all have answered, the
 differing parameters go into the alert.
 """
 from __future__ import annotations
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from dashboard.models import Alert, DetailRequest
@@ -19,14 +20,6 @@ def request(alert: Alert, group: str, dissenters: tuple[int, ...], reference: in
     for rank in sorted({*dissenters, reference}):
         DetailRequest.objects.get_or_create(run_id=alert.run_id, rank=rank, step=alert.step, group=group,
                                             defaults={"alert": alert})
-
-
-def wanted(run_id: int, rank: int) -> list[int]:
-    """Steps to put in this rank's ingest reply (each asked once); cheap when there are none."""
-    with connection.cursor() as cur:
-        cur.execute("UPDATE dashboard_detailrequest SET asked_at = now() WHERE run_id = %s AND rank = %s "
-                    "AND asked_at IS NULL RETURNING step", [run_id, rank])
-        return sorted({row[0] for row in cur.fetchall()})
 
 
 def answered(run_id: int, rank: int, steps: set[int]) -> list[int]:

@@ -2,6 +2,7 @@
 reports is a no-op, and all of it commits in one transaction with the slot's new state."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -19,9 +20,15 @@ def settle_compile(slot_id: int) -> list[int]:
         if slot is None or not slot.pending:
             return []
         reports = slots.compile_reports(slot)
-        state = slots.rank_state(slot.run, slot.first_seen)
+        state = slots.rank_state(slot.run)
+        step = min((e.step for e in reports.values() if e.step is not None), default=None)
+        now = timezone.now()
+        waited = (now - slot.first_seen).total_seconds()
+        if len(reports) < slot.run.world_size and waited < settings.LOCKSTEP_SILENT_AFTER and \
+                state.behind(step, slot.first_seen, set(reports), now, settings.LOCKSTEP_SILENT_AFTER):
+            return []  # stays pending: the sweep comes back once the slow ranks moved on
         view = CompileSlotView(
-            slot.frame, slot.index, reports, state.accountable(), slot.run.world_size,
+            slot.frame, slot.index, reports, state.accountable(step, slot.first_seen), slot.run.world_size,
             rank_info=dict(Rank.objects.filter(run=slot.run).values_list("rank", "info")),
             graph_breaks=list(GraphBreakEvent.objects.filter(run=slot.run, frame=slot.frame).values_list("rank", "reason")[:200]),
         )

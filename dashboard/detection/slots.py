@@ -40,42 +40,101 @@ def touch(run: Run, compiles: list[protocol.Compile], grads: list[protocol.Grad]
     """
     compile_keys = sorted({(e.frame, e.index) for e in compiles})
     ready = [(COMPILE, i) for i in _upsert("dashboard_compileslot", ("frame", "index"), ("text", "int"), compile_keys, run)]
-    by_group: dict[str, list[int]] = {}
-    for e in grads:
-        if replicated(e.group):
-            by_group.setdefault(e.group, []).append(e.step)
-    for group, steps in sorted(by_group.items()):
-        ready += [(GRAD, i) for i in _grad_reports(run, rank, group, sorted(set(steps)))]
+    for group, steps in grad_steps_by_group(grads):
+        ready += [(GRAD, i) for i in _grad_reports(run, rank, group, steps)]
     return ready
 
 
-def _grad_reports(run: Run, rank: int, group: str, steps: list[int]) -> list[int]:
-    """Advance the rank's watermark, open slots no rank reported before, count late reports.
+def _steps_literal(steps: list[int]) -> str:
+    """A `bigint[]` literal: one string parameter instead of a list psycopg adapts element by element."""
+    return "{" + ",".join(map(str, steps)) + "}"
 
-    One statement: every part reads the snapshot from before it, so `top` is the highest step
-    any rank had reported and new slots are exactly this batch's steps above it.
+
+def grad_report_ctes(i: int) -> str:
+    """One group's part of a batch statement: advance the rank's watermark, open slots no rank
+    reported before, count late reports of settled slots (CTE `late{i}` returns (id, reported)).
+
+    Binds %(run)s, %(rank)s and `grad_report_params(i, ...)`. All CTEs of a statement read the
+    snapshot from before it, so `top{i}` is the highest step any rank had reported and the new
+    slots are exactly this batch's steps above it.
     """
+    return f"""
+            top{i} AS (
+              SELECT COALESCE(max(step), -1) AS step FROM ingest_gradwatermark
+              WHERE run_id = %(run)s::bigint AND "group" = %(g{i})s::text
+            ), mark{i} AS (
+              INSERT INTO ingest_gradwatermark (run_id, "group", rank, step)
+              VALUES (%(run)s::bigint, %(g{i})s::text, %(rank)s::int, %(l{i})s::bigint)
+              ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST(ingest_gradwatermark.step, EXCLUDED.step)
+            ), opened{i} AS (
+              INSERT INTO dashboard_gradslot (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
+              SELECT %(run)s::bigint, s, %(g{i})s::text, 1, now(), 0, '{{}}', '{{}}' FROM unnest(%(s{i})s::bigint[]) AS s, top{i}
+              WHERE s > top{i}.step
+              ON CONFLICT (run_id, step, "group") DO NOTHING
+            ), late{i} AS (
+              UPDATE dashboard_gradslot SET reported = reported + 1 FROM top{i}
+              WHERE run_id = %(run)s::bigint AND "group" = %(g{i})s::text AND dashboard_gradslot.step = ANY(%(s{i})s::bigint[])
+                AND dashboard_gradslot.step BETWEEN %(f{i})s::bigint AND top{i}.step AND settled_at IS NOT NULL
+              RETURNING id, reported
+            )"""
+
+
+def grad_report_params(i: int, group: str, steps: list[int]) -> dict:
+    """`steps`: sorted, distinct."""
+    return {f"g{i}": group, f"s{i}": _steps_literal(steps), f"f{i}": steps[0], f"l{i}": steps[-1]}
+
+
+def grad_steps_by_group(grads) -> list[tuple[str, list[int]]]:
+    """Replicated groups of these rank-steps (anything with `.step` and `.group`), each with its sorted distinct steps."""
+    by_group: dict[str, set[int]] = {}
+    for e in grads:
+        if replicated(e.group):
+            by_group.setdefault(e.group, set()).add(e.step)
+    return [(group, sorted(steps)) for group, steps in sorted(by_group.items())]
+
+
+def _grad_reports(run: Run, rank: int, group: str, steps: list[int]) -> list[int]:
+    """Advance the rank's watermark, open slots no rank reported before, count late reports (one statement)."""
     with connection.cursor() as cur:
         cur.execute(
-            """
-            WITH top AS (
-              SELECT COALESCE(max(step), -1) AS step FROM ingest_gradwatermark WHERE run_id = %(run)s AND "group" = %(group)s
-            ), mark AS (
-              INSERT INTO ingest_gradwatermark (run_id, "group", rank, step) VALUES (%(run)s, %(group)s, %(rank)s, %(last)s)
-              ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST(ingest_gradwatermark.step, EXCLUDED.step)
-            ), opened AS (
-              INSERT INTO dashboard_gradslot (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
-              SELECT %(run)s, s, %(group)s, 1, now(), 0, '{}', '{}' FROM unnest(%(steps)s::bigint[]) AS s, top WHERE s > top.step
-              ON CONFLICT (run_id, step, "group") DO NOTHING
-            )
-            UPDATE dashboard_gradslot SET reported = reported + 1 FROM top
-            WHERE run_id = %(run)s AND "group" = %(group)s AND dashboard_gradslot.step = ANY(%(steps)s::bigint[])
-              AND dashboard_gradslot.step BETWEEN %(first)s AND top.step AND settled_at IS NOT NULL
-            RETURNING id, reported
-            """,
-            {"run": run.id, "group": group, "rank": rank, "steps": steps, "first": steps[0], "last": steps[-1]},
+            "WITH" + grad_report_ctes(0) + " SELECT id, reported FROM late0",
+            {"run": run.id, "rank": rank, **grad_report_params(0, group, steps)},
         )
         return [slot_id for slot_id, reported in cur.fetchall() if reported >= run.world_size]
+
+
+def grads_ready_sql(groups: int) -> str:
+    """Statement part of `grads_ready` for `groups` groups: binds %(run)s, %(ws)s, g{i}/floor{i}; returns slot ids.
+
+    A slot can only have become complete if this rank was the lowest, so only steps above its
+    old watermark (the floor) are looked at; the watermark count is only read when the lowest
+    watermark moved past the floor (the rare case: usually another rank is still behind).
+    """
+    values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint)" for i in range(groups))
+    return f"""
+            lows AS MATERIALIZED (
+              SELECT v.g, v.floor, m.lowest FROM (VALUES {values}) AS v(g, floor)
+              CROSS JOIN LATERAL (SELECT min(step) AS lowest FROM ingest_gradwatermark w
+                                  WHERE w.run_id = %(run)s::bigint AND w."group" = v.g) m
+            ), due AS MATERIALIZED (
+              SELECT g, floor, lowest FROM lows
+              WHERE CASE WHEN lowest > floor THEN (SELECT count(*) FROM ingest_gradwatermark w
+                                                   WHERE w.run_id = %(run)s::bigint AND w."group" = lows.g) >= %(ws)s::int
+                         ELSE false END
+            ), done AS (
+              UPDATE dashboard_gradslot s SET reported = %(ws)s::int FROM due
+              WHERE s.run_id = %(run)s::bigint AND s."group" = due.g AND s.step > due.floor AND s.step <= due.lowest
+                AND s.reported < %(ws)s::int
+              RETURNING s.id
+            )"""
+
+
+def grads_ready_params(before: dict[str, int], groups: list[str]) -> dict:
+    params = {}
+    for i, group in enumerate(groups):
+        params[f"g{i}"] = group
+        params[f"floor{i}"] = before.get(group, -1)
+    return params
 
 
 def grads_ready(run: Run, before: dict[str, int], groups: set[str]) -> list[tuple[str, int]]:
@@ -84,26 +143,13 @@ def grads_ready(run: Run, before: dict[str, int], groups: set[str]) -> list[tupl
     A slot can only have become complete if this rank was the lowest, so only steps above its
     old watermark (`before`, read in the batch's transaction before it moved) are looked at; of two ranks committing at once, the later sees both.
     """
-    ready = []
+    if not groups:
+        return []
+    ordered = sorted(groups)
     with connection.cursor() as cur:
-        for group in sorted(groups):
-            floor = before.get(group, -1)
-            cur.execute('SELECT min(step) FROM ingest_gradwatermark WHERE run_id = %s AND "group" = %s', [run.id, group])
-            lowest = cur.fetchone()[0]
-            if lowest is None or lowest <= floor:  # the usual case: another rank is still behind
-                continue
-            cur.execute(
-                """
-                UPDATE dashboard_gradslot SET reported = %(ws)s
-                WHERE run_id = %(run)s AND "group" = %(group)s AND step > %(floor)s AND step <= %(lowest)s
-                  AND reported < %(ws)s
-                  AND (SELECT count(*) FROM ingest_gradwatermark WHERE run_id = %(run)s AND "group" = %(group)s) >= %(ws)s
-                RETURNING id
-                """,
-                {"run": run.id, "group": group, "ws": run.world_size, "floor": floor, "lowest": lowest},
-            )
-            ready += [(GRAD, row[0]) for row in cur.fetchall()]
-    return ready
+        cur.execute("WITH" + grads_ready_sql(len(ordered)) + " SELECT id FROM done",
+                    {"run": run.id, "ws": run.world_size, **grads_ready_params(before, ordered)})
+        return [(GRAD, row[0]) for row in cur.fetchall()]
 
 
 def _upsert(table: str, cols: tuple[str, str], types: tuple[str, str], keys: list[tuple], run: Run) -> list[int]:
@@ -138,21 +184,39 @@ def overdue(model, now: datetime | None = None) -> list[int]:
 
 @dataclass
 class RankState:
-    """What is known of every rank when a slot settles: who is alive, who ended, who went silent."""
+    """Where every rank is when a compile slot settles.
 
-    reported_since: set[int]  # ranks that sent anything after the slot opened
+    A rank that completed the step a compile happened in, without reporting that compile, did
+    not compile it: its events arrive in order, so the compile would have come before that
+    step's gradients. A rank that is still before that step (compiling, or just slow) is not
+    judged yet; one that stopped reporting altogether is rank_silent's business.
+    """
+
+    last_step: dict[int, int | None]
+    last_seen: dict[int, datetime]
     ended: set[int]
 
-    def accountable(self) -> set[int]:
-        """Ranks whose absence from a slot means 'did not do it', not 'no data'."""
-        return self.reported_since | self.ended
+    def accountable(self, step: int | None, since: datetime) -> set[int]:
+        """Ranks whose absence from a slot means 'did not do it', not 'no data (yet)'."""
+        if step is None:  # a compile outside the training steps: anything sent since it counts
+            passed = {r for r, seen in self.last_seen.items() if seen >= since}
+        else:
+            passed = {r for r, last in self.last_step.items() if last is not None and last >= step}
+        return passed | self.ended
+
+    def behind(self, step: int | None, since: datetime, reported: set[int], now: datetime, silent_after: float) -> set[int]:
+        """Live ranks that may still report the slot: worth waiting for."""
+        judged = self.accountable(step, since) | reported
+        return {r for r, seen in self.last_seen.items()
+                if r not in judged and (now - seen).total_seconds() < silent_after}
 
 
-def rank_state(run: Run, since: datetime) -> RankState:
-    rows = Rank.objects.filter(run=run).values_list("rank", "last_seen", "status")
+def rank_state(run: Run) -> RankState:
+    rows = list(Rank.objects.filter(run=run).values_list("rank", "last_step", "last_seen", "status"))
     return RankState(
-        reported_since={r for r, seen, _ in rows if seen >= since},
-        ended={r for r, _, status in rows if status != "running"},
+        last_step={r: last for r, last, _, _ in rows},
+        last_seen={r: seen for r, _, seen, _ in rows},
+        ended={r for r, _, _, status in rows if status != "running"},
     )
 
 

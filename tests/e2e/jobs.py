@@ -16,7 +16,7 @@ from django.test import Client
 from websockets.sync.client import connect
 
 from ingest.models import Project, ProjectToken
-from tests.stack import ROOT, free_port
+from tests.stack import ROOT, free_port, unique
 
 
 def torchrun(stack, token: str, run_key: str, script: str, args: list[str], spool, ranks: int = 3,
@@ -85,7 +85,7 @@ class Feed(threading.Thread):
 
 
 def member_session(project: Project, username: str) -> str:
-    user = User.objects.create_user(username, password="pw-" + username)
+    user = User.objects.create_user(unique(username), password="pw-" + username)
     project.members.add(user)
     client = Client()
     client.force_login(user)
@@ -93,7 +93,7 @@ def member_session(project: Project, username: str) -> str:
 
 
 def project_with_token(name: str) -> tuple[Project, str]:
-    project = Project.objects.create(name=name)
+    project = Project.objects.create(name=unique(name))
     return project, ProjectToken.issue(project)
 
 

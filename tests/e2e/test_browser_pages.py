@@ -19,8 +19,9 @@ from django.test import Client
 from bench.pages_data import FRAMES, TORCH_211, Job, graph_blobs, job_batches
 from ingest.models import Project, ProjectToken
 from tests.browser import chromium_page
+from tests.stack import unique
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 XSS = "<script>window.pwned=1</script><img src=x onerror=window.pwned=1>"
 SHOTS = os.environ.get("LOCKSTEP_SCREENSHOTS")
@@ -46,9 +47,9 @@ def page(stack):
 @pytest.fixture
 def team(stack):
     """A project with its token and a member whose session cookie the browser uses."""
-    project = Project.objects.create(name="vision")
+    project = Project.objects.create(name=unique("vision"))
     token = ProjectToken.issue(project)
-    user = User.objects.create_user("ana", password="pw-ana-123")
+    user = User.objects.create_user(unique("ana"), password="pw-ana-123")
     project.members.add(user)
     client = Client()
     client.force_login(user)
@@ -189,12 +190,12 @@ def test_user_text_is_escaped_everywhere(stack, page, team):
 def test_other_projects_user_cannot_open_the_run(stack, page, team):
     _, token, _ = team
     send(stack, token, job_batches(Job("private-run", steps=3)))
-    outsider = User.objects.create_user("otto", password="pw-otto-123")
-    Project.objects.create(name="speech").members.add(outsider)
+    outsider = User.objects.create_user(unique("otto"), password="pw-otto-123")
+    Project.objects.create(name=unique("speech")).members.add(outsider)
     page.context.clear_cookies()
     page.goto(f"{stack.url}/runs/private-run/")
     assert "/login/" in page.url  # login required
-    page.fill("input[name=username]", "otto")
+    page.fill("input[name=username]", outsider.username)
     page.fill("input[name=password]", "pw-otto-123")
     page.click("form.login button[type=submit]")
     page.wait_for_load_state()

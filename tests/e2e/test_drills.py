@@ -19,10 +19,10 @@ from ingest.models import GradReport, IngestBatch, Rank, StepReport
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
 from tests.stack import ROOT, Proc, free_port, spawn
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 DOWN_S = 60
-STEPS = 150
+STEPS = 200
 
 
 def server(stack, port: int, logdir) -> Proc:
@@ -65,7 +65,7 @@ def test_backend_down_60s_loses_and_duplicates_nothing(stack, tmp_path, record_p
         type(stack)(drill_stack.url, stack.env, backend, stack.worker).wait_http()
         finish(job, timeout=300)
     try:
-        wait_until(lambda: Rank.objects.filter(run__key=key).exclude(status="running").count() == 2, 60, "rank_end")
+        wait_until(lambda: Rank.objects.filter(run__key=key).exclude(status="running").count() == 2, 120, "rank_end")
     finally:
         backend.stop()
 

@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.jobs import alert_feed, api, member_session, project_with_token
 from tests.stack import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "trace_211_cuda.tgz"
 
 

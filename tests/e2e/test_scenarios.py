@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
 from tests.stack import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 
 @pytest.fixture

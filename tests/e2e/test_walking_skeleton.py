@@ -6,6 +6,7 @@ Rank 1 gets a 17-row batch at step 3 (it alone recompiles) and nudges one gradie
 """
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from tests.browser import chromium_page
 from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 SHAPE_STEP, PERTURB_STEP, STEPS = 3, 9, 12
 
@@ -52,9 +53,21 @@ def test_divergences_reach_websocket_and_run_page(stack, tmp_path):
     progress = [p for p in feed.progress if p["run"] == run_key]
     assert progress and progress[-1]["world_size"] == 3 and progress[-1]["last_step"] is not None
 
-    stored = api(stack, token, f"/runs/{run_key}/alerts").json()["alerts"]
+    stored = _alerts_once_explained(stack, token, run_key)
     assert sorted(a["kind"] for a in stored) == ["grad_divergence", "recompile_divergence"]
+    [named] = [a["details"]["params"] for a in stored if a["kind"] == "grad_divergence"]
+    assert len(named) == 1 and named[0].endswith("0.weight"), named  # the nudged parameter, by name
     run = api(stack, token, f"/runs/{run_key}").json()
     assert [r["rank"] for r in run["ranks"]] == [0, 1, 2]
     assert {r["status"] for r in run["ranks"]} == {"ok"}
     assert run["status"] == "finished" and run["last_step"] == STEPS - 1
+
+
+def _alerts_once_explained(stack, token: str, run_key: str, timeout: float = 30) -> list[dict]:
+    """The grad alert gains the parameter names once the asked ranks answered (detail events)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alerts = api(stack, token, f"/runs/{run_key}/alerts").json()["alerts"]
+        if any("params" in a["details"] for a in alerts if a["kind"] == "grad_divergence") or time.monotonic() > deadline:
+            return alerts
+        time.sleep(0.5)

@@ -14,9 +14,9 @@ from django.db import connection
 from dashboard.models import Alert, GradSlot
 from tests.conftest import make_batch
 from tests.e2e.jobs import alert_feed, member_session, project_with_token
-from tests.stack import database_url
+from tests.stack import database_url, unique
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 
 def blocked_worker_pid(conn: psycopg.Connection, timeout: float = 30) -> int:
@@ -34,17 +34,18 @@ def blocked_worker_pid(conn: psycopg.Connection, timeout: float = 30) -> int:
 def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client, record_property):
     project, token = project_with_token("killed-worker")
     feed = alert_feed(stack, member_session(project, "kw"))
+    run_key = unique("kw-run")
     for rank in (0, 1):
-        batch = make_batch(run="kw-run", rank=rank, events=[{"t": "grad", "step": 0, "fps": [1, 2]}])
+        batch = make_batch(run=run_key, rank=rank, events=[{"t": "grad", "step": 0, "fps": [1, 2]}])
         assert client.post("/api/v1/ingest", batch, content_type="application/json",
                            HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
-    slot = GradSlot.objects.get(run__key="kw-run")
+    slot = GradSlot.objects.get(run__key=run_key)
     with psycopg.connect(database_url(connection.settings_dict), autocommit=False) as lock:
         # An uncommitted alert with the same identity: the settling task's INSERT waits on it.
         lock.execute("INSERT INTO dashboard_alert (run_id, kind, subject, severity, state, ranks, message, details, "
                      "count, first_seen, last_seen, revision, notified_revision) VALUES (%s, 'grad_divergence', "
                      "'group:ddp', 'critical', 'firing', '{}', '', '{}', 1, now(), now(), 1, 0)", [slot.run_id])
-        batch = make_batch(run="kw-run", rank=2, events=[{"t": "grad", "step": 0, "fps": [1, 9]}])
+        batch = make_batch(run=run_key, rank=2, events=[{"t": "grad", "step": 0, "fps": [1, 9]}])
         assert requests.post(f"{stack.url}/api/v1/ingest", json=batch, timeout=10,
                              headers={"Authorization": f"Bearer {token}"}).status_code == 200
         with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as watch:
@@ -53,11 +54,11 @@ def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client, record_
         os.kill(victim, signal.SIGKILL)
         time.sleep(1)
         lock.rollback()  # release the lock: the redelivered task (or the sweep) settles the slot now
-    alerts = feed.wait_for({"grad_divergence"}, timeout=60, run="kw-run")
+    alerts = feed.wait_for({"grad_divergence"}, timeout=60, run=run_key)
     time.sleep(3)  # room for any duplicate to show up
     feed.ws.close()
-    assert Alert.objects.filter(run__key="kw-run").count() == 1
-    alert = Alert.objects.get(run__key="kw-run")
+    assert Alert.objects.filter(run__key=run_key).count() == 1
+    alert = Alert.objects.get(run__key=run_key)
     assert (alert.ranks, alert.count, alert.revision) == ([2], 1, 1)
     assert alerts["grad_divergence"]["ranks"] == [2]
     assert [a["id"] for a in feed.alerts] == [alert.id]  # pushed once

@@ -1,0 +1,120 @@
+"""The lean ASGI route for POST /api/v1/ingest (ingest.fastpath) answers exactly as the Django view does."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+
+from ingest.fastpath import IngestRoute
+from ingest.models import GradReport, IngestBatch
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def route():
+    app = IngestRoute(get_asgi_application(), threads=2)
+    yield app
+    app.shutdown()  # its threads' connections to the test database
+
+
+def call(app, body: bytes, headers: dict[str, str], method: str = "POST", path: str = "/api/v1/ingest",
+         chunks: int = 1):
+    async def run():
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+        comm = ApplicationCommunicator(app, scope)
+        step = max(1, -(-len(body) // chunks))
+        parts = [body[i:i + step] for i in range(0, len(body), step)] or [b""]
+        for i, part in enumerate(parts):
+            await comm.send_input({"type": "http.request", "body": part, "more_body": i < len(parts) - 1})
+        start = await comm.receive_output(30)
+        content = b""
+        while True:
+            message = await comm.receive_output(30)
+            content += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, content
+
+    return async_to_sync(run)()
+
+
+def headers_for(token: str | None, content_type: str = "application/json", **extra) -> dict[str, str]:
+    headers = {"Host": "127.0.0.1:8000", "Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    headers.update(extra)
+    return headers
+
+
+def test_accepts_and_stores_then_resend_is_duplicate(route, token):
+    batch = make_batch(events=[{"t": "grad", "step": 0, "fps": [1, 2, 3]}, {"t": "grad", "step": 1, "fps": [4, 5, 6]}])
+    body = json.dumps(batch).encode()
+    status, headers, content = call(route, body, headers_for(token))
+    assert status == 200, content
+    assert json.loads(content) == {"accepted": 2, "duplicate": False, "want_blobs": [], "detail": []}
+    assert headers["content-type"] == "application/json"
+    assert headers["content-length"] == str(len(content))
+    assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+    assert GradReport.objects.count() == 2
+    status, _, content = call(route, gzip.compress(body), headers_for(token, **{"Content-Encoding": "gzip"}), chunks=3)
+    assert status == 200 and json.loads(content)["duplicate"] is True
+    assert GradReport.objects.count() == 2 and IngestBatch.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "body, hdrs, status",
+    [
+        (json.dumps(make_batch(events=[{"t": "grad", "step": "x"}])).encode(), {}, 400),
+        (b"{not json", {}, 400),
+        (json.dumps(make_batch()).encode(), {"token": None}, 401),
+        (json.dumps(make_batch()).encode(), {"content_type": "text/plain"}, 415),
+        (json.dumps(make_batch()).encode(), {"Content-Encoding": "br"}, 415),
+        (gzip.compress(json.dumps(make_batch()).encode())[:-8], {"Content-Encoding": "gzip"}, 400),
+    ],
+)
+def test_errors_are_the_django_views_errors(route, client, token, body, hdrs, status):
+    hdrs = dict(hdrs)
+    tok = hdrs.pop("token", token)
+    content_type = hdrs.pop("content_type", "application/json")
+    got_status, got_headers, got = call(route, body, headers_for(tok, content_type, **hdrs))
+    extra = {"HTTP_AUTHORIZATION": f"Bearer {tok}"} if tok else {}
+    extra.update({f"HTTP_{k.upper().replace('-', '_')}": v for k, v in hdrs.items()})
+    django = client.generic("POST", "/api/v1/ingest", body, content_type=content_type, **extra)
+    assert got_status == django.status_code == status
+    assert json.loads(got) == django.json() and "error" in django.json()
+    assert got_headers["content-type"] == django["Content-Type"]
+    assert not IngestBatch.objects.exists()
+
+
+def test_too_large_is_413_before_and_after_inflating(route, token, settings):
+    settings.LOCKSTEP_MAX_BODY = 400
+    raw = json.dumps(make_batch(events=[{"t": "grad", "step": 0, "fps": [1, 2, 3]}] * 100)).encode()
+    assert len(gzip.compress(raw)) < 400 < len(raw)
+    status, _, content = call(route, raw, headers_for(token), chunks=4)
+    assert status == 413 and "exceeds" in json.loads(content)["error"]
+    status, _, content = call(route, gzip.compress(raw), headers_for(token, **{"Content-Encoding": "gzip"}))
+    assert status == 413 and "decompressed" in json.loads(content)["error"]
+
+
+def test_rate_limit_keeps_retry_after(route, token, settings):
+    settings.LOCKSTEP_RATE_LIMIT = 1
+    answers = [call(route, json.dumps(make_batch(seq=i)).encode(), headers_for(token)) for i in range(3)]
+    limited = [a for a in answers if a[0] == 429]
+    assert limited and limited[0][1]["retry-after"] == "1"
+
+
+def test_other_requests_go_to_django(route, token):
+    status, headers, _ = call(route, b"", headers_for(token), method="GET")
+    assert status == 405 and "POST" in headers["allow"]
+    status, _, _ = call(route, json.dumps(make_batch()).encode(), headers_for(token, Host="evil.example"))
+    assert status == 400  # Django's DisallowedHost answer: the lean route only serves allowed hosts
+    assert not IngestBatch.objects.exists()
