@@ -2,6 +2,8 @@
 event (base64 u64s instead of ~20 decimal digits each, one JSON frame for many steps; P7)."""
 from __future__ import annotations
 
+import math
+
 from agents import protocol
 
 
@@ -37,7 +39,8 @@ def _pack(run: list[protocol.Grad]) -> list[protocol.Event]:
         return []
     stride = run[1].step - run[0].step if len(run) > 1 else 1
     norms = [g.norm for g in run]
-    extra = {"norms": norms} if all(n is not None for n in norms) else {}
+    # JSON has no NaN/Inf (they would go out as null and sink the batch): keep norms only when all are finite
+    extra = {"norms": norms} if all(n is not None and math.isfinite(n) for n in norms) else {}
     if any(g.nonfinite for g in run):
         extra["nonfinite"] = [g.nonfinite for g in run]
     return [protocol.Grads.pack(run[0].step, [g.fps for g in run], group=run[0].group, stride=stride,

@@ -60,4 +60,14 @@ def django_db_setup(django_test_environment, django_db_blocker):
         config = setup_databases(verbosity=0, interactive=False, aliases={"default"})
     yield
     with django_db_blocker.unblock():
+        _disconnect_others()
         teardown_databases(config, verbosity=0)
+
+
+def _disconnect_others() -> None:
+    """Sessions of killed stack processes can linger a moment and would block DROP DATABASE."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")

@@ -30,3 +30,11 @@ def test_runs_break_on_group_stride_or_bucket_change():
 def test_compact_is_smaller_on_the_wire():
     events = [grad(s, [(s * 7919 + b) * 0x9E3779B97F4A7C15 % (1 << 64) for b in range(16)]) for s in range(64)]
     assert len(protocol.encode(compact(events)[0])) < 0.6 * sum(len(protocol.encode(e)) for e in events)
+
+
+def test_non_finite_norms_are_left_out_rather_than_sent_as_null():
+    out = compact([grad(0, [1], norm=float("nan"), nonfinite=1), grad(1, [2])])
+    assert out[0].norms == [] and out[0].nonfinite == [1, 0]
+    batch = protocol.Batch(v=1, run=protocol.RunInfo(key="k", world_size=1), rank=0, session="abcdefgh", seq=0,
+                           events=out)
+    assert protocol.decode_batch(protocol.encode(batch)).events[0].unpack() == [[1], [2]]
