@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--celery", type=int, default=2, help="Celery worker processes")
     args = parser.parse_args()
-    env = bench_env("lockstep_bench_latency")
+    env = dict(bench_env("lockstep_bench_latency"), LOCKSTEP_SETTLE_TIMEOUT="600")  # only complete slots settle
     fresh_database(env)
     setup_django(env)
     token, session = session_for_bench_user()
