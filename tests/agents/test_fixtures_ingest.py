@@ -15,9 +15,8 @@ import pytest
 from agents.spool import list_batches
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
-TRACE = "/work/shared/fixtures/trace_211_cuda.tgz"
-if not os.path.exists(TRACE):
-    TRACE = os.path.join(FIXTURES, "trace_211_cuda.tgz")
+TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(FIXTURES))), "shared", "fixtures",
+                     "trace_211_cuda.tgz")  # ../shared beside the checkout
 
 
 def _unpack(name: str, into) -> str:

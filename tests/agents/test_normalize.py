@@ -1,11 +1,12 @@
 import json
+import os
 import tarfile
 
 import pytest
 
 from agents.normalize import hash_text, normalize
 
-FIXTURE = "/work/shared/fixtures/trace_211_cuda.tgz"
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "fixtures", "trace_211_cuda.tgz")  # ../shared beside the checkout
 
 
 @pytest.mark.parametrize("a,b", [
