@@ -42,7 +42,7 @@ def session_for_bench_user() -> tuple[str, str]:
 
 
 class AlertClock(threading.Thread):
-    """Records when each alert (by subject group) first arrives on the websocket."""
+    """Records when each alert (by run and comparison group) first arrives on the websocket."""
 
     def __init__(self, url: str, session: str) -> None:
         from websockets.sync.client import connect
@@ -50,15 +50,15 @@ class AlertClock(threading.Thread):
         super().__init__(daemon=True)
         self.ws = connect(url.replace("http", "ws") + "/ws/alerts/", open_timeout=10,
                           additional_headers={"Cookie": f"sessionid={session}", "Origin": url})
-        self.seen: dict[str, float] = {}
+        self.seen: dict[tuple[str, str], float] = {}
 
     def run(self) -> None:
         try:
             for raw in self.ws:
                 alert = json.loads(raw).get("alert") or {}
-                group = (alert.get("details") or {}).get("group")
-                if alert.get("kind") == "grad_divergence" and group not in self.seen:
-                    self.seen[group] = time.perf_counter()
+                key = (alert.get("run"), (alert.get("details") or {}).get("group"))
+                if alert.get("kind") == "grad_divergence" and key not in self.seen:
+                    self.seen[key] = time.perf_counter()
         except Exception:
             return
 
@@ -76,12 +76,12 @@ def trial(url: str, token: str, run: str, ranks: int, n: int, clock: AlertClock,
     sessions = [requests.Session() for _ in range(8)]
     list(pool.map(lambda r: post(sessions[r % 8], url, token, run, ranks, r, n, False), range(ranks - 1)))
     accepted = post(sessions[0], url, token, run, ranks, ranks - 1, n, True)
-    deadline = accepted + 30
-    while f"g{n}" not in clock.seen and time.perf_counter() < deadline:
+    deadline, key = accepted + 30, (run, f"g{n}")
+    while key not in clock.seen and time.perf_counter() < deadline:
         time.sleep(0.001)
-    if f"g{n}" not in clock.seen:
+    if key not in clock.seen:
         raise RuntimeError(f"no alert for trial {n} within 30 s")
-    return clock.seen[f"g{n}"] - accepted
+    return clock.seen[key] - accepted
 
 
 def measure(url: str, token: str, clock: AlertClock, ranks: int, trials: int) -> list[float]:
