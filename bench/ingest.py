@@ -156,6 +156,16 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
+def drain_time(url: str, timeout: float = 120) -> float | None:
+    """Seconds until no grad slot waits to settle (None: not within the timeout)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if scrape(url).get(PENDING_GRAD, 0) == 0:
+            return time.perf_counter() - start
+        time.sleep(0.1)
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
@@ -183,6 +193,7 @@ def main() -> None:
         tally, elapsed = send_all(servers.url, token, steady, args.connections)
         load_after = os.getloadavg()[0]
         after = scrape(servers.url)
+        drained = drain_time(servers.url) if args.celery else None
     finally:
         servers.stop()
     rows, copy_s = raw_copy(built["packed"], args.ranks, built["run"])
@@ -201,6 +212,8 @@ def main() -> None:
             ("failed requests", str(len(failures)), failures[0] if failures else ""),
             ("slots pending at end", f"{after.get(PENDING_GRAD, 0):.0f}", "grad slots not yet settled"),
             ("settle queue depth at end", f"{after.get('lockstep_settle_queue_depth', 0):.0f}", "Celery tasks waiting"),
+            ("all grad slots settled", "-" if drained is None else f"{drained:.2f} s",
+             "after the last batch was accepted (detection keeping up: about one batch wave)"),
             ("anchor", "1.6k-3.3k/s", MLFLOW_ANCHOR),
             ("load average (1 min)", f"{load_before:.1f} -> {load_after:.1f}",
              f"{os.cpu_count()} CPUs shared by client, server, PostgreSQL (and whatever else runs)"),

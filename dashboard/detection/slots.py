@@ -225,6 +225,16 @@ def compile_reports(slot) -> dict[int, CompileEvent]:
     return {e.rank: e for e in events}
 
 
-def grad_reports(slot) -> dict[int, GradReport]:
-    reports = GradReport.objects.filter(run_id=slot.run_id, step=slot.step, group=slot.group).order_by("id")
-    return {r.rank: r for r in reports}
+@dataclass(frozen=True)
+class GradRow:
+    """What the rules read of one rank's report: plain values, not ORM objects (1024 per slot)."""
+
+    fps: tuple[int, ...]
+    nonfinite: int
+    norm: float | None
+
+
+def grad_reports(slot) -> dict[int, GradRow]:
+    rows = (GradReport.objects.filter(run_id=slot.run_id, step=slot.step, group=slot.group).order_by("id")
+            .values_list("rank", "fps", "nonfinite", "norm"))
+    return {rank: GradRow(tuple(fps), nonfinite, norm) for rank, fps, nonfinite, norm in rows}
