@@ -174,7 +174,7 @@ class StepReport(RawEvent):
 
 
 class EventLog(RawEvent):
-    """Events kept verbatim until a later feature gives them a table of their own (param, detail, dropped)."""
+    """Events kept verbatim (detail answers, dropped counts): rare, read by key, no table of their own needed."""
 
     rank = models.PositiveIntegerField()
     t = models.CharField(max_length=32)
