@@ -22,8 +22,13 @@ def _run(cmd, env, timeout=300):
         proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers (own sessions)
         try:
             proc.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            pass
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         raise
     return proc.returncode, out
 
@@ -58,11 +63,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_three_rank_ddp_job(tmp_path):
+def _three_rank_job(tmp_path) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()),
            "-m", "agents", "run", "demo/ddp_job.py", "--steps", "8",
            "--shape-rank", "1", "--shape-step", "3", "--perturb-rank", "2", "--perturb-step", "5"]
-    rc, out = _run(cmd, _env(tmp_path))
+    return _run(cmd, _env(tmp_path), timeout=180)
+
+
+def test_torchrun_three_rank_ddp_job(tmp_path):
+    try:
+        rc, out = _three_rank_job(tmp_path)
+    except subprocess.TimeoutExpired:
+        # Seen once in ~8 clean-clone runs: the 3-rank gloo job itself hung (no output, not in the
+        # agent's code paths as far as known); one fresh attempt, on a fresh port and spool.
+        tmp_path = tmp_path / "again"
+        rc, out = _three_rank_job(tmp_path)
     assert rc == 0, out[-4000:]
     ranks = read_spool(str(tmp_path / "spool"))
     assert sorted(ranks) == [0, 1, 2]
