@@ -56,14 +56,19 @@ def read_body(raw: bytes, encoding: str, limit: int) -> bytes:
     return body
 
 
-def decode(body: bytes) -> protocol.Batch:
+def _decoded(decoder, body: bytes):
+    """Run a protocol decoder; schema and JSON errors become 400s naming the failing path."""
     try:
-        batch = protocol.decode_batch(body)
+        return decoder(body)
     except msgspec.ValidationError as exc:
         error, path = _path_of(str(exc))
         raise Rejection(400, error, path) from None
     except msgspec.DecodeError as exc:
         raise Rejection(400, f"malformed JSON: {exc}") from None
+
+
+def decode(body: bytes) -> protocol.Batch:
+    batch = _decoded(protocol.decode_batch, body)
     if batch.rank >= batch.run.world_size:
         raise Rejection(400, f"rank {batch.rank} is outside world_size {batch.run.world_size}", "rank")
     if b"\\u0000" in body:
@@ -74,13 +79,7 @@ def decode(body: bytes) -> protocol.Batch:
 
 
 def decode_blobs(body: bytes) -> protocol.BlobUpload:
-    try:
-        upload = protocol.decode_blobs(body)
-    except msgspec.ValidationError as exc:
-        error, path = _path_of(str(exc))
-        raise Rejection(400, error, path) from None
-    except msgspec.DecodeError as exc:
-        raise Rejection(400, f"malformed JSON: {exc}") from None
+    upload = _decoded(protocol.decode_blobs, body)
     if b"\\u0000" in body:
         _reject_nul(msgspec.to_builtins(upload), "")
     return upload
