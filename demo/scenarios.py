@@ -8,6 +8,9 @@ Each flag adds one failure on top of demo/ddp_job.py's training loop:
   --freeze-rank R --freeze-step S  rank R stops dead (SIGSTOP) at step S, like a rank hung in the
                          driver: it goes silent (rank_silent) while the others wait in the next collective
   --compile-ddp          torch.compile(DDP(model)): only empty graphs compile (ineffective_compile)
+  --collective-rank R    rank R folds a second all_reduce into a compiled helper that the other ranks
+                         issue eagerly: the same traffic at run time, but another collective schedule
+                         in that graph (collective_schedule_divergence), one reordering away from a hang
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -40,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--freeze-rank", type=int)
     p.add_argument("--freeze-step", type=int)
     p.add_argument("--compile-ddp", action="store_true")
+    p.add_argument("--collective-rank", type=int)
     return p.parse_args()
 
 
@@ -56,6 +61,14 @@ def stormy(x: torch.Tensor) -> torch.Tensor:
 
 def ramp(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(x) - 0.5
+
+
+def pulse(x: torch.Tensor, fold: bool) -> torch.Tensor:
+    """A compiled helper with collectives inside: Inductor logs its collective schedule."""
+    y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    if fold:
+        y = funcol.all_reduce(y + 1, "sum", dist.group.WORLD)
+    return y
 
 
 def slow_backend(seconds: float):
@@ -76,6 +89,7 @@ def main() -> None:
     branch = torch.compile(branchy, backend="aot_eager")
     storm = torch.compile(stormy, backend="aot_eager", dynamic=False)
     slow = torch.compile(ramp, backend=slow_backend(args.slow_seconds if rank == args.slow_rank else 0.0))
+    collective = torch.compile(pulse)
     for step in range(args.steps):
         if (rank, step) == (args.freeze_rank, args.freeze_step):
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -86,6 +100,11 @@ def main() -> None:
             storm(torch.ones(step + 2, 3))
         if args.slow_rank is not None:
             x = x + slow(x)
+        if args.collective_rank is not None:
+            folded = rank == args.collective_rank
+            y_pulse = collective(torch.ones(4), folded)
+            if not folded:
+                dist.all_reduce(y_pulse + 1)
         opt.zero_grad(set_to_none=True)
         nn.functional.mse_loss(model(x), y).backward()
         if (rank, step) == (args.nan_rank, args.nan_step):

@@ -2,6 +2,7 @@
 the real stack; each job provokes several failures at once to keep the suite short."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import pytest
 from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
 from tests.stack import ROOT
 
+WRAPPER = ROOT / "demo" / "per_rank_env.py"
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 
@@ -65,10 +67,10 @@ def test_cold_cache_on_one_rank(stack, team, tmp_path):
                     "--steps", "1"], cwd=ROOT, check=True, capture_output=True, timeout=300,
                    env={**stack.env, "TORCHINDUCTOR_CACHE_DIR": str(warm)})
     key = f"sc-cache-{uuid.uuid4().hex[:6]}"
-    wrapper = ROOT / "demo" / "per_rank_cache.py"
-    with running(torchrun(stack, token, key, str(wrapper), ["--steps", "4"], tmp_path / "spool",
-                          extra_env={"WARM_CACHE": str(warm), "COLD_CACHE": str(cold), "COLD_RANK": "1"},
-                          via_agent_cli=False)) as job:
+    per_rank = {"0": {"TORCHINDUCTOR_CACHE_DIR": str(warm)}, "1": {"TORCHINDUCTOR_CACHE_DIR": str(cold)},
+                "2": {"TORCHINDUCTOR_CACHE_DIR": str(warm)}}
+    with running(torchrun(stack, token, key, str(WRAPPER), ["demo/ddp_job.py", "--steps", "4"], tmp_path / "spool",
+                          extra_env={"PER_RANK_ENV": json.dumps(per_rank)}, via_agent_cli=False)) as job:
         finish(job)
     alerts = feed.wait_for({"cache_divergence"}, 60, run=key)
     assert alerts["cache_divergence"]["ranks"] == [1]
@@ -76,3 +78,22 @@ def test_cold_cache_on_one_rank(stack, team, tmp_path):
     time.sleep(0.5)
     assert "grad_divergence" not in feed.latest(key)
     assert "rank_specific_artifact" not in feed.latest(key)  # private cache dirs: nothing shared
+
+
+def test_shared_cache_with_rank_specific_settings_and_another_collective_schedule(stack, team, tmp_path):
+    """Ranks share one Inductor cache directory but rank 1 runs with other Inductor settings, so its
+    cache keys are its own; rank 2 folds an extra all_reduce into a compiled graph."""
+    token, feed = team
+    key = f"sc-shared-{uuid.uuid4().hex[:6]}"
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "shared-cache"),
+           "PER_RANK_ENV": json.dumps({"1": {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}})}
+    args = ["demo/scenarios.py", "--steps", "4", "--collective-rank", "2"]
+    with running(torchrun(stack, token, key, str(WRAPPER), args, tmp_path / "spool", extra_env=env,
+                          via_agent_cli=False)) as job:
+        finish(job)
+    alerts = feed.wait_for({"rank_specific_artifact", "collective_schedule_divergence"}, 60, run=key)
+    artifact = alerts["rank_specific_artifact"]
+    assert artifact["ranks"] == [1] and artifact["details"]["shared_cache_dirs"] == [str(tmp_path / "shared-cache")]
+    schedule = alerts["collective_schedule_divergence"]
+    assert schedule["ranks"] == [2] and "pulse" in schedule["frame"]
+    assert "grad_divergence" not in feed.latest(key)

@@ -7,6 +7,7 @@ prints each alert as it fires. Ctrl-C stops it all; the data folder is reused on
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -38,12 +39,13 @@ class DemoJob:
     env: dict = field(default_factory=dict)
     max_seconds: float = 240
     baseline: str | None = None
-    before: list[str] | None = None  # a command run first (e.g. warming a cache)
+    before: list[str] | None = None  # a command run first (e.g. warming a cache), without the agent
+    before_env: dict = field(default_factory=dict)
     via_agent_cli: bool = True  # False: the script attaches the agent itself
 
 
 def demo_jobs(data: str) -> list[DemoJob]:
-    warm, cold = f"{data}/demo-cache-warm", f"{data}/demo-cache-cold"
+    warm, cold, shared = (f"{data}/demo-cache-{name}" for name in ("warm", "cold", "shared"))
     return [
         DemoJob("reference", "a clean run of the job, kept as the baseline of the next one", "demo/ddp_job.py",
                 ["--steps", "20", "--sleep", "0.1"]),
@@ -54,10 +56,19 @@ def demo_jobs(data: str) -> list[DemoJob]:
                 "demo/scenarios.py", ["--steps", "10", "--branch-rank", "1", "--nan-rank", "2", "--nan-step", "4",
                                       "--storm", "--slow-rank", "0", "--slow-seconds", "4"]),
         DemoJob("cold-cache", "rank 1 starts with a cold Inductor cache, the others with a warm one",
-                "demo/per_rank_cache.py", ["--steps", "6"],
-                env={"WARM_CACHE": warm, "COLD_CACHE": cold, "COLD_RANK": "1"},
+                "demo/per_rank_env.py", ["demo/ddp_job.py", "--steps", "6"],
+                env={"PER_RANK_ENV": json.dumps({"0": {"TORCHINDUCTOR_CACHE_DIR": warm},
+                                                 "1": {"TORCHINDUCTOR_CACHE_DIR": cold},
+                                                 "2": {"TORCHINDUCTOR_CACHE_DIR": warm}})},
                 before=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port",
-                        "29400", "demo/ddp_job.py", "--steps", "1"], via_agent_cli=False),
+                        "29400", "demo/ddp_job.py", "--steps", "1"], before_env={"TORCHINDUCTOR_CACHE_DIR": warm},
+                via_agent_cli=False),
+        DemoJob("shared-cache", "ranks share one cache directory but rank 1 runs other Inductor settings; "
+                "rank 2 folds an extra all_reduce into a compiled graph",
+                "demo/per_rank_env.py", ["demo/scenarios.py", "--steps", "6", "--collective-rank", "2"],
+                env={"TORCHINDUCTOR_CACHE_DIR": shared,
+                     "PER_RANK_ENV": json.dumps({"1": {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}})},
+                via_agent_cli=False),
         DemoJob("hung-rank", "torch.compile(DDP(model)) compiles empty graphs; rank 2 freezes at step 5",
                 "demo/scenarios.py", ["--steps", "200", "--sleep", "0.2", "--compile-ddp", "--freeze-rank", "2",
                                       "--freeze-step", "5"], max_seconds=60),
@@ -138,7 +149,8 @@ class Command(BaseCommand):
     def run_demo(self, env: dict, token: str, ranks: int) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         data = str(settings.DATA_DIR)
-        shutil.rmtree(f"{data}/demo-cache-cold", ignore_errors=True)
+        for name in ("cold", "shared"):
+            shutil.rmtree(f"{data}/demo-cache-{name}", ignore_errors=True)
         for job in demo_jobs(data):
             if self.stopping.is_set():
                 return
@@ -150,8 +162,8 @@ class Command(BaseCommand):
                            LOCKSTEP_RUN_NAME=f"demo {job.name}", LOCKSTEP_SPOOL_DIR=f"{data}/spool",
                            LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", **job.env)
             if job.before:
-                subprocess.run(job.before, cwd=settings.BASE_DIR, env={**job_env, "TORCHINDUCTOR_CACHE_DIR": job.env["WARM_CACHE"],
-                                                                       "LOCKSTEP_DISABLE": "1"}, capture_output=True)
+                subprocess.run(job.before, cwd=settings.BASE_DIR, env={**job_env, **job.before_env, "LOCKSTEP_DISABLE": "1"},
+                               capture_output=True)
             agent = ["-m", "agents", "run"] if job.via_agent_cli else []
             args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
                     str(29500 + os.getpid() % 1000), *agent, job.script, *job.args]
