@@ -1,8 +1,10 @@
 """Per-project load shedding: at most LOCKSTEP_RATE_LIMIT batches per second, else 429 + Retry-After.
 
 A fixed one-second window counted in Redis (INCR + EXPIRE in one round trip), shared by every
-ingest process. If Redis is unreachable the limiter lets requests through: shedding is a
-protection, and refusing all ingest because the counter is down would lose more than it saves.
+ingest process. The same round trip is the broker's health check: while Redis is unreachable the
+batch is refused with 503 + Retry-After before anything is stored. Accepting would build a
+backlog nobody settles or sheds (no detection, no live alerts, no rate limit); refusing costs
+nothing, because the agent keeps the batch in its spool and resends it.
 """
 from __future__ import annotations
 
@@ -27,17 +29,20 @@ def client() -> redis.Redis:
     return _client
 
 
+class BrokerDown(Exception):
+    """Redis did not answer: the caller refuses the batch with 503."""
+
+
 def over_limit(project_id: int) -> bool:
-    limit = settings.LOCKSTEP_RATE_LIMIT
-    if limit <= 0:
-        return False
+    """Count this batch in the project's window; raises BrokerDown when Redis is unreachable."""
     key = f"lockstep:rate:{project_id}:{int(time.time())}"
     try:
         pipe = client().pipeline(transaction=False)
         pipe.incr(key)
         pipe.expire(key, 2)
         count, _ = pipe.execute()
-    except redis.RedisError:
-        log.warning("rate limiter unavailable; admitting", exc_info=True)
-        return False
-    return count > limit
+    except redis.RedisError as exc:
+        log.warning("Redis unavailable: %s", exc)
+        raise BrokerDown(str(exc)) from exc
+    limit = settings.LOCKSTEP_RATE_LIMIT
+    return 0 < limit < count

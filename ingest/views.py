@@ -3,8 +3,8 @@
 Error contract (DESIGN 3.2): 400 malformed (with the failing path), 401 bad token, 403 another
 project's run, 409 same (session, seq) with other content, 413 too large, 415 wrong content
 type, 429 + Retry-After when a project sends faster than LOCKSTEP_RATE_LIMIT, 503 +
-Retry-After while PostgreSQL is unreachable (the batch was not accepted: the agent keeps it and
-resends). Bad input never reaches the database and never yields a 500.
+Retry-After while PostgreSQL or Redis is unreachable (the batch was not accepted: the agent keeps
+it and resends). Bad input never reaches the database and never yields a 500.
 """
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ def _guarded(handler: Callable[[HttpRequest], JsonResponse], request: HttpReques
     except Rejection as rejection:
         retry = 1 if rejection.status == 429 else None
         response = error(rejection.status, rejection.error, rejection.path, retry)
+    except ratelimit.BrokerDown:
+        response = error(503, "broker unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
     except (OperationalError, InterfaceError) as exc:
         writers.forget_runs()
         log.warning("database unavailable: %s", exc)

@@ -38,13 +38,21 @@ def test_rate_limit_is_429_with_retry_after_and_stores_nothing(post, settings):
 
 
 @pytest.mark.django_db
-def test_redis_down_does_not_block_ingest(post, settings, monkeypatch):
-    settings.LOCKSTEP_RATE_LIMIT = 1
+def test_redis_down_is_503_with_retry_after_and_stores_nothing(post, settings, monkeypatch):
+    settings.LOCKSTEP_RATE_LIMIT = 0  # the broker check does not depend on the limit being on
+    redis_url = settings.REDIS_URL
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     monkeypatch.setattr(ratelimit, "_client", None)
     started = time.monotonic()
-    assert [post(make_batch(seq=i)).status_code for i in range(3)] == [200, 200, 200]
+    answers = [post(make_batch(seq=i)) for i in range(3)]
+    assert [a.status_code for a in answers] == [503, 503, 503]
+    assert answers[0]["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER) and "broker" in answers[0].json()["error"]
     assert time.monotonic() - started < 5  # no retry backoff per request
+    assert IngestBatch.objects.count() == 0
+    monkeypatch.undo()  # Redis is back: the resent batch is accepted once
+    settings.REDIS_URL = redis_url
+    assert post(make_batch(seq=0)).json()["duplicate"] is False
+    assert IngestBatch.objects.count() == 1
 
 
 @pytest.mark.django_db
