@@ -24,6 +24,8 @@ add (the column table is loaded once per row block), which lets a kernel run nea
 
 Implementations, chosen per tensor and device, all giving the same sums:
 - `_lane_sums_eager`: plain torch ops (reference; always available).
+- native (CPU): `fingerprint_native.c` via ctypes, all of a step's tensors in one call
+  (`agents/fingerprint_native.py` says why it beats the Inductor kernel on the CPU).
 - segmented: many small tensors concatenated into one buffer, per-tensor sums with one
   `index_add_` (layout arrays cached), so a step with hundreds of parameters costs a dozen ops.
 - compiled: an Inductor kernel over the [rows, 4096] view (dynamic rows, one compile), compiled
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agents import protocol
+from agents import fingerprint_native, protocol
 
 ALGO = protocol.FINGERPRINT_ALGO
 MASK64 = (1 << 64) - 1
@@ -245,11 +247,38 @@ def _lane_sums_triton(x: torch.Tensor) -> torch.Tensor:
     return out.sum(dim=0)
 
 
+# --- native path (CPU) --------------------------------------------------------------------------
+def _span(t: torch.Tensor, keep: list[torch.Tensor]) -> tuple[int, int]:
+    """(address, words) of a CPU tensor's bytes: in place when contiguous, aligned and a whole number
+    of words (the bytes are then exactly `_words(t)`'s), else of a padded copy kept in `keep`."""
+    nbytes = t.numel() * t.element_size()
+    if t.is_contiguous() and nbytes % 4 == 0 and t.data_ptr() % 4 == 0:
+        return t.data_ptr(), nbytes // 4
+    words = _words(t)
+    keep.append(words)
+    return words.data_ptr(), words.numel()
+
+
+def _native_many(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """int64 [len(tensors), 2] lane sums of CPU tensors' bytes, one native call, no concatenation."""
+    keep: list[torch.Tensor] = []
+    spans = [_span(t, keep) for t in tensors]
+    return fingerprint_native.lane_sums(spans, _column_weights(torch.device("cpu")), (_LANES[0][2], _LANES[1][2]))
+
+
+def _lane_sums_native(x: torch.Tensor) -> torch.Tensor:
+    if x.device.type != "cpu":
+        raise RuntimeError("the native fingerprint runs on the CPU")
+    return _native_many([x])[0]
+
+
 # --- choosing a path ----------------------------------------------------------------------------
 def _fast_paths(device: torch.device) -> list[tuple[str, object]]:
     paths = []
     if device.type == "cuda" and os.environ.get("LOCKSTEP_FP_TRITON", "1") != "0":
         paths.append(("triton", _lane_sums_triton))
+    if device.type == "cpu":
+        paths.append(("native", _lane_sums_native))
     paths.append(("compiled", _lane_sums_compiled))
     return paths
 
@@ -440,6 +469,11 @@ def per_tensor_lane_sums(tensors: list[torch.Tensor | None]) -> torch.Tensor:
     """int64 [len(tensors), 2]; None -> zeros. Small tensors batched per device, big ones alone."""
     present = [t for t in tensors if t is not None]
     device = present[0].device if present else torch.device("cpu")
+    if present and all(t.device.type == "cpu" for t in present) and _verify("native", _lane_sums_native, device):
+        try:
+            return _per_tensor_native(tensors)
+        except Exception:
+            _verified[("native", "cpu")] = False
     out: list[torch.Tensor | None] = [None] * len(tensors)
     small: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for i, t in enumerate(tensors):
@@ -458,6 +492,13 @@ def per_tensor_lane_sums(tensors: list[torch.Tensor | None]) -> torch.Tensor:
     if not tensors:
         return torch.zeros(0, 2, dtype=torch.int64)
     return torch.stack([o if o is not None else zero for o in out])
+
+
+def _per_tensor_native(tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    present = [i for i, t in enumerate(tensors) if t is not None]
+    out = torch.zeros(len(tensors), 2, dtype=torch.int64)
+    out[present] = _native_many([tensors[i] for i in present])
+    return out
 
 
 def bucket_fingerprints(

@@ -5,9 +5,9 @@
 Prints one table row per (device, path): GB/s of the fingerprint, GB/s of float32 sum over the
 same tensor, and the ratio. Timings are interleaved (sum, fp, sum, ...) and the best of
 `--repeat` runs is kept for each, so a noisy shared machine hurts both sides alike. On CUDA,
-times come from CUDA events. Paths: `agent` (what the agent uses: Triton on CUDA, else the
-Inductor-compiled kernel), `compiled`, `eager` (the torch-ops reference), `segmented` (many
-small tensors batched, as for small parameters).
+times come from CUDA events. Paths: `agent` (what the agent uses: Triton on CUDA, the native
+kernel on the CPU, else the Inductor-compiled one), `native`, `compiled`, `eager` (the
+torch-ops reference), `segmented` (~4k small tensors in one call, as a step's parameters are).
 """
 from __future__ import annotations
 
@@ -48,13 +48,14 @@ def measure(device: torch.device, mb: int, repeat: int, paths: list[str]) -> lis
     small = list(x[: (1 << 22)].split(1000))  # ~4k tensors of 1000 floats
     fns = {
         "agent": lambda: F.lane_sums_words(words),
+        "native": lambda: F._lane_sums_native(words),
         "compiled": lambda: F._lane_sums_compiled(words),
         "triton": lambda: F._lane_sums_triton(words),
     }
-    checks = {"compiled": F._lane_sums_compiled, "triton": F._lane_sums_triton}
+    checks = {"native": F._lane_sums_native, "compiled": F._lane_sums_compiled, "triton": F._lane_sums_triton}
     fns |= {
         "eager": lambda: F._lane_sums_eager(words),
-        "segmented": lambda: F.segmented_lane_sums([t.view(torch.int32) for t in small]),
+        "segmented": lambda: F.per_tensor_lane_sums(small),
     }
     rows = []
     for name in paths:
@@ -82,14 +83,14 @@ def main() -> None:
     p.add_argument("--mb", type=int, default=256)
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--device", default="all", help="cpu, cuda or all (cuda when available)")
-    p.add_argument("--paths", default="agent,compiled,triton,eager", help="comma-separated")
+    p.add_argument("--paths", default="agent,native,compiled,triton,eager", help="comma-separated")
     args = p.parse_args()
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d != "cuda" or torch.cuda.is_available()]
     print(f"torch {torch.__version__}, {args.mb} MiB float32, best of {args.repeat}, algo {F.ALGO}")
     print(f"{'device':<7} {'path':<10} {'fp GB/s':>10} {'sum GB/s':>10} {'ratio':>6}")
     for d in devices:
-        paths = [q for q in args.paths.split(",") if q != "triton" or d == "cuda"]
+        paths = [q for q in args.paths.split(",") if (q != "triton" or d == "cuda") and (q != "native" or d == "cpu")]
         for row in measure(torch.device(d), args.mb, args.repeat, paths):
             if row[3] == "":
                 print(f"{row[0]:<7} {row[1]:<10} {row[2]}")

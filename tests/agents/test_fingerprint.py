@@ -98,6 +98,37 @@ def test_compiled_and_segmented_paths_equal_the_reference():
     assert F._verified.get(("compiled", "cpu")) is True
 
 
+def test_native_kernel_equals_the_reference_for_every_layout(monkeypatch):
+    """Full row pairs, a single full row, partial rows, empty tensors, odd byte counts, copies of
+    non-contiguous views, and big tensors split by rows over threads."""
+    import agents.fingerprint as F
+    from agents import fingerprint_native
+
+    assert fingerprint_native.available()
+    tensors = [_words(n, n) for n in (0, 1, 7, 4095, 4096, 4097, 2 * 4096, 3 * 4096 + 17)]
+    tensors += [torch.randn(3, 5).t(), torch.ones(7, dtype=torch.bfloat16), torch.tensor([True, False, True]),
+                torch.randn(4, dtype=torch.complex64)]
+    expected = torch.stack([F._lane_sums_eager(F._words(t)) for t in tensors])
+    assert torch.equal(_mod32(F._native_many(tensors)), _mod32(expected))
+    big = _words((1 << 20) + 3 * 4096 + 5, 9)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert len(fingerprint_native._pieces([(big.data_ptr(), big.numel())], 3)) == 3
+    assert torch.equal(_mod32(F._lane_sums_native(big)), _mod32(F._lane_sums_eager(big)))
+
+
+def test_without_the_native_kernel_the_values_do_not_change(monkeypatch):
+    import agents.fingerprint as F
+    from agents import fingerprint_native
+
+    tensors = [torch.randn(n) for n in (5, 5000, 70000)] + [None]
+    native = F.per_tensor_lane_sums(tensors)
+    assert F._verified[("native", "cpu")] is True
+    monkeypatch.setattr(fingerprint_native, "_lib", False)  # no compiler on this machine
+    monkeypatch.setattr(F, "_verified", {})
+    assert torch.equal(_mod32(F.per_tensor_lane_sums(tensors)), _mod32(native))
+    assert F._verified[("native", "cpu")] is False
+
+
 def test_big_tensor_uses_fast_path_and_agrees(monkeypatch):
     import agents.fingerprint as F
 
@@ -114,7 +145,7 @@ def test_agent_kernels_never_show_up_as_user_compiles(monkeypatch):
     from agents.capture import CompileCapture, install, uninstall
 
     monkeypatch.setattr(F, "_compiled", {})
-    monkeypatch.setattr(F, "_verified", {})
+    monkeypatch.setattr(F, "_verified", {("native", "cpu"): False})  # the Inductor kernel is the one at risk
     monkeypatch.setattr(F, "_layout_cache", {})
     events: list = []
     handler = CompileCapture(events.append, lambda: 0)

@@ -1,0 +1,160 @@
+"""CPU fast path of the fingerprint: `fingerprint_native.c`, compiled once per machine, called via ctypes.
+
+Why not Inductor: its vectorized int32 loop for the same sums ran at 0.15-0.40x of `tensor.sum()`
+on a 2-core EPYC (one row at a time, masked tails); this loop (two rows per pass, so the column
+weights are loaded once per pair) runs near memory speed, and one call takes all of a step's
+tensors without concatenating them. ctypes releases the GIL during the call, so large tensors
+are split by rows over torch's intra-op thread count, as `tensor.sum()` is.
+
+Built with the C compiler Inductor needs anyway (`$CC`, else cc or gcc) into `$LOCKSTEP_CACHE_DIR`
+(default ~/.cache/lockstep), keyed by source, compiler and the CPU's feature flags (the build
+uses -march=native, so a cache shared between unlike machines must never hand out a foreign
+binary). Any failure leaves the Inductor and eager paths; `LOCKSTEP_FP_NATIVE=0` skips it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("fingerprint_native.c")
+COLS = 4096
+SPLIT_WORDS = 1 << 20  # below this (4 MiB) a call stays on the calling thread
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None | bool = None  # False: tried and failed
+_pool: ThreadPoolExecutor | None = None
+
+
+def _cpu_identity() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    lines = [line for line in text.splitlines() if line.startswith(("flags", "model name", "Features", "CPU part"))]
+    return platform.machine() + "\n" + "\n".join(sorted(set(lines)))
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("LOCKSTEP_CACHE_DIR") or Path.home() / ".cache" / "lockstep")
+
+
+def _compile(out: Path) -> bool:
+    source = SOURCE.read_bytes()
+    compilers = [c for c in (os.environ.get("CC"), "cc", "gcc") if c]
+    for flags in (["-O3", "-march=native"], ["-O3"]):
+        for cc in compilers:
+            key = hashlib.sha256(b"\0".join([source, " ".join([cc, *flags]).encode(), _cpu_identity().encode()]))
+            target = out / f"fingerprint-{key.hexdigest()[:16]}.so"
+            if target.exists():
+                return _load(target)
+            out.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=out) as tmp:
+                built = Path(tmp) / target.name
+                try:
+                    done = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(built), str(SOURCE)],
+                                          capture_output=True, timeout=60)
+                except (OSError, subprocess.SubprocessError):
+                    continue
+                if done.returncode == 0:
+                    os.replace(built, target)  # atomic: ranks building at once each install a whole file
+                    return _load(target)
+    return False
+
+
+def _load(path: Path) -> bool:
+    global _lib
+    lib = ctypes.CDLL(str(path))
+    fn = lib.lockstep_lane_sums
+    fn.restype = None
+    fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p]
+    _lib = lib
+    return True
+
+
+def available() -> bool:
+    """Build or load the kernel once per process; False when it cannot be had."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                ok = False
+                if os.environ.get("LOCKSTEP_FP_NATIVE", "1") != "0":
+                    try:
+                        ok = _compile(_cache_dir())
+                    except OSError:
+                        ok = False
+                if not ok:
+                    _lib = False
+    return bool(_lib)
+
+
+def _workers() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        with _lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="lockstep-fp")
+    return _pool
+
+
+def _pieces(spans: list[tuple[int, int]], threads: int) -> list[tuple[int, int, int, int, int]]:
+    """(span index, data pointer, words, first row, end row): big spans cut into `threads` row ranges."""
+    pieces = []
+    for j, (ptr, n) in enumerate(spans):
+        rows = (n + COLS - 1) // COLS
+        if n < SPLIT_WORDS or threads == 1:
+            pieces.append((j, ptr, n, 0, rows))
+            continue
+        step = -(-rows // threads)
+        pieces.extend((j, ptr, n, first, min(rows, first + step)) for first in range(0, rows, step))
+    return pieces
+
+
+def _groups(pieces: list[tuple], threads: int) -> list[tuple[int, int]]:
+    """Contiguous [begin, end) ranges of pieces with about equal work, one per thread."""
+    total = sum((p[4] - p[3]) for p in pieces) or 1
+    bounds, acc, begin = [], 0, 0
+    for i, p in enumerate(pieces):
+        acc += p[4] - p[3]
+        if acc * threads >= total * (len(bounds) + 1) and len(bounds) < threads - 1:
+            bounds.append((begin, i + 1))
+            begin = i + 1
+    if begin < len(pieces):
+        bounds.append((begin, len(pieces)))
+    return bounds
+
+
+def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int]) -> torch.Tensor:
+    """int64 [len(spans), 2] lane sums (low 32 bits meaningful) of (address, words) spans of
+    32-bit words in CPU memory; the caller keeps the memory alive during the call."""
+    if not available():
+        raise RuntimeError("native fingerprint kernel unavailable")
+    total = sum(n for _, n in spans)
+    threads = max(1, torch.get_num_threads()) if total >= SPLIT_WORDS else 1
+    pieces = _pieces(spans, threads)
+    table = torch.tensor([p[1:] for p in pieces], dtype=torch.int64).t().contiguous()  # [4, pieces]
+    out = torch.empty(len(pieces), 2, dtype=torch.int64)
+    colw = colw.contiguous()
+    fn = _lib.lockstep_lane_sums
+
+    def run(begin: int, end: int) -> None:
+        fn(end - begin, *(table[k].data_ptr() + 8 * begin for k in range(4)), colw.data_ptr(),
+           row_mults[0], row_mults[1], out.data_ptr() + 16 * begin)
+
+    groups = _groups(pieces, threads) if threads > 1 else [(0, len(pieces))]
+    futures = [_workers().submit(run, *g) for g in groups[1:]]
+    run(*groups[0])
+    for future in futures:
+        future.result()
+    if len(pieces) == len(spans):
+        return out
+    index = torch.tensor([p[0] for p in pieces], dtype=torch.int64)
+    return torch.zeros(len(spans), 2, dtype=torch.int64).index_add_(0, index, out)
