@@ -188,7 +188,6 @@ def _lane_sums_compiled(x: torch.Tensor) -> torch.Tensor:
 
 
 # --- Triton path (CUDA) -----------------------------------------------------------------------
-_TRITON_BLOCK = COLS
 _TRITON_ITERS = int(os.environ.get("LOCKSTEP_FP_TRITON_ITERS", "16"))
 _TRITON_WARPS = int(os.environ.get("LOCKSTEP_FP_TRITON_WARPS", "8"))
 
@@ -202,29 +201,34 @@ def _triton_kernel():
         import triton.language as tl
 
         @triton.jit
-        def fp_kernel(x_ptr, colw_ptr, out_ptr, n, R0: tl.constexpr, R1: tl.constexpr,
-                      BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        def fp_kernel(x_ptr, colw_ptr, out_ptr, n, row_base, R0: tl.constexpr, R1: tl.constexpr,
+                      BLOCK: tl.constexpr, ITERS: tl.constexpr, MASKED: tl.constexpr):
             # BLOCK == COLS: every iteration covers exactly one row, so the column weights are
-            # loaded once per program and the row weight is one scalar per iteration.
+            # loaded once per program and the row weight is one scalar per iteration. The bulk
+            # launch covers whole groups of ITERS full rows with no masks at all; a second, masked
+            # launch takes the remaining rows.
             pid = tl.program_id(0)
             offs = tl.arange(0, BLOCK)
             c0 = tl.load(colw_ptr + offs)
             c1 = tl.load(colw_ptr + BLOCK + offs)
             acc0 = tl.zeros([BLOCK], dtype=tl.int32)  # wrapping: sums are taken mod 2^32
             acc1 = tl.zeros([BLOCK], dtype=tl.int32)
-            row0 = pid.to(tl.int64) * ITERS
+            row0 = row_base + pid.to(tl.int64) * ITERS
             for it in range(ITERS):
                 row = row0 + it
                 pos = row * BLOCK + offs
-                mask = pos < n
-                x = tl.load(x_ptr + pos, mask=mask, other=0)
                 r = row.to(tl.int32)
                 w0 = (c0 + r * R0).to(tl.int32)
                 w1 = (c1 + r * R1).to(tl.int32)
-                t0 = ((x ^ w0) * (w0 | 1)).to(tl.int32)
-                t1 = ((x ^ w1) * (w1 | 1)).to(tl.int32)
-                acc0 += tl.where(mask, t0, 0)
-                acc1 += tl.where(mask, t1, 0)
+                if MASKED:
+                    mask = pos < n
+                    x = tl.load(x_ptr + pos, mask=mask, other=0)
+                    acc0 += tl.where(mask, ((x ^ w0) * (w0 | 1)).to(tl.int32), 0)
+                    acc1 += tl.where(mask, ((x ^ w1) * (w1 | 1)).to(tl.int32), 0)
+                else:
+                    x = tl.load(x_ptr + pos, eviction_policy="evict_first")
+                    acc0 += ((x ^ w0) * (w0 | 1)).to(tl.int32)
+                    acc1 += ((x ^ w1) * (w1 | 1)).to(tl.int32)
             tl.store(out_ptr + pid * 2, tl.sum(acc0.to(tl.int64), axis=0))
             tl.store(out_ptr + pid * 2 + 1, tl.sum(acc1.to(tl.int64), axis=0))
 
@@ -239,11 +243,16 @@ def _lane_sums_triton(x: torch.Tensor) -> torch.Tensor:
     if kernel is None or x.device.type != "cuda":
         raise RuntimeError("triton fingerprint unavailable")
     n = x.numel()
-    per = _TRITON_BLOCK * _TRITON_ITERS
-    grid = max(1, (n + per - 1) // per)
-    out = torch.empty(grid, 2, dtype=torch.int64, device=x.device)
-    kernel[(grid,)](x, _column_weights(x.device), out, n, R0=_s32(_LANES[0][2]), R1=_s32(_LANES[1][2]),
-                    BLOCK=_TRITON_BLOCK, ITERS=_TRITON_ITERS, num_warps=_TRITON_WARPS)
+    bulk = (n // COLS) // _TRITON_ITERS  # programs of ITERS full rows each
+    rest = -(-(n - bulk * _TRITON_ITERS * COLS) // (COLS * _TRITON_ITERS))
+    out = torch.empty(bulk + rest, 2, dtype=torch.int64, device=x.device)
+    colw = _column_weights(x.device)
+    consts = dict(R0=_s32(_LANES[0][2]), R1=_s32(_LANES[1][2]), BLOCK=COLS, ITERS=_TRITON_ITERS,
+                  num_warps=_TRITON_WARPS)
+    if bulk:
+        kernel[(bulk,)](x, colw, out, n, 0, MASKED=False, **consts)
+    if rest:
+        kernel[(rest,)](x, colw, out[bulk:], n, bulk * _TRITON_ITERS, MASKED=True, **consts)
     return out.sum(dim=0)
 
 
