@@ -189,7 +189,7 @@ def _lane_sums_compiled(x: torch.Tensor) -> torch.Tensor:
 
 # --- Triton path (CUDA) -----------------------------------------------------------------------
 _TRITON_ITERS = int(os.environ.get("LOCKSTEP_FP_TRITON_ITERS", "16"))
-_TRITON_WARPS = int(os.environ.get("LOCKSTEP_FP_TRITON_WARPS", "8"))
+_TRITON_WARPS = int(os.environ.get("LOCKSTEP_FP_TRITON_WARPS", "16"))
 
 
 def _triton_kernel():
@@ -268,17 +268,20 @@ def _span(t: torch.Tensor, keep: list[torch.Tensor]) -> tuple[int, int]:
     return words.data_ptr(), words.numel()
 
 
-def _native_many(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """int64 [len(tensors), 2] lane sums of CPU tensors' bytes, one native call, no concatenation."""
+def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lane sums int64 [len(tensors), 2] of CPU tensors' bytes in one native call, no concatenation;
+    with `stats`, float32 tensors also get their sum of squares and non-finite count."""
     keep: list[torch.Tensor] = []
     spans = [_span(t, keep) for t in tensors]
-    return fingerprint_native.lane_sums(spans, _column_weights(torch.device("cpu")), (_LANES[0][2], _LANES[1][2]))
+    flags = [t.dtype == torch.float32 for t in tensors] if stats else None
+    return fingerprint_native.lane_sums(spans, _column_weights(torch.device("cpu")), (_LANES[0][2], _LANES[1][2]),
+                                        flags)
 
 
 def _lane_sums_native(x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu":
         raise RuntimeError("the native fingerprint runs on the CPU")
-    return _native_many([x])[0]
+    return _native_many([x])[0][0]
 
 
 # --- choosing a path ----------------------------------------------------------------------------
@@ -476,13 +479,41 @@ def start_copy(device_words: torch.Tensor) -> tuple[torch.Tensor, object | None]
 
 def per_tensor_lane_sums(tensors: list[torch.Tensor | None]) -> torch.Tensor:
     """int64 [len(tensors), 2]; None -> zeros. Small tensors batched per device, big ones alone."""
+    return lane_sums_and_stats(tensors, stats=False)[0]
+
+
+def _native_ok(present: list[torch.Tensor]) -> bool:
+    return bool(present) and all(t.device.type == "cpu" for t in present) and \
+        _verify("native", _lane_sums_native, torch.device("cpu"))
+
+
+def lane_sums_and_stats(tensors: list[torch.Tensor | None], stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-tensor lane sums, plus (with `stats`, when the native kernel can take every tensor:
+    float32 on the CPU) gradient statistics from the same pass: int64 [2] = the float64 bits of
+    the sum of squares and the number of tensors holding a non-finite value. None means the
+    caller computes the statistics itself."""
     present = [t for t in tensors if t is not None]
-    device = present[0].device if present else torch.device("cpu")
-    if present and all(t.device.type == "cpu" for t in present) and _verify("native", _lane_sums_native, device):
+    if _native_ok(present):
         try:
-            return _per_tensor_native(tensors)
+            return _per_tensor_native(tensors, stats and all(t.dtype == torch.float32 for t in present))
         except Exception:
             _verified[("native", "cpu")] = False
+    return _per_tensor_generic(tensors), None
+
+
+def _per_tensor_native(tensors: list[torch.Tensor | None], stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    present = [i for i, t in enumerate(tensors) if t is not None]
+    out = torch.zeros(len(tensors), 2, dtype=torch.int64)
+    sums, squares, nonfinite = _native_many([tensors[i] for i in present], stats)
+    out[present] = sums
+    if not stats:
+        return out, None
+    return out, torch.stack([squares.sum().view(torch.int64), (nonfinite > 0).sum()])
+
+
+def _per_tensor_generic(tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    present = [t for t in tensors if t is not None]
+    device = present[0].device if present else torch.device("cpu")
     out: list[torch.Tensor | None] = [None] * len(tensors)
     small: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for i, t in enumerate(tensors):
@@ -503,25 +534,20 @@ def per_tensor_lane_sums(tensors: list[torch.Tensor | None]) -> torch.Tensor:
     return torch.stack([o if o is not None else zero for o in out])
 
 
-def _per_tensor_native(tensors: list[torch.Tensor | None]) -> torch.Tensor:
-    present = [i for i, t in enumerate(tensors) if t is not None]
-    out = torch.zeros(len(tensors), 2, dtype=torch.int64)
-    out[present] = _native_many([tensors[i] for i in present])
-    return out
-
-
 def bucket_fingerprints(
     tensors: list[torch.Tensor | None],
     nbuckets: int = 16,
     buckets: list[list[int]] | None = None,
     extra: torch.Tensor | None = None,
+    sums: torch.Tensor | None = None,
 ) -> Pending:
     """Per-tensor lane sums on the device into one int64 tensor, then one async copy.
 
     `None` entries (parameters without a gradient) get the fingerprint of "no tensor".
-    `extra` (int64 words) rides along in the same copy.
+    `extra` (int64 words) rides along in the same copy; `sums` are lane sums already taken.
     """
-    sums = per_tensor_lane_sums(tensors)
+    if sums is None:
+        sums = per_tensor_lane_sums(tensors)
     words = sums.reshape(-1)
     if extra is not None:
         words = torch.cat([words, extra.to(device=words.device, dtype=torch.int64).reshape(-1)])

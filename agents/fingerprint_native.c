@@ -4,34 +4,74 @@
  * word i of a row with index r (counted from the tensor's start) has the weight
  * w_l = colw_l[i] + r * R_l, and adds (x ^ w_l) * (w_l | 1) to lane l, mod 2^32.
  * Rows go two at a time so each column weight is loaded once per pair: with both lanes'
- * 16 KiB tables that keeps the loop near memory speed. */
+ * 16 KiB tables that keeps the loop near memory speed.
+ *
+ * With `stats` set for a piece (float32 gradients), the same pass also sums the squares of the
+ * values (float lanes per row, double across rows) and counts non-finite elements (exponent
+ * bits all ones), so the gradient norm and NaN/inf check cost no second read of the memory. */
 #include <stdint.h>
 #include <string.h>
 
 #define COLS 4096
 #define W 8
+#define INLINE static inline __attribute__((always_inline))
 
 /* GCC/Clang vector extensions: 8 x u32 (AVX2 where -march=native has it, else narrower or
  * scalar code, same results). Written out because auto-vectorizing the plain loop kept the
  * accumulators in memory (3x slower). */
 typedef uint32_t v8 __attribute__((vector_size(4 * W)));
+typedef int32_t v8i __attribute__((vector_size(4 * W)));
+typedef float v8f __attribute__((vector_size(4 * W)));
 
-static inline v8 load8(const uint32_t *p) {
+typedef struct {
+    uint32_t s0, s1; /* the two lane sums, mod 2^32 */
+    double sq;       /* sum of squares (stats only) */
+    int64_t nonfinite;
+} Acc;
+
+INLINE v8 load8(const uint32_t *p) {
     v8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline uint32_t hsum(v8 v) {
+INLINE uint32_t hsum(v8 v) {
     uint32_t s = 0;
     for (int k = 0; k < W; k++) s += v[k];
     return s;
 }
 
-static void row_pair(const uint32_t *restrict xa, const uint32_t *restrict xb, const uint32_t *restrict c0,
-                     const uint32_t *restrict c1, uint32_t ra0, uint32_t ra1, uint32_t R0, uint32_t R1,
-                     uint32_t *s0, uint32_t *s1) {
+INLINE double hsumf(v8f v) {
+    double s = 0;
+    for (int k = 0; k < W; k++) s += v[k];
+    return s;
+}
+
+INLINE int64_t hsumi(v8i v) {
+    int64_t s = 0;
+    for (int k = 0; k < W; k++) s += v[k];
+    return s;
+}
+
+INLINE void stats8(v8 v, v8f *sq, v8i *nf) {
+    v8f f = (v8f)v;
+    *sq += f * f;
+    *nf -= (v8i)((v & 0x7f800000u) == 0x7f800000u); /* true is -1 */
+}
+
+INLINE void stats1(uint32_t v, Acc *a) {
+    float f;
+    memcpy(&f, &v, sizeof f);
+    a->sq += (double)f * f;
+    a->nonfinite += (v & 0x7f800000u) == 0x7f800000u;
+}
+
+INLINE void row_pair(const uint32_t *restrict xa, const uint32_t *restrict xb, const uint32_t *restrict c0,
+                     const uint32_t *restrict c1, uint32_t ra0, uint32_t ra1, uint32_t R0, uint32_t R1, Acc *acc,
+                     const int stats) {
     v8 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, w;
+    v8f sq = {0};
+    v8i nf = {0};
     uint32_t rb0 = ra0 + R0, rb1 = ra1 + R1;
     for (int c = 0; c < COLS; c += W) {
         v8 u0 = load8(c0 + c), u1 = load8(c1 + c), va = load8(xa + c), vb = load8(xb + c);
@@ -39,45 +79,71 @@ static void row_pair(const uint32_t *restrict xa, const uint32_t *restrict xb, c
         w = u1 + ra1; a1 += (va ^ w) * (w | 1u);
         w = u0 + rb0; b0 += (vb ^ w) * (w | 1u);
         w = u1 + rb1; b1 += (vb ^ w) * (w | 1u);
+        if (stats) {
+            stats8(va, &sq, &nf);
+            stats8(vb, &sq, &nf);
+        }
     }
-    *s0 += hsum(a0 + b0);
-    *s1 += hsum(a1 + b1);
+    acc->s0 += hsum(a0 + b0);
+    acc->s1 += hsum(a1 + b1);
+    if (stats) {
+        acc->sq += hsumf(sq);
+        acc->nonfinite += hsumi(nf);
+    }
 }
 
-static void row_one(const uint32_t *restrict x, int64_t len, const uint32_t *restrict c0, const uint32_t *restrict c1,
-                    uint32_t r0, uint32_t r1, uint32_t *s0, uint32_t *s1) {
+INLINE void row_one(const uint32_t *restrict x, int64_t len, const uint32_t *restrict c0, const uint32_t *restrict c1,
+                    uint32_t r0, uint32_t r1, Acc *acc, const int stats) {
     v8 a0 = {0}, a1 = {0}, w;
+    v8f sq = {0};
+    v8i nf = {0};
     int64_t c = 0;
     for (; c + W <= len; c += W) {
         v8 v = load8(x + c);
         w = load8(c0 + c) + r0; a0 += (v ^ w) * (w | 1u);
         w = load8(c1 + c) + r1; a1 += (v ^ w) * (w | 1u);
+        if (stats) stats8(v, &sq, &nf);
     }
-    uint32_t t0 = hsum(a0), t1 = hsum(a1);
+    acc->s0 += hsum(a0);
+    acc->s1 += hsum(a1);
+    if (stats) {
+        acc->sq += hsumf(sq);
+        acc->nonfinite += hsumi(nf);
+    }
     for (; c < len; c++) {
         uint32_t w0 = c0[c] + r0, w1 = c1[c] + r1;
-        t0 += (x[c] ^ w0) * (w0 | 1u);
-        t1 += (x[c] ^ w1) * (w1 | 1u);
+        acc->s0 += (x[c] ^ w0) * (w0 | 1u);
+        acc->s1 += (x[c] ^ w1) * (w1 | 1u);
+        if (stats) stats1(x[c], acc);
     }
-    *s0 += t0;
-    *s1 += t1;
 }
 
+INLINE void piece(const uint32_t *x, int64_t n, int64_t r, int64_t end, const uint32_t *c0, const uint32_t *c1,
+                  uint32_t R0, uint32_t R1, Acc *acc, const int stats) {
+    int64_t full = n / COLS, stop = end < full ? end : full;
+    for (; r + 1 < stop; r += 2)
+        row_pair(x + r * COLS, x + (r + 1) * COLS, c0, c1, (uint32_t)r * R0, (uint32_t)r * R1, R0, R1, acc, stats);
+    for (; r < end; r++) {
+        int64_t len = n - r * COLS;
+        row_one(x + r * COLS, len < COLS ? len : COLS, c0, c1, (uint32_t)r * R0, (uint32_t)r * R1, acc, stats);
+    }
+}
+
+/* out[4 * i ...]: lane sum 0, lane sum 1, the bits of the double sum of squares, non-finite count. */
 void lockstep_lane_sums(int64_t npieces, const int64_t *ptrs, const int64_t *nwords, const int64_t *row_begin,
-                        const int64_t *row_end, const uint32_t *colw, uint32_t R0, uint32_t R1, int64_t *out) {
+                        const int64_t *row_end, const int64_t *stats, const uint32_t *colw, uint32_t R0, uint32_t R1,
+                        int64_t *out) {
     const uint32_t *c0 = colw, *c1 = colw + COLS;
     for (int64_t i = 0; i < npieces; i++) {
         const uint32_t *x = (const uint32_t *)(intptr_t)ptrs[i];
-        int64_t n = nwords[i], r = row_begin[i], end = row_end[i], full = n / COLS;
-        int64_t stop = end < full ? end : full;
-        uint32_t s0 = 0, s1 = 0;
-        for (; r + 1 < stop; r += 2)
-            row_pair(x + r * COLS, x + (r + 1) * COLS, c0, c1, (uint32_t)r * R0, (uint32_t)r * R1, R0, R1, &s0, &s1);
-        for (; r < end; r++) {
-            int64_t len = n - r * COLS;
-            row_one(x + r * COLS, len < COLS ? len : COLS, c0, c1, (uint32_t)r * R0, (uint32_t)r * R1, &s0, &s1);
-        }
-        out[2 * i] = s0;
-        out[2 * i + 1] = s1;
+        Acc acc = {0, 0, 0.0, 0};
+        if (stats[i])
+            piece(x, nwords[i], row_begin[i], row_end[i], c0, c1, R0, R1, &acc, 1);
+        else
+            piece(x, nwords[i], row_begin[i], row_end[i], c0, c1, R0, R1, &acc, 0);
+        out[4 * i] = acc.s0;
+        out[4 * i + 1] = acc.s1;
+        memcpy(&out[4 * i + 2], &acc.sq, sizeof acc.sq);
+        out[4 * i + 3] = acc.nonfinite;
     }
 }

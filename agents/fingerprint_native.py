@@ -74,7 +74,7 @@ def _load(path: Path) -> bool:
     lib = ctypes.CDLL(str(path))
     fn = lib.lockstep_lane_sums
     fn.restype = None
-    fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 6, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p]
     _lib = lib
     return True
 
@@ -132,29 +132,35 @@ def _groups(pieces: list[tuple], threads: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int]) -> torch.Tensor:
-    """int64 [len(spans), 2] lane sums (low 32 bits meaningful) of (address, words) spans of
-    32-bit words in CPU memory; the caller keeps the memory alive during the call."""
+def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int],
+              stats: list[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lane sums of (address, words) spans of 32-bit words in CPU memory (the caller keeps the
+    memory alive): int64 [len(spans), 2] (low 32 bits meaningful), and for the spans flagged in
+    `stats` (float32 data) the float64 sum of squares and the int64 count of non-finite values
+    (zeros elsewhere)."""
     if not available():
         raise RuntimeError("native fingerprint kernel unavailable")
     total = sum(n for _, n in spans)
     threads = max(1, torch.get_num_threads()) if total >= SPLIT_WORDS else 1
     pieces = _pieces(spans, threads)
-    table = torch.tensor([p[1:] for p in pieces], dtype=torch.int64).t().contiguous()  # [4, pieces]
-    out = torch.empty(len(pieces), 2, dtype=torch.int64)
+    flags = stats or [False] * len(spans)
+    table = torch.tensor([(*p[1:], int(flags[p[0]])) for p in pieces], dtype=torch.int64).t().contiguous()
+    out = torch.empty(len(pieces), 4, dtype=torch.int64)  # lane 0, lane 1, sum of squares (bits), non-finite
     colw = colw.contiguous()
     fn = _lib.lockstep_lane_sums
 
     def run(begin: int, end: int) -> None:
-        fn(end - begin, *(table[k].data_ptr() + 8 * begin for k in range(4)), colw.data_ptr(),
-           row_mults[0], row_mults[1], out.data_ptr() + 16 * begin)
+        fn(end - begin, *(table[k].data_ptr() + 8 * begin for k in range(5)), colw.data_ptr(),
+           row_mults[0], row_mults[1], out.data_ptr() + 32 * begin)
 
     groups = _groups(pieces, threads) if threads > 1 else [(0, len(pieces))]
     futures = [_workers().submit(run, *g) for g in groups[1:]]
     run(*groups[0])
     for future in futures:
         future.result()
-    if len(pieces) == len(spans):
-        return out
-    index = torch.tensor([p[0] for p in pieces], dtype=torch.int64)
-    return torch.zeros(len(spans), 2, dtype=torch.int64).index_add_(0, index, out)
+    squares = out[:, 2].clone().view(torch.float64)
+    if len(pieces) != len(spans):
+        index = torch.tensor([p[0] for p in pieces], dtype=torch.int64)
+        out = torch.zeros(len(spans), 4, dtype=torch.int64).index_add_(0, index, out)
+        squares = torch.zeros(len(spans), dtype=torch.float64).index_add_(0, index, squares)
+    return out[:, :2], squares, out[:, 3]

@@ -25,7 +25,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from agents import protocol
-from agents.fingerprint import Pending, bucket_fingerprints
+from agents.fingerprint import Pending, bucket_fingerprints, lane_sums_and_stats
 
 RING_STEPS = 128
 NBUCKETS = 16
@@ -233,8 +233,10 @@ class GradTracker:
                 continue
             grads = [_local(p.grad) if p.grad is not None else None for p in params]
             present = [g for g in grads if g is not None]
-            extra = _grad_stats(present) if present else None
-            pending = bucket_fingerprints(grads, NBUCKETS, extra=extra)
+            sums, extra = lane_sums_and_stats(grads, stats=True)  # on the CPU: one pass for both
+            if extra is None and present:
+                extra = _grad_stats(present)
+            pending = bucket_fingerprints(grads, NBUCKETS, extra=extra, sums=sums)
             with self._lock:
                 self._inflight.append(_InFlight(step, group, names, pending))
 

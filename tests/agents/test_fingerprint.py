@@ -109,11 +109,39 @@ def test_native_kernel_equals_the_reference_for_every_layout(monkeypatch):
     tensors += [torch.randn(3, 5).t(), torch.ones(7, dtype=torch.bfloat16), torch.tensor([True, False, True]),
                 torch.randn(4, dtype=torch.complex64)]
     expected = torch.stack([F._lane_sums_eager(F._words(t)) for t in tensors])
-    assert torch.equal(_mod32(F._native_many(tensors)), _mod32(expected))
+    assert torch.equal(_mod32(F._native_many(tensors)[0]), _mod32(expected))
     big = _words((1 << 20) + 3 * 4096 + 5, 9)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert len(fingerprint_native._pieces([(big.data_ptr(), big.numel())], 3)) == 3
     assert torch.equal(_mod32(F._lane_sums_native(big)), _mod32(F._lane_sums_eager(big)))
+
+
+def test_native_pass_gives_the_gradient_statistics_of_the_torch_ops():
+    """Sum of squares and non-finite tensors from the fingerprint's own pass equal what
+    agents.grads._grad_stats computes with torch ops (NaN in one tensor, inf in another), except
+    that finite values whose float32 norm overflows are not miscounted as non-finite."""
+    import struct
+
+    import agents.fingerprint as F
+    from agents.grads import _grad_stats
+
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(n, generator=g) for n in (3, 4096, 2 * 4096 + 9, 70000)] + [None, torch.full((5,), 3e20)]
+    grads[1][17] = float("nan")
+    grads[2][4096 * 2 + 3] = float("-inf")
+    sums, stats = F.lane_sums_and_stats(grads, stats=True)
+    present = [t for t in grads if t is not None]
+    assert torch.equal(sums, F.lane_sums_and_stats(grads, stats=False)[0])
+    assert int(stats[1]) == 2
+    assert int(_grad_stats(present)[1]) == 3  # torch's float32 norm of the 3e20s overflows to inf
+    assert int(_grad_stats(present[:-1])[1]) == 2
+    finite = [t for i, t in enumerate(present) if i not in (1, 2)]
+    native = F.lane_sums_and_stats(finite, stats=True)[1]
+    as_float = lambda words: struct.unpack("<d", struct.pack("<q", int(words[0])))[0]  # noqa: E731
+    assert as_float(native) == pytest.approx(sum(float((t.double() ** 2).sum()) for t in finite), rel=1e-5)
+    assert int(native[1]) == 0
+    halves = [t.half() for t in finite]  # not float32: statistics are left to the caller
+    assert F.lane_sums_and_stats(halves, stats=True)[1] is None
 
 
 def test_without_the_native_kernel_the_values_do_not_change(monkeypatch):
