@@ -59,7 +59,7 @@ class Agent:
         self._closed = False
         self._ended = False
         self._end: tuple[str, int | None, str | None] = ("ok", None, None)
-        self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every)
+        self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every, on_layout=self._layout_known)
         start = self._rank_start()  # before the sender starts, so rank_start is the first event
         self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step)
         try:
@@ -82,7 +82,7 @@ class Agent:
     def _details(self, steps: list[int]) -> "list[protocol.Event]":
         return [d for s in steps for d in self.grads.detail(s)]
 
-    def _rank_start(self) -> "protocol.RankStart":
+    def _rank_start(self, params: list[str] | None = None, buckets: list[list[int]] | None = None) -> "protocol.RankStart":
         from agents import environment as env
         from agents import protocol
         from agents.fingerprint import ALGO
@@ -91,8 +91,14 @@ class Agent:
             ts=time.time(), host=socket.gethostname()[:512], pid=os.getpid(), local_rank=self.cfg.local_rank,
             device=env.device(self.cfg.local_rank), versions=env.versions(), config_hash=env.config_hash(),
             env=env.filtered_env(), cache_dirs=env.cache_dirs(), collective_timeout_s=env.collective_timeout_s(),
-            fp_algo=ALGO,
+            params=params or [], buckets=buckets or [], fp_algo=ALGO,
         )
+
+    def _layout_known(self, params: list[str], buckets: list[list[int]]) -> None:
+        """rank_start again, complete: at attach (often before the model, the optimizer and the
+        process group exist) the parameter layout and the collective timeout are unknown; at the
+        first optimizer step both are. The server keeps the latest rank_start of a rank."""
+        self._emit(self._rank_start(params, buckets))
 
     def step(self, n: int) -> None:
         """Declare the optimizer step in progress: the next optimizer.step() is step n."""

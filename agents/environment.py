@@ -88,12 +88,23 @@ def cache_dirs() -> dict[str, str]:
 
 
 def collective_timeout_s() -> float | None:
-    """The default process group's timeout, when a group is already initialized."""
+    """The default process group's timeout, when a group is already initialized.
+
+    torch < 2.2 keeps it on `ProcessGroup.options`; later versions on each backend's options
+    (`pg._get_backend(device).options`), NCCL's on the CUDA backend, gloo's on the CPU one."""
     try:
+        import torch
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return float(dist.distributed_c10d._get_default_group().options._timeout.total_seconds())
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        pg = dist.distributed_c10d._get_default_group()
+        options = [lambda: pg.options] + [lambda d=d: pg._get_backend(torch.device(d)).options for d in ("cuda", "cpu")]
+        for get in options:
+            try:
+                return float(get()._timeout.total_seconds())
+            except Exception:
+                continue
     except Exception:
         pass
     return None

@@ -25,7 +25,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from agents import protocol
-from agents.fingerprint import Pending, bucket_fingerprints, lane_sums_and_stats
+from agents.fingerprint import Pending, balanced_buckets, bucket_fingerprints, lane_sums_and_stats
 
 RING_STEPS = 128
 NBUCKETS = 16
@@ -141,8 +141,12 @@ def _grad_stats(present: list[torch.Tensor]) -> torch.Tensor:
 class GradTracker:
     """Owns the step counter, the optimizer hook, in-flight fingerprints and the detail ring."""
 
-    def __init__(self, emit: Callable[[protocol.Event], None], grad_every: int = 1, param_every: int = 50) -> None:
+    def __init__(self, emit: Callable[[protocol.Event], None], grad_every: int = 1, param_every: int = 50,
+                 on_layout: Callable[[list[str], list[list[int]]], None] | None = None) -> None:
         self._emit = emit
+        self._on_layout = on_layout
+        self._layout: tuple[list[str], list[list[int]]] | None = None
+        self._bucket_cache: tuple[tuple, dict[str, list[list[int]]]] | None = None
         self._every = max(1, grad_every)
         self._param_every = max(0, param_every)  # 0: no weight fingerprints
         self._next_step = 0
@@ -224,10 +228,11 @@ class GradTracker:
 
     @torch.no_grad()
     def _fingerprint(self, optimizer: torch.optim.Optimizer, step: int, weights: bool = False) -> None:
-        for group, (names, params) in self._groups(optimizer).items():
+        groups = self._groups(optimizer)
+        layout = self._buckets(groups)
+        for group, (names, params) in groups.items():
             if weights:
-                tensors = [_local(p) for p in params]
-                pending = bucket_fingerprints(tensors, NBUCKETS)
+                pending = bucket_fingerprints([_local(p) for p in params], buckets=layout[group])
                 with self._lock:
                     self._inflight.append(_InFlight(step, group, names, pending, weights=True))
                 continue
@@ -236,9 +241,34 @@ class GradTracker:
             sums, extra = lane_sums_and_stats(grads, stats=True)  # on the CPU: one pass for both
             if extra is None and present:
                 extra = _grad_stats(present)
-            pending = bucket_fingerprints(grads, NBUCKETS, extra=extra, sums=sums)
+            pending = bucket_fingerprints(grads, buckets=layout[group], extra=extra, sums=sums)
             with self._lock:
                 self._inflight.append(_InFlight(step, group, names, pending))
+
+    def _buckets(self, groups: dict[str, tuple[list[str], list[torch.Tensor]]]) -> dict[str, list[list[int]]]:
+        """Each group's buckets, from the parameters' sizes (never from which gradients exist at a
+        step, so a bucket holds the same parameters on every step); computed again, and reported,
+        only when the parameters change."""
+        key = tuple((group, tuple(map(id, params))) for group, (_, params) in groups.items())
+        if self._bucket_cache is None or self._bucket_cache[0] != key:
+            layout = {group: balanced_buckets([_local(p).numel() for p in params], NBUCKETS)
+                      for group, (_, params) in groups.items()}
+            self._bucket_cache = (key, layout)
+            self._report_layout(groups, layout)
+        return self._bucket_cache[1]
+
+    def _report_layout(self, groups: dict[str, tuple[list[str], list]], layout: dict[str, list[list[int]]]) -> None:
+        """Parameter names ("group:name") and buckets (indices into them, in group order)."""
+        names: list[str] = []
+        buckets: list[list[int]] = []
+        for group, (group_names, _) in groups.items():
+            base = len(names)
+            names += [f"{group}:{n}"[:512] for n in group_names]
+            buckets += [[base + i for i in bucket] for bucket in layout[group]]
+        if (names, buckets) != self._layout:
+            self._layout = (names, buckets)
+            if self._on_layout is not None:
+                self._on_layout(names, buckets)
 
     # reading results ----------------------------------------------------------------
     def drain(self, block: bool = True) -> None:

@@ -106,10 +106,14 @@ def test_weight_fingerprints_settle_as_param_slots(post):
 
 
 def test_grad_divergence_asks_for_and_names_the_parameters(post):
+    layout = {"t": "rank_start", "params": ["ddp:net.0.weight", "ddp:net.0.bias", "ddp:net.2.weight", "local:head.w"],
+              "buckets": [[0, 1], [2], [3]]}
     for rank in range(3):
-        send(post, rank, 0, [grad(2, [5, 6 if rank == 1 else 7])])
+        send(post, rank, 0, ([layout] if rank == 0 else []) + [grad(2, [5, 6 if rank == 1 else 7])])
     settle.settle_grad(GradSlot.objects.get().id)
     alert = Alert.objects.get()
+    assert alert.details["buckets"] == [1]
+    assert alert.details["bucket_params"] == {"1": ["net.2.weight"]}  # from rank 0's layout, before any answer
     asked = [post(make_batch(rank=r, seq=1, events=[{"t": "heartbeat"}])).json()["detail"] for r in range(3)]
     assert asked == [[2], [2], []]  # the dissenter and the reference rank, nobody else
     assert post(make_batch(rank=1, seq=2, events=[{"t": "heartbeat"}])).json()["detail"] == []  # asked once

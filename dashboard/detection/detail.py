@@ -1,7 +1,8 @@
 """Naming the parameters behind a gradient divergence.
 
-Buckets say *where* replicas disagree; the agents keep per-parameter fingerprints of the last
-128 steps. When grad_divergence fires, the dissenters and one reference rank are asked (in
+Buckets say *where* replicas disagree, and the reference rank's `rank_start` layout says at once
+which parameters each bucket holds (`bucket_members`). The agents keep per-parameter fingerprints
+of the last 128 steps. When grad_divergence fires, the dissenters and one reference rank are asked (in
 their next ingest reply: `ingest.writers` hands the requests out inside the batch's own
 statement) for that step's per-parameter values; when all have answered, the
 differing parameters go into the alert.
@@ -12,14 +13,31 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.models import Alert, DetailRequest
-from ingest.models import EventLog
+from ingest.models import EventLog, Rank
+
+MEMBERS_SHOWN = 20
+
+
+def bucket_members(info: dict, group: str, buckets: list[int]) -> dict[str, list[str]]:
+    """{bucket index: parameter names} of one comparison group, from a rank_start layout
+    (`params` are "group:name", `buckets` index lists into them, each group's in order)."""
+    params, layout = info.get("params") or [], info.get("buckets") or []
+    prefix = f"{group}:"
+    mine = [b for b in layout if b and all(0 <= i < len(params) for i in b) and params[b[0]].startswith(prefix)]
+    return {str(k): [params[i][len(prefix):] for i in mine[k][:MEMBERS_SHOWN]] for k in buckets if 0 <= k < len(mine)}
 
 
 def request(alert: Alert, group: str, dissenters: tuple[int, ...], reference: int) -> None:
-    """Ask the ranks of one divergent step (idempotent per run, rank, step, group)."""
+    """Ask the ranks of one divergent step (idempotent per run, rank, step, group), and say at once
+    which parameters the differing buckets hold."""
     for rank in sorted({*dissenters, reference}):
         DetailRequest.objects.get_or_create(run_id=alert.run_id, rank=rank, step=alert.step, group=group,
                                             defaults={"alert": alert})
+    info = Rank.objects.filter(run_id=alert.run_id, rank=reference).values_list("info", flat=True).first() or {}
+    members = bucket_members(info, group, alert.details.get("buckets") or [])
+    if members and "bucket_params" not in alert.details:
+        alert.details = {**alert.details, "bucket_params": members}
+        alert.save(update_fields=["details"])
 
 
 def answered(run_id: int, rank: int, steps: set[int]) -> list[int]:

@@ -88,6 +88,12 @@ def test_torchrun_three_rank_ddp_job(tmp_path):
         events = events_of(batches)
         assert isinstance(events[0], protocol.RankStart) and isinstance(events[-1], protocol.RankEnd)
         assert events[-1].status == "ok" and events[-1].exit_code == 0
+        # attach ran before the script built its model and process group; the first step completes rank_start
+        assert events[0].params == [] and events[0].collective_timeout_s is None
+        complete = [e for e in events if isinstance(e, protocol.RankStart)][1:]
+        assert len(complete) == 1 and complete[0].collective_timeout_s > 0
+        assert complete[0].params[0] == "ddp:_orig_mod.0.weight" and len(complete[0].buckets) == len(complete[0].params)
+        assert sorted(i for b in complete[0].buckets for i in b) == list(range(len(complete[0].params)))
         compiles[rank] = [e for e in events if isinstance(e, protocol.Compile)]
         grads[rank] = {e.step: e.fps for e in events if isinstance(e, protocol.Grad) and e.group == "ddp"}
         assert sorted(grads[rank]) == list(range(8))

@@ -57,6 +57,8 @@ def test_divergences_reach_websocket_and_run_page(stack, tmp_path):
     assert sorted(a["kind"] for a in stored) == ["grad_divergence", "recompile_divergence"]
     [named] = [a["details"]["params"] for a in stored if a["kind"] == "grad_divergence"]
     assert len(named) == 1 and named[0].endswith("0.weight"), named  # the nudged parameter, by name
+    [members] = [a["details"]["bucket_params"] for a in stored if a["kind"] == "grad_divergence"]
+    assert named[0] in [name for names in members.values() for name in names]  # its bucket, from rank_start
     run = api(stack, token, f"/runs/{run_key}").json()
     assert [r["rank"] for r in run["ranks"]] == [0, 1, 2]
     assert {r["status"] for r in run["ranks"]} == {"ok"}
