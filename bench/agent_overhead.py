@@ -3,12 +3,17 @@ cost per compiled graph.
 
     python bench/agent_overhead.py                   # both parts, CPU (gloo), 2 ranks
     python bench/agent_overhead.py --part step --nproc 2 --steps 300 --width 1024 --depth 4
+    python bench/agent_overhead.py --part hook --batch 256
     python bench/agent_overhead.py --part handler --graphs 12
 
 `step`: runs demo/ddp_job.py under torchrun (DDP + torch.compile; NCCL with one GPU per rank
 when CUDA is there, else gloo) alternately with LOCKSTEP_DISABLE=1 and with the agent in
 offline mode (spool in a temp dir), `--rounds` times each, and reports rank 0's mean step time
 over steps >= --time-from (the best round of each side) and the overhead.
+`hook`: one process, one thread, the same model: times the agent's own work inside every
+optimizer step (the step pre- and post-hooks: fingerprints, gradient statistics, events)
+against the whole step, in the same run. On a shared machine this is the stable number; the
+A/B of `step` carries the noise of everything else running.
 `handler`: compiles `--graphs` distinct small functions in a fresh process with and without the
 agent's trace handler installed (caches off, so every graph is really compiled) and reports
 the extra compile time per graph.
@@ -125,9 +130,56 @@ def handler_cost(args) -> None:
           f"({100 * (on - off) / off:+.1f}% of compile time)")
 
 
+_HOOK_CHILD = r"""
+import os, sys, tempfile, time
+sys.path.insert(0, os.path.join(sys.argv[1], "demo"))
+os.environ.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=tempfile.mkdtemp(), LOCKSTEP_RUN="bench-hook")
+import torch
+torch.set_num_threads(1)
+from ddp_job import batch_for, make_model
+import agents
+from agents import grads
+width, depth, batch, steps, skip = map(int, sys.argv[2:7])
+spent = []
+for name in ("_on_step", "_post_hook"):
+    original = getattr(grads.GradTracker, name)
+    def timed(*a, _original=original, **k):
+        t = time.perf_counter()
+        _original(*a, **k)
+        spent.append(time.perf_counter() - t)
+    setattr(grads.GradTracker, name, timed)
+agent = agents.attach()
+model = make_model(width, depth)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+step_times, hook_times = [], []
+for i in range(steps):
+    x, y = batch_for(0, i, batch)
+    spent.clear()
+    t = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    step_times.append(time.perf_counter() - t)
+    hook_times.append(sum(spent))
+agent.close()
+median = lambda v: sorted(v[skip:])[len(v[skip:]) // 2]
+print(f"HOOK step={median(step_times) * 1e3:.3f} hook={median(hook_times) * 1e3:.3f} "
+      f"params={sum(p.numel() for p in model.parameters())}")
+"""
+
+
+def hook_cost(args) -> None:
+    out = _run([sys.executable, "-c", _HOOK_CHILD, ROOT, str(args.width), str(args.depth), str(args.batch),
+                str(args.steps), str(args.time_from)], _base_env(), args.timeout)
+    m = re.search(r"HOOK step=([\d.]+) hook=([\d.]+) params=(\d+)", out)
+    step, hook, params = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    print(f"{'params':>10} {'batch':>6} {'step ms':>9} {'agent ms':>9} {'share':>7}   (medians, one thread)")
+    print(f"{params:>10} {args.batch:>6} {step:>9.2f} {hook:>9.3f} {100 * hook / step:>6.2f}%   target <= 2%")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("all", "step", "handler"), default="all")
+    p.add_argument("--part", choices=("all", "step", "hook", "handler"), default="all")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--time-from", type=int, default=20)
@@ -141,6 +193,8 @@ def main() -> None:
     t = time.time()
     if args.part in ("all", "step"):
         step_overhead(args)
+    if args.part in ("all", "hook"):
+        hook_cost(args)
     if args.part in ("all", "handler"):
         handler_cost(args)
     print(f"({time.time() - t:.0f} s)")
