@@ -26,7 +26,11 @@ _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 _TIME_KEYS = ("entire_frame_compile_time_s", "backend_compile_time_s", "inductor_compile_time_s",
               "code_gen_time_s", "dynamo_time_before_restart_s")
 _COUNT_KEYS = ("graph_op_count", "graph_node_count", "graph_input_count", "guard_count",
-               "shape_env_guard_count", "cache_size", "accumulated_cache_size")
+               "shape_env_guard_count", "cache_size", "accumulated_cache_size", "num_triton_bundles")
+# Autotuning and Triton build times, where torch reports them (microseconds; sent in seconds).
+_MICROSECOND_KEYS = {"compile_time_autotune_time_us": "autotune_time_s",
+                     "runtime_triton_autotune_time_us": "runtime_autotune_time_s",
+                     "triton_compile_time_us": "triton_compile_time_s"}
 _CACHE_ARTIFACTS = {
     "fx_graph_cache_hit": ("inductor", "hit"), "fx_graph_cache_miss": ("inductor", "miss"),
     "fx_graph_cache_bypass": ("inductor", "bypass"),
@@ -190,13 +194,22 @@ class CompileCapture(logging.Handler):
             fail_type=str(fail_type)[:512] if fail_type else None,
             fail_reason=str(m.get("fail_reason"))[:16_384] if m.get("fail_reason") else None,
             recompile_reason=str(reason)[:16_384] if reason else None,
-            times={k: float(m[k]) for k in _TIME_KEYS if isinstance(m.get(k), (int, float)) and m[k] >= 0},
+            times=_times(m),
             counts={k: int(m[k]) for k in _COUNT_KEYS if isinstance(m.get(k), int) and m[k] >= 0},
             hashes=self._hashes(pend),
             cache={k: _join(v) for k, v in pend.cache.items()},
             cache_keys={k: _join(v) for k, v in pend.cache_keys.items()},
             graph_breaks=breaks if isinstance(breaks, int) and breaks >= 0 else len(pend.breaks),
         )
+
+
+def _times(m: dict) -> dict[str, float]:
+    """Phase times in seconds; keys a torch version lacks are simply absent."""
+    times = {k: float(m[k]) for k in _TIME_KEYS if isinstance(m.get(k), (int, float)) and m[k] >= 0}
+    for key, name in _MICROSECOND_KEYS.items():
+        if isinstance(m.get(key), (int, float)) and m[key] >= 0:
+            times[name] = m[key] / 1e6
+    return times
 
 
 def install(handler: CompileCapture) -> None:

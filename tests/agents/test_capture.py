@@ -87,3 +87,38 @@ def test_failed_and_eager_fallback_status_and_missing_fields():
     assert [c.status for c in compiles] == ["ok", "eager", "eager", "failed"]
     assert compiles[0].times == {} and compiles[0].counts == {} and compiles[0].hashes == {}
     assert [c.index for c in compiles] == [0, 1, 2, 3]
+
+
+def test_autotune_and_triton_times_where_torch_reports_them():
+    """CUDA builds report autotuning and Triton build times in microseconds; older or CPU builds
+    leave them out (or None), and then nothing is sent."""
+    events: list = []
+    handler = CompileCapture(events.append, lambda: None)
+    base = {"co_name": "g", "co_filename": "/x/train.py", "co_firstlineno": 9, "entire_frame_compile_time_s": 2.5}
+    handler.feed({"compilation_metrics": dict(base, compile_time_autotune_time_us=1_250_000,
+                                              triton_compile_time_us=400_000, runtime_triton_autotune_time_us=None,
+                                              num_triton_bundles=3)}, None)
+    handler.feed({"compilation_metrics": base}, None)
+    tuned, plain = [e for e in events if isinstance(e, protocol.Compile)]
+    assert tuned.times == {"entire_frame_compile_time_s": 2.5, "autotune_time_s": 1.25, "triton_compile_time_s": 0.4}
+    assert tuned.counts == {"num_triton_bundles": 3}
+    assert plain.times == {"entire_frame_compile_time_s": 2.5} and plain.counts == {}
+
+
+def test_h200_trace_carries_triton_build_times():
+    """On the recorded 2 x H200 trace (torch 2.11) the compiles that built Triton kernels report it.
+    (Runtime autotuning arrives later, in `compilation_metrics_runtime` records: not captured.)"""
+    import tarfile
+
+    from .test_normalize import FIXTURE, _parse
+
+    with tarfile.open(FIXTURE) as tar:
+        members = sorted((m for m in tar.getmembers() if m.name.endswith(".log")), key=lambda m: m.name)
+        records = _parse(tar.extractfile(members[0]))
+    events: list = []
+    handler = CompileCapture(events.append, lambda: None)
+    for metadata, payload in records:
+        handler.feed(metadata, payload or None)
+    compiles = [e for e in events if isinstance(e, protocol.Compile)]
+    built = [c for c in compiles if "triton_compile_time_s" in c.times]
+    assert built and all(0 < c.times["triton_compile_time_s"] < 60 for c in built)
