@@ -8,6 +8,12 @@ Each flag adds one failure on top of demo/ddp_job.py's training loop:
   --freeze-rank R --freeze-step S  rank R stops dead (SIGSTOP) at step S, like a rank hung in the
                          driver: it goes silent (rank_silent) while the others wait in the next collective
   --compile-ddp          torch.compile(DDP(model)): only empty graphs compile (ineffective_compile)
+  --fail-rank R          rank R's backend fails to compile a helper; Dynamo falls back to eager there
+                         (compile_failure_divergence)
+  --nudge-weight-rank R --nudge-weight-step S  rank R's weights are nudged before step S's update, as a
+                         rank-local weight update would (param_divergence at the next weight fingerprint)
+  --kill-rank R --kill-step S  rank R is SIGKILLed at step S, as by the OOM killer: torchrun stops the other
+                         ranks, which end, while rank R never says goodbye (rank_silent)
   --collective-rank R    rank R folds a second all_reduce into a compiled helper that the other ranks
                          issue eagerly: the same traffic at run time, but another collective schedule
                          in that graph (collective_schedule_divergence), one reordering away from a hang
@@ -45,6 +51,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--freeze-step", type=int)
     p.add_argument("--compile-ddp", action="store_true")
     p.add_argument("--collective-rank", type=int)
+    p.add_argument("--fail-rank", type=int)
+    p.add_argument("--nudge-weight-rank", type=int)
+    p.add_argument("--nudge-weight-step", type=int)
+    p.add_argument("--kill-rank", type=int)
+    p.add_argument("--kill-step", type=int)
     return p.parse_args()
 
 
@@ -61,6 +72,19 @@ def stormy(x: torch.Tensor) -> torch.Tensor:
 
 def ramp(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(x) - 0.5
+
+
+def fragile(x: torch.Tensor) -> torch.Tensor:
+    return torch.cos(x) * 0.5
+
+
+def failing_backend(fail: bool):
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        if fail:
+            raise RuntimeError("this rank's compiler toolchain is broken")
+        return gm.forward
+
+    return backend
 
 
 def pulse(x: torch.Tensor, fold: bool) -> torch.Tensor:
@@ -90,9 +114,14 @@ def main() -> None:
     storm = torch.compile(stormy, backend="aot_eager", dynamic=False)
     slow = torch.compile(ramp, backend=slow_backend(args.slow_seconds if rank == args.slow_rank else 0.0))
     collective = torch.compile(pulse)
+    if args.fail_rank is not None:
+        torch._dynamo.config.suppress_errors = True  # a failed compile runs the frame eagerly
+    breakable = torch.compile(fragile, backend=failing_backend(rank == args.fail_rank))
     for step in range(args.steps):
         if (rank, step) == (args.freeze_rank, args.freeze_step):
             os.kill(os.getpid(), signal.SIGSTOP)
+        if (rank, step) == (args.kill_rank, args.kill_step):
+            os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch_for(rank, step, args.batch)
         if args.branch_rank is not None:
             x = branch(x, rank == args.branch_rank)
@@ -100,6 +129,8 @@ def main() -> None:
             storm(torch.ones(step + 2, 3))
         if args.slow_rank is not None:
             x = x + slow(x)
+        if args.fail_rank is not None:
+            x = x + breakable(x)
         if args.collective_rank is not None:
             folded = rank == args.collective_rank
             y_pulse = collective(torch.ones(4), folded)
@@ -110,6 +141,9 @@ def main() -> None:
         if (rank, step) == (args.nan_rank, args.nan_step):
             with torch.no_grad():
                 next(model.parameters()).grad.view(-1)[0] = float("nan")
+        if (rank, step) == (args.nudge_weight_rank, args.nudge_weight_step):
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] += 1e-3
         opt.step()
         if args.sleep:
             time.sleep(args.sleep)

@@ -144,7 +144,10 @@ def test_baseline_divergence_names_the_first_differing_step(post):
     GradSlot.objects.filter(run__key="base", step=2).update(consensus={"reference": [2, 99], "tie": False})
     GradSlot.objects.filter(run__key="cand").update(settled_at=None)
     Baseline.objects.create(run=Run.objects.get(key="cand"), baseline=Run.objects.get(key="base"))
+    layout = {"params": ["ddp:a.weight", "ddp:b.weight", "ddp:b.bias"], "buckets": [[0], [1, 2]]}
+    Rank.objects.filter(run__key="cand").update(info=layout)  # as the ranks' second rank_start leaves it
     for slot in GradSlot.objects.filter(run__key="cand").order_by("step"):
         settle.settle_grad(slot.id)
     alert = Alert.objects.get(kind="baseline_divergence")
     assert (alert.step, alert.details["buckets"], alert.details["baseline"]) == (2, [1], "base")
+    assert alert.details["bucket_params"] == {"1": ["b.weight", "b.bias"]}

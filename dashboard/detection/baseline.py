@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from dashboard.detection import alerts
+from dashboard.detection import alerts, detail
 from dashboard.detection.consensus import Consensus
 from dashboard.detection.rules import GradSlotView
 from dashboard.detection.rules.baseline_divergence import baseline_divergence
 from dashboard.models import Alert, Baseline, GradSlot
-from ingest.models import Run
+from ingest.models import Rank, Run
 
 
 def reference(run: Run, step: int, group: str) -> tuple[tuple | None, str | None]:
@@ -58,4 +58,16 @@ def compare(run: Run) -> list[int]:
                  if current is None or not a.subject.startswith(current)]
         view = first_difference(run, link.baseline) if link else None
         findings = list(baseline_divergence(view)) if view else []
-        return alerts.apply(run, findings, stale, None)
+        changed = alerts.apply(run, findings, stale, None)
+        if view is not None:
+            name_buckets(run, view.baseline_key, view.group, view.step)
+        return changed
+
+
+def name_buckets(run: Run, baseline_key: str, group: str, step: int) -> None:
+    """At the first differing step, name the buckets' parameters from this run's layout (the
+    baseline run's agents are gone, so per-parameter values cannot be asked for)."""
+    alert = Alert.objects.filter(run=run, kind="baseline_divergence", subject=f"baseline:{baseline_key}:{group}").first()
+    rank = Rank.objects.filter(run=run).order_by("rank").values_list("rank", flat=True).first()
+    if alert is not None and alert.step == step and rank is not None:
+        detail.name_buckets(alert, group, rank)

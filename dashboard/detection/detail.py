@@ -27,17 +27,24 @@ def bucket_members(info: dict, group: str, buckets: list[int]) -> dict[str, list
     return {str(k): [params[i][len(prefix):] for i in mine[k][:MEMBERS_SHOWN]] for k in buckets if 0 <= k < len(mine)}
 
 
+def name_buckets(alert: Alert, group: str, rank: int) -> None:
+    """Put the parameters of the alert's differing buckets, from `rank`'s layout, into its details (once)."""
+    if "bucket_params" in alert.details:
+        return
+    info = Rank.objects.filter(run_id=alert.run_id, rank=rank).values_list("info", flat=True).first() or {}
+    members = bucket_members(info, group, alert.details.get("buckets") or [])
+    if members:
+        alert.details = {**alert.details, "bucket_params": members}
+        alert.save(update_fields=["details"])
+
+
 def request(alert: Alert, group: str, dissenters: tuple[int, ...], reference: int) -> None:
     """Ask the ranks of one divergent step (idempotent per run, rank, step, group), and say at once
     which parameters the differing buckets hold."""
     for rank in sorted({*dissenters, reference}):
         DetailRequest.objects.get_or_create(run_id=alert.run_id, rank=rank, step=alert.step, group=group,
                                             defaults={"alert": alert})
-    info = Rank.objects.filter(run_id=alert.run_id, rank=reference).values_list("info", flat=True).first() or {}
-    members = bucket_members(info, group, alert.details.get("buckets") or [])
-    if members and "bucket_params" not in alert.details:
-        alert.details = {**alert.details, "bucket_params": members}
-        alert.save(update_fields=["details"])
+    name_buckets(alert, group, reference)
 
 
 def answered(run_id: int, rank: int, steps: set[int]) -> list[int]:

@@ -49,6 +49,8 @@ def settle_grad(slot_id: int) -> list[int]:
         changed, findings = _conclude(slot, view, verdict, len(reports))
         if any(f.kind == "grad_divergence" for f in findings):
             _ask_for_parameters(slot, verdict)
+        if any(f.kind == "baseline_divergence" for f in findings):
+            baseline.name_buckets(slot.run, ref_key, slot.group, slot.step)
         return changed
 
 

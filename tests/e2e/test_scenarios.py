@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+import requests
 
 from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
 from tests.stack import ROOT
@@ -44,8 +45,7 @@ def test_branch_nan_storm_and_straggler(stack, team, tmp_path):
 
 
 def test_hung_rank_is_silent_and_compiled_ddp_is_ineffective(stack, team, tmp_path):
-    """A rank frozen mid-run goes silent while the others (waiting in the all-reduce) keep heartbeating.
-    (A rank killed outright makes torchrun stop the whole job, so every rank ends; nothing is silent.)"""
+    """A rank frozen mid-run goes silent while the others (waiting in the all-reduce) keep heartbeating."""
     token, feed = team
     key = f"sc-hang-{uuid.uuid4().hex[:6]}"
     args = ["--steps", "30", "--sleep", "0.2", "--compile-ddp", "--freeze-rank", "2", "--freeze-step", "5"]
@@ -56,6 +56,50 @@ def test_hung_rank_is_silent_and_compiled_ddp_is_ineffective(stack, team, tmp_pa
     assert "runs mostly eager" in alerts["ineffective_compile"]["message"]
     stored = {a["kind"]: a for a in api(stack, token, f"/runs/{key}/alerts").json()["alerts"]}
     assert "recompile_divergence" not in stored and "graph_divergence" not in stored
+
+
+def test_failed_compile_drifted_weights_and_a_killed_rank(stack, team, tmp_path):
+    """Rank 1's compiler fails (eager fallback), rank 0's weights are nudged before step 4's update,
+    rank 2 is SIGKILLed at step 7: torchrun stops the others, which end; rank 2 never does.
+    (Weights are fingerprinted every 4 steps, so no weight slot falls in the last half second before
+    the kill: what a SIGKILLed agent had not flushed yet is lost, and a weight slot left with two
+    ranks would be a tie.)"""
+    token, feed = team
+    key = f"sc-kill-{uuid.uuid4().hex[:6]}"
+    args = ["--steps", "30", "--sleep", "0.2", "--fail-rank", "1", "--nudge-weight-rank", "0",
+            "--nudge-weight-step", "4", "--kill-rank", "2", "--kill-step", "7"]
+    with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool",
+                          extra_env={"LOCKSTEP_PARAM_EVERY": "4"})) as job:
+        job.communicate(timeout=180)
+        assert job.returncode != 0  # torchrun reports the lost worker
+        alerts = feed.wait_for({"compile_failure_divergence", "param_divergence", "rank_silent"}, 90, run=key)
+    failure = alerts["compile_failure_divergence"]
+    assert failure["ranks"] == [1] and "fragile" in failure["frame"]
+    assert (alerts["param_divergence"]["ranks"], alerts["param_divergence"]["step"]) == ([0], 4)
+    assert alerts["rank_silent"]["ranks"] == [2] and "never ended" in alerts["rank_silent"]["message"]
+    assert "grad_divergence" not in feed.latest(key)  # DDP still averages equal gradients
+
+
+def test_baseline_divergence_between_two_real_runs(stack, team, tmp_path):
+    """Run B (rank 2's gradient nudged at step 2) is given run A as its baseline through the API:
+    from step 3 on every rank of B agrees, on values A never had."""
+    token, feed = team
+    base, cand = (f"sc-{name}-{uuid.uuid4().hex[:6]}" for name in ("base", "cand"))
+    with running(torchrun(stack, token, base, "demo/ddp_job.py", ["--steps", "6"], tmp_path / "a")) as job:
+        finish(job)
+    args = ["--steps", "6", "--perturb-rank", "2", "--perturb-step", "2"]
+    with running(torchrun(stack, token, cand, "demo/ddp_job.py", args, tmp_path / "b")) as job:
+        wait_for_run(stack, token, cand, job)
+        chosen = requests.post(f"{stack.url}/api/v1/runs/{cand}/baseline", json={"baseline": base}, timeout=10,
+                               headers={"Authorization": f"Bearer {token}"})
+        assert chosen.status_code == 201, chosen.text
+        finish(job)
+    alerts = feed.wait_for({"baseline_divergence", "grad_divergence"}, 60, run=cand)
+    assert alerts["grad_divergence"]["ranks"] == [2] and alerts["grad_divergence"]["step"] == 2
+    assert alerts["baseline_divergence"]["step"] == 3 and base in alerts["baseline_divergence"]["message"]
+    stored = {a["kind"]: a for a in api(stack, token, f"/runs/{cand}/alerts").json()["alerts"]}
+    named = stored["baseline_divergence"]["details"]["bucket_params"]
+    assert named and all(names for names in named.values())  # the differing buckets' parameters, by name
 
 
 def test_cold_cache_on_one_rank(stack, team, tmp_path):
