@@ -9,7 +9,6 @@ import gzip
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -77,14 +76,9 @@ class Servers:
     procs: list[subprocess.Popen]
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        from dashboard.processes import stop_groups  # the repository root is on sys.path by now
+
+        stop_groups(self.procs)
 
 
 def start_servers(env: dict, ingest: int, celery: int) -> Servers:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import itertools
 import json
 import os
 import queue

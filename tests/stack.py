@@ -6,7 +6,6 @@ Every process is started in its own process group and killed (group included) at
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 import requests
+
+from dashboard.processes import stop_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,13 +45,7 @@ class Proc:
     log: Path
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+        stop_groups([self.popen], grace=10)
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""

@@ -5,7 +5,6 @@ import socket
 import subprocess
 import sys
 
-import pytest
 
 from agents import protocol
 

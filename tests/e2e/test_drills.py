@@ -6,8 +6,6 @@ once: one grad row and one step row per rank and step, no batch twice, no gap in
 """
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 import uuid
@@ -17,7 +15,7 @@ from django.db.models import Count
 
 from ingest.models import GradReport, IngestBatch, Rank, StepReport
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
-from tests.stack import ROOT, Proc, free_port, spawn
+from tests.stack import Proc, free_port, spawn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 

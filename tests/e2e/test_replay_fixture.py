@@ -6,7 +6,6 @@ import subprocess
 import sys
 import tarfile
 import uuid
-from pathlib import Path
 
 import pytest
 

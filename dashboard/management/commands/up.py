@@ -23,6 +23,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from dashboard.models import Alert, Baseline
+from dashboard.processes import stop_groups
 from ingest.models import Project, ProjectToken, Run
 
 DEMO_USER, DEMO_PASSWORD = "demo", "lockstep-demo"
@@ -189,15 +190,7 @@ class Command(BaseCommand):
         threading.Thread(target=link, daemon=True).start()
 
     def stop_children(self) -> None:
-        for child in self.children:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
-        for child in self.children:
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+        stop_groups(self.children)
         self.say("stopped")
 
     def stop_embedded(self) -> None:
