@@ -95,6 +95,7 @@ class CompileCapture(logging.Handler):
         self._literals = literals
         self._pending: dict[tuple, _Pending] = {}
         self._index: dict[str, int] = {}
+        self._frames: dict[str, str] = {}  # compile_id -> frame of the compiles reported
         self._lock = threading.Lock()
         self.now: Callable[[], float] = time.time  # event timestamps (replay uses the trace's own)
 
@@ -126,6 +127,9 @@ class CompileCapture(logging.Handler):
         cid = (meta.get("compiled_autograd_id"), meta.get("frame_id"), meta.get("frame_compile_id"))
         if kind == "compilation_metrics":
             self._finish(cid, meta[kind] or {})
+            return
+        if kind == "compilation_metrics_runtime":
+            self._runtime(meta[kind] or {})
             return
         if cid[1] is None:
             return
@@ -167,7 +171,18 @@ class CompileCapture(logging.Handler):
         now = self.now()
         for reason in pend.breaks:
             self._emit(protocol.GraphBreak(ts=now, frame=frame, reason=reason[:16_384], step=step))
-        self._emit(self._compile_event(m, pend, frame, index, step, now))
+        event = self._compile_event(m, pend, frame, index, step, now)
+        if event.compile_id:
+            self._frames[event.compile_id] = frame
+        self._emit(event)
+
+    def _runtime(self, m: dict) -> None:
+        """Runtime autotuning of a compile already reported (the agent's own compiles never are)."""
+        compile_id = str(m.get("compile_id") or "")
+        times = _times(m)
+        if compile_id in self._frames and times:
+            self._emit(protocol.CompileRuntime(ts=self.now(), frame=self._frames[compile_id], compile_id=compile_id[:512],
+                                               times=times))
 
     def _hashes(self, pend: _Pending) -> dict[str, protocol.GraphHash]:
         hashes = {}

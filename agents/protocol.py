@@ -87,6 +87,15 @@ class Compile(Event, tag="compile"):
     graph_breaks: NonNeg = 0
 
 
+class CompileRuntime(Event, tag="compile_runtime"):
+    """Timings torch reports after a compile, from the compiled code's first runs (runtime Triton
+    autotuning, `compilation_metrics_runtime`): `frame` and `compile_id` name the compile event."""
+
+    frame: Short = ""
+    compile_id: Short = ""
+    times: dict[Short, Seconds] = {}
+
+
 class GraphBreak(Event, tag="graph_break"):
     frame: Short = ""
     reason: Text = ""
@@ -205,7 +214,7 @@ class Dropped(Event, tag="dropped"):
     reason: Short = ""
 
 
-AnyEvent = Union[RankStart, Compile, GraphBreak, Grad, Grads, Param, Step, Heartbeat, Detail, RankEnd, Dropped]
+AnyEvent = Union[RankStart, Compile, CompileRuntime, GraphBreak, Grad, Grads, Param, Step, Heartbeat, Detail, RankEnd, Dropped]
 EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in AnyEvent.__args__)
 
 

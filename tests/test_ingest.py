@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ingest.models import CompileEvent, GradReport, IngestBatch, Project, ProjectToken, Rank, Run
+from ingest.models import CompileEvent, EventLog, GradReport, IngestBatch, Project, ProjectToken, Rank, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -35,6 +35,15 @@ def test_accepts_a_batch_and_stores_every_event(post):
     assert GradReport.objects.get().fps == [1, 2, -1]  # u64 max keeps its bits as bigint -1
     event = CompileEvent.objects.get()
     assert (event.frame, event.graph_norm, event.compile_time) == ("train.py:10:forward", "b" * 16, 1.5)
+
+
+def test_runtime_autotuning_lands_in_the_event_log(post):
+    runtime = {"t": "compile_runtime", "frame": "train.py:10:forward", "compile_id": "0/0",
+               "times": {"runtime_autotune_time_s": 0.061}}
+    assert post(make_batch(events=[runtime])).status_code == 200
+    assert EventLog.objects.get(t="compile_runtime").body["times"] == {"runtime_autotune_time_s": 0.061}
+    bad = post(make_batch(seq=1, events=[dict(runtime, times={"runtime_autotune_time_s": -1})]))
+    assert bad.status_code == 400 and bad.json()["path"].startswith("events[0].times")
 
 
 def test_gzip_body(post):

@@ -105,9 +105,10 @@ def test_autotune_and_triton_times_where_torch_reports_them():
     assert plain.times == {"entire_frame_compile_time_s": 2.5} and plain.counts == {}
 
 
-def test_h200_trace_carries_triton_build_times():
-    """On the recorded 2 x H200 trace (torch 2.11) the compiles that built Triton kernels report it.
-    (Runtime autotuning arrives later, in `compilation_metrics_runtime` records: not captured.)"""
+def test_h200_trace_carries_triton_build_and_runtime_autotune_times():
+    """On the recorded 2 x H200 trace (torch 2.11) the compiles that built Triton kernels report it,
+    and runtime autotuning arrives later (`compilation_metrics_runtime`) as `compile_runtime` events
+    naming the compile they belong to."""
     import tarfile
 
     from .test_normalize import FIXTURE, _parse
@@ -122,3 +123,6 @@ def test_h200_trace_carries_triton_build_times():
     compiles = [e for e in events if isinstance(e, protocol.Compile)]
     built = [c for c in compiles if "triton_compile_time_s" in c.times]
     assert built and all(0 < c.times["triton_compile_time_s"] < 60 for c in built)
+    [tuned] = [e for e in events if isinstance(e, protocol.CompileRuntime)]
+    assert 0 < tuned.times["runtime_autotune_time_s"] < 60
+    assert any((c.compile_id, c.frame) == (tuned.compile_id, tuned.frame) for c in compiles)
