@@ -60,14 +60,14 @@ def test_hung_rank_is_silent_and_compiled_ddp_is_ineffective(stack, team, tmp_pa
 
 def test_failed_compile_drifted_weights_and_a_killed_rank(stack, team, tmp_path):
     """Rank 1's compiler fails (eager fallback), rank 0's weights are nudged before step 4's update,
-    rank 2 is SIGKILLed at step 7: torchrun stops the others, which end; rank 2 never does.
+    rank 2 is SIGKILLed at step 8: torchrun stops the others, which end; rank 2 never does.
     (Weights are fingerprinted every 4 steps, so no weight slot falls in the last half second before
     the kill: what a SIGKILLed agent had not flushed yet is lost, and a weight slot left with two
     ranks would be a tie.)"""
     token, feed = team
     key = f"sc-kill-{uuid.uuid4().hex[:6]}"
-    args = ["--steps", "30", "--sleep", "0.2", "--fail-rank", "1", "--nudge-weight-rank", "0",
-            "--nudge-weight-step", "4", "--kill-rank", "2", "--kill-step", "7"]
+    args = ["--steps", "30", "--sleep", "0.25", "--fail-rank", "1", "--nudge-weight-rank", "0",
+            "--nudge-weight-step", "4", "--kill-rank", "2", "--kill-step", "8"]
     with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool",
                           extra_env={"LOCKSTEP_PARAM_EVERY": "4"})) as job:
         job.communicate(timeout=180)
