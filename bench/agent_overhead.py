@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from dashboard.processes import kill_tree  # noqa: E402
 
 
 def _free_port() -> int:
@@ -45,7 +47,7 @@ def _run(cmd: list[str], env: dict, timeout: float) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)  # torchrun's ranks live in sessions of their own
         out, _ = proc.communicate()
     if proc.returncode != 0:
         print(out[-3000:], file=sys.stderr)

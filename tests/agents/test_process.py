@@ -7,12 +7,14 @@ import sys
 
 
 from agents import protocol
+from dashboard.processes import kill_tree
 
 from .conftest import REPO, events_of, read_spool
 
 
 def _run(cmd, env, timeout=300):
-    """Run in its own session so a timeout kills the whole tree (no processes left behind)."""
+    """Run in its own session; on a timeout, torchrun gets SIGTERM (it stops its workers), then
+    whatever is left of the tree is killed (no processes left behind)."""
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
@@ -22,12 +24,7 @@ def _run(cmd, env, timeout=300):
         try:
             proc.communicate(timeout=40)
         except subprocess.TimeoutExpired:
-            pass
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_tree(proc)
         raise
     return proc.returncode, out
 

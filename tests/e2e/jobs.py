@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from websockets.sync.client import connect
 
+from dashboard.processes import kill_tree
 from ingest.models import Project, ProjectToken
 from tests.stack import ROOT, free_port, unique
 
@@ -33,12 +32,12 @@ def torchrun(stack, token: str, run_key: str, script: str, args: list[str], spoo
 
 @contextmanager
 def running(job: subprocess.Popen):
-    """Yield the job; kill its whole process group on the way out, whatever happened."""
+    """Yield the job; kill it and every rank below it on the way out, whatever happened."""
     try:
         yield job
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+            kill_tree(job)
         job.wait()
 
 

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
+from dashboard.processes import descendants, survivors
 from tests.stack import ROOT
 
 WRAPPER = ROOT / "demo" / "per_rank_env.py"
@@ -52,6 +53,8 @@ def test_hung_rank_is_silent_and_compiled_ddp_is_ineffective(stack, team, tmp_pa
     with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool")) as job:
         wait_for_run(stack, token, key, job)
         alerts = feed.wait_for({"rank_silent", "ineffective_compile"}, 120, run=key)
+        ranks = descendants(job.pid)
+    assert ranks and survivors(ranks) == []  # the frozen rank and the peers waiting for it are gone
     assert alerts["rank_silent"]["ranks"] == [2] and alerts["rank_silent"]["state"] == "firing"
     assert "runs mostly eager" in alerts["ineffective_compile"]["message"]
     stored = {a["kind"]: a for a in api(stack, token, f"/runs/{key}/alerts").json()["alerts"]}

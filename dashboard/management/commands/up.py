@@ -23,7 +23,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from dashboard.models import Alert, Baseline
-from dashboard.processes import stop_groups
+from dashboard.processes import kill_tree, stop_groups
 from ingest.models import Project, ProjectToken, Run
 
 DEMO_USER, DEMO_PASSWORD = "demo", "lockstep-demo"
@@ -176,8 +176,7 @@ class Command(BaseCommand):
             try:
                 child.wait(job.max_seconds)
             except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+                kill_tree(child)
             self.say(f"demo job '{job.name}' ended")
         self.say("all demo jobs done; compare the first two runs on the compare page")
 
