@@ -145,8 +145,9 @@ class GradTracker:
                  on_layout: Callable[[list[str], list[list[int]]], None] | None = None) -> None:
         self._emit = emit
         self._on_layout = on_layout
-        self._layout: tuple[list[str], list[list[int]]] | None = None
-        self._bucket_cache: tuple[tuple, dict[str, list[list[int]]]] | None = None
+        self._layout: tuple[list[str], list[list[int]]] | None = None  # as last reported
+        # optimizer index -> (parameter identity, {group: buckets}, {group: names})
+        self._bucket_cache: dict[int, tuple[tuple, dict[str, list[list[int]]], dict[str, list[str]]]] = {}
         self._every = max(1, grad_every)
         self._param_every = max(0, param_every)  # 0: no weight fingerprints
         self._next_step = 0
@@ -229,7 +230,7 @@ class GradTracker:
     @torch.no_grad()
     def _fingerprint(self, optimizer: torch.optim.Optimizer, step: int, weights: bool = False) -> None:
         groups = self._groups(optimizer)
-        layout = self._buckets(groups)
+        layout = self._buckets(self._optimizers[optimizer], groups)
         for group, (names, params) in groups.items():
             if weights:
                 pending = bucket_fingerprints([_local(p) for p in params], buckets=layout[group])
@@ -245,26 +246,30 @@ class GradTracker:
             with self._lock:
                 self._inflight.append(_InFlight(step, group, names, pending))
 
-    def _buckets(self, groups: dict[str, tuple[list[str], list[torch.Tensor]]]) -> dict[str, list[list[int]]]:
-        """Each group's buckets, from the parameters' sizes (never from which gradients exist at a
-        step, so a bucket holds the same parameters on every step); computed again, and reported,
-        only when the parameters change."""
+    def _buckets(self, k: int, groups: dict[str, tuple[list[str], list[torch.Tensor]]]) -> dict[str, list[list[int]]]:
+        """The k-th optimizer's buckets per group, from the parameters' sizes (never from which
+        gradients exist at a step, so a bucket holds the same parameters on every step); computed
+        again, and the layout reported, only when that optimizer's parameters change."""
         key = tuple((group, tuple(map(id, params))) for group, (_, params) in groups.items())
-        if self._bucket_cache is None or self._bucket_cache[0] != key:
+        cached = self._bucket_cache.get(k)
+        if cached is None or cached[0] != key:
             layout = {group: balanced_buckets([_local(p).numel() for p in params], NBUCKETS)
                       for group, (_, params) in groups.items()}
-            self._bucket_cache = (key, layout)
-            self._report_layout(groups, layout)
-        return self._bucket_cache[1]
+            self._bucket_cache[k] = (key, layout, {group: names for group, (names, _) in groups.items()})
+            self._report_layout()
+        return self._bucket_cache[k][1]
 
-    def _report_layout(self, groups: dict[str, tuple[list[str], list]], layout: dict[str, list[list[int]]]) -> None:
-        """Parameter names ("group:name") and buckets (indices into them, in group order)."""
+    def _report_layout(self) -> None:
+        """Parameter names ("group:name") and buckets (indices into them) of every optimizer's
+        groups in order, told when they differ from what was told last."""
         names: list[str] = []
         buckets: list[list[int]] = []
-        for group, (group_names, _) in groups.items():
-            base = len(names)
-            names += [f"{group}:{n}"[:512] for n in group_names]
-            buckets += [[base + i for i in bucket] for bucket in layout[group]]
+        for k in sorted(self._bucket_cache):
+            _, layout, group_names = self._bucket_cache[k]
+            for group, members in group_names.items():
+                base = len(names)
+                names += [f"{group}:{n}"[:512] for n in members]
+                buckets += [[base + i for i in bucket] for bucket in layout[group]]
         if (names, buckets) != self._layout:
             self._layout = (names, buckets)
             if self._on_layout is not None:

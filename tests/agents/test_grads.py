@@ -91,3 +91,26 @@ def test_fsdp2_shards_get_shard_groups_never_ddp_or_local():
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GROUPS")]
     assert lines == ["GROUPS (1,) [('Grad', 'shard:0=0'), ('Param', 'shard:0=0')]",
                      "GROUPS (1, 1) [('Grad', 'shard:1=0'), ('Param', 'shard:1=0')]"]
+
+
+def test_layout_is_told_once_per_change_with_two_optimizers():
+    """Two optimizers stepping in turn: each one's buckets are cached on their own, so the layout
+    (both optimizers' groups) is reported when the second one first steps, then never again."""
+    layouts: list = []
+    tracker = GradTracker(lambda e: None, 1, 0, on_layout=lambda names, buckets: layouts.append((names, buckets)))
+    tracker.install()
+    torch.manual_seed(0)
+    enc, head = nn.Linear(4, 8), nn.Linear(8, 2)
+    opts = [torch.optim.SGD(enc.parameters(), lr=0.1), torch.optim.SGD(head.parameters(), lr=0.1)]
+    try:
+        for _ in range(3):
+            for opt in opts:
+                opt.zero_grad()
+                head(enc(torch.randn(2, 4))).sum().backward()
+                opt.step()
+    finally:
+        tracker.uninstall()
+    assert len(layouts) == 2
+    names, buckets = layouts[-1]
+    assert names == ["local:group0.0", "local:group0.1", "local.1:group0.0", "local.1:group0.1"]
+    assert sorted(i for b in buckets for i in b) == [0, 1, 2, 3]
