@@ -47,10 +47,12 @@ def settle_grad(slot_id: int) -> list[int]:
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
         view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key)
         changed, findings = _conclude(slot, view, verdict, len(reports))
-        if any(f.kind == "grad_divergence" for f in findings):
-            _ask_for_parameters(slot, verdict)
-        if any(f.kind == "baseline_divergence" for f in findings):
-            baseline.name_buckets(slot.run, ref_key, slot.group, slot.step)
+        if changed:  # an alert is new or changed: its first step may need naming (not on every later step)
+            kinds = {f.kind for f in findings}
+            if "grad_divergence" in kinds:
+                _ask_for_parameters(slot, verdict)
+            if "baseline_divergence" in kinds:
+                baseline.name_buckets(slot.run, ref_key, slot.group, slot.step)
         return changed
 
 
