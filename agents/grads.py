@@ -61,7 +61,8 @@ def track_ddp() -> None:
 
 
 def _scan_ddp() -> None:
-    """Find DDP instances created before the agent attached (once, at the first step)."""
+    """Find DDP instances created before the agent attached (once, at attach: under `agents run`
+    that is before the script's objects exist, so the heap is small)."""
     cls = _ddp_class()
     if cls is None:
         return
@@ -153,7 +154,6 @@ class GradTracker:
         self._next_step = 0
         self._current: int | None = None
         self._last_time: float | None = None
-        self._scanned = False
         self._optimizers: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
         self._inflight: list[_InFlight] = []
         self._ring: collections.deque[tuple[int, str, dict[str, int]]] = collections.deque()
@@ -171,6 +171,7 @@ class GradTracker:
 
     def install(self) -> None:
         track_ddp()
+        _scan_ddp()  # at attach, never inside a training step: DDP modules made before the hook
         self._handle = register_optimizer_step_pre_hook(self._hook)
         if self._param_every:
             self._post_handle = register_optimizer_step_post_hook(self._post_hook)
@@ -210,9 +211,6 @@ class GradTracker:
         self.drain(block=False)
 
     def _groups(self, optimizer: torch.optim.Optimizer) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
-        if not self._scanned:
-            _scan_ddp()
-            self._scanned = True
         k = self._optimizers.setdefault(optimizer, len(self._optimizers))
         suffix = f".{k}" if k else ""
         ddp = _ddp_params()

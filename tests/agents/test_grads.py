@@ -93,6 +93,37 @@ def test_fsdp2_shards_get_shard_groups_never_ddp_or_local():
                      "GROUPS (1, 1) [('Grad', 'shard:1=0'), ('Param', 'shard:1=0')]"]
 
 
+_LATE_ATTACH = r"""
+import os, sys, torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = DDP(nn.Linear(4, 2))  # made before the agent attaches
+from agents import protocol
+from agents.grads import GradTracker
+events = []
+t = GradTracker(events.append, 1, 0); t.install()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.randn(3, 4)).sum().backward(); opt.step(); t.drain(); t.uninstall()
+print("GROUPS", sorted({e.group for e in events if isinstance(e, protocol.Grad)}))
+dist.barrier(); dist.destroy_process_group()
+"""
+
+
+def test_ddp_made_before_attach_is_still_the_ddp_group():
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    from .test_process import _free_port
+
+    out = subprocess.run([sys.executable, "-c", _LATE_ATTACH, str(_free_port())], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "GROUPS ['ddp']" in out.stdout
+
+
 def test_layout_is_told_once_per_change_with_two_optimizers():
     """Two optimizers stepping in turn: each one's buckets are cached on their own, so the layout
     (both optimizers' groups) is reported when the second one first steps, then never again."""
