@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,7 +15,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from websockets.sync.client import connect
 
-from dashboard.processes import kill_tree
+from dashboard.processes import descendants, kill_tree
 from ingest.models import Project, ProjectToken
 from tests.stack import ROOT, free_port, unique
 
@@ -22,7 +24,8 @@ def torchrun(stack, token: str, run_key: str, script: str, args: list[str], spoo
              extra_env: dict | None = None, via_agent_cli: bool = True) -> subprocess.Popen:
     """torchrun SCRIPT under the agent (`-m agents run`), or as is when the script attaches it itself."""
     env = dict(stack.env, LOCKSTEP_URL=stack.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run_key,
-               LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", **(extra_env or {}))
+               LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
+               **(extra_env or {}))
     agent = ["-m", "agents", "run"] if via_agent_cli else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
            str(free_port()), *agent, script, *args]
@@ -42,10 +45,29 @@ def running(job: subprocess.Popen):
 
 
 def finish(job: subprocess.Popen, timeout: float = 180) -> str:
-    output, _ = job.communicate(timeout=timeout)
+    try:
+        output, _ = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"job still running after {timeout} s; the ranks' stacks:\n{_stacks(job)[-12000:]}") from None
     text = output.decode(errors="replace")
     assert job.returncode == 0, text
     return text
+
+
+def _stacks(job: subprocess.Popen) -> str:
+    """SIGABRT every rank: with PYTHONFAULTHANDLER each prints all its threads' Python stacks,
+    which is what a hang needs to be understood; then whatever is left is killed."""
+    for pid in descendants(job.pid):
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except ProcessLookupError:
+            pass
+    try:
+        output, _ = job.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        kill_tree(job)
+        output, _ = job.communicate()
+    return output.decode(errors="replace")
 
 
 class Feed(threading.Thread):
