@@ -31,7 +31,8 @@ def _run(cmd, env, timeout=300):
 
 def _env(tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=str(tmp_path / "spool"), **extra)
+    env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=str(tmp_path / "spool"), TORCHINDUCTOR_COMPILE_THREADS="1",
+               PYTHONFAULTHANDLER="1", **extra)
     return env
 
 

@@ -22,10 +22,13 @@ from tests.stack import ROOT, free_port, unique
 
 def torchrun(stack, token: str, run_key: str, script: str, args: list[str], spool, ranks: int = 3,
              extra_env: dict | None = None, via_agent_cli: bool = True) -> subprocess.Popen:
-    """torchrun SCRIPT under the agent (`-m agents run`), or as is when the script attaches it itself."""
+    """torchrun SCRIPT under the agent (`-m agents run`), or as is when the script attaches it itself.
+
+    Inductor compiles in-process (TORCHINDUCTOR_COMPILE_THREADS=1): three ranks with a pool of
+    compile workers each oversubscribe two cores, and rare hangs of these jobs were seen in CI."""
     env = dict(stack.env, LOCKSTEP_URL=stack.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run_key,
                LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
-               **(extra_env or {}))
+               TORCHINDUCTOR_COMPILE_THREADS="1", **(extra_env or {}))
     agent = ["-m", "agents", "run"] if via_agent_cli else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
            str(free_port()), *agent, script, *args]
