@@ -42,6 +42,20 @@ def make_model(width: int = 64, depth: int = 2) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(width, 4))
 
 
+def end_distributed(settle_s: float = 0.5) -> None:
+    """Leave the process group so the process can exit, which a bare destroy does not ensure.
+
+    The barrier: 3-rank gloo jobs on torch 2.13 abort at exit without it. The sleep: each gloo
+    run-loop thread frees its last finished work after the work completes, and that takes the GIL
+    (the work holds captured Python thread-local state). If the last reference to the process group
+    goes first (DDP's reducer, freed with this frame), ~ProcessGroupGloo joins those threads while
+    holding the GIL and the rank never exits (gdb stack in docs/testing.md). Sleeping frees the GIL.
+    """
+    dist.barrier()
+    time.sleep(settle_s)
+    dist.destroy_process_group()
+
+
 def pick_backend(choice: str) -> str:
     if choice != "auto":
         return choice
@@ -95,8 +109,7 @@ def main() -> None:
         print(f"STEPTIME backend={backend} steps={n} mean_ms={(time.perf_counter() - t0) / n * 1e3:.4f} "
               f"cpu_ms={(time.process_time() - c0) / n * 1e3:.4f} "
               f"agent={'off' if os.environ.get('LOCKSTEP_DISABLE') == '1' else 'on'}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    end_distributed()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_job import batch_for, make_model  # noqa: E402
+from ddp_job import batch_for, end_distributed, make_model  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -147,8 +147,7 @@ def main() -> None:
         opt.step()
         if args.sleep:
             time.sleep(args.sleep)
-    dist.barrier()
-    dist.destroy_process_group()
+    end_distributed()
 
 
 if __name__ == "__main__":
