@@ -36,8 +36,10 @@ disagrees or fails; failures fall back to eager, never into user code.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import struct
 import threading
 from dataclasses import dataclass
 
@@ -268,9 +270,9 @@ def _span(t: torch.Tensor, keep: list[torch.Tensor]) -> tuple[int, int]:
     return words.data_ptr(), words.numel()
 
 
-def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[torch.Tensor, float, int]:
     """Lane sums int64 [len(tensors), 2] of CPU tensors' bytes in one native call, no concatenation;
-    with `stats`, float32 tensors also get their sum of squares and non-finite count."""
+    with `stats`, also the sum of squares of the float32 tensors and how many hold a non-finite value."""
     keep: list[torch.Tensor] = []
     spans = [_span(t, keep) for t in tensors]
     flags = [t.dtype == torch.float32 for t in tensors] if stats else None
@@ -395,6 +397,7 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+@functools.lru_cache(maxsize=None)
 def _dtype_code(dtype: torch.dtype | None) -> int:
     name = "none" if dtype is None else str(dtype).removeprefix("torch.")
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
@@ -503,12 +506,14 @@ def lane_sums_and_stats(tensors: list[torch.Tensor | None], stats: bool) -> tupl
 
 def _per_tensor_native(tensors: list[torch.Tensor | None], stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     present = [i for i, t in enumerate(tensors) if t is not None]
-    out = torch.zeros(len(tensors), 2, dtype=torch.int64)
     sums, squares, nonfinite = _native_many([tensors[i] for i in present], stats)
-    out[present] = sums
+    if len(present) != len(tensors):
+        out = torch.zeros(len(tensors), 2, dtype=torch.int64)
+        out[present] = sums
+        sums = out
     if not stats:
-        return out, None
-    return out, torch.stack([squares.sum().view(torch.int64), (nonfinite > 0).sum()])
+        return sums, None
+    return sums, torch.tensor([struct.unpack("<q", struct.pack("<d", squares))[0], nonfinite], dtype=torch.int64)
 
 
 def _per_tensor_generic(tensors: list[torch.Tensor | None]) -> torch.Tensor:

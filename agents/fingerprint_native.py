@@ -20,6 +20,7 @@ import platform
 import subprocess
 import tempfile
 import threading
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -133,34 +134,43 @@ def _groups(pieces: list[tuple], threads: int) -> list[tuple[int, int]]:
 
 
 def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int],
-              stats: list[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              stats: list[bool] | None = None) -> tuple[torch.Tensor, float, int]:
     """Lane sums of (address, words) spans of 32-bit words in CPU memory (the caller keeps the
-    memory alive): int64 [len(spans), 2] (low 32 bits meaningful), and for the spans flagged in
-    `stats` (float32 data) the float64 sum of squares and the int64 count of non-finite values
-    (zeros elsewhere)."""
+    memory alive): int64 [len(spans), 2] (low 32 bits meaningful); and over the spans flagged in
+    `stats` (float32 data) the float64 sum of squares and how many spans hold a non-finite value.
+
+    Runs inside every optimizer step, so the call's own cost counts: the piece table and the
+    results live in `array` buffers (a few microseconds, where torch tensors cost tens)."""
     if not available():
         raise RuntimeError("native fingerprint kernel unavailable")
     total = sum(n for _, n in spans)
     threads = max(1, torch.get_num_threads()) if total >= SPLIT_WORDS else 1
     pieces = _pieces(spans, threads)
     flags = stats or [False] * len(spans)
-    table = torch.tensor([(*p[1:], int(flags[p[0]])) for p in pieces], dtype=torch.int64).t().contiguous()
-    out = torch.empty(len(pieces), 4, dtype=torch.int64)  # lane 0, lane 1, sum of squares (bits), non-finite
+    columns = [array("q", (p[k] for p in pieces)) for k in range(1, 5)]
+    columns.append(array("q", (int(flags[p[0]]) for p in pieces)))
+    addresses = [c.buffer_info()[0] for c in columns]
+    out = array("q", bytes(32 * len(pieces)))  # per piece: lane 0, lane 1, sum of squares (bits), non-finite
+    base = out.buffer_info()[0]
     colw = colw.contiguous()
     fn = _lib.lockstep_lane_sums
 
     def run(begin: int, end: int) -> None:
-        fn(end - begin, *(table[k].data_ptr() + 8 * begin for k in range(5)), colw.data_ptr(),
-           row_mults[0], row_mults[1], out.data_ptr() + 32 * begin)
+        fn(end - begin, *(a + 8 * begin for a in addresses), colw.data_ptr(), row_mults[0], row_mults[1],
+           base + 32 * begin)
 
     groups = _groups(pieces, threads) if threads > 1 else [(0, len(pieces))]
     futures = [_workers().submit(run, *g) for g in groups[1:]]
     run(*groups[0])
     for future in futures:
         future.result()
-    squares = out[:, 2].clone().view(torch.float64)
-    if len(pieces) != len(spans):
-        index = torch.tensor([p[0] for p in pieces], dtype=torch.int64)
-        out = torch.zeros(len(spans), 4, dtype=torch.int64).index_add_(0, index, out)
-        squares = torch.zeros(len(spans), dtype=torch.float64).index_add_(0, index, squares)
-    return out[:, :2], squares, out[:, 3]
+    lanes = [[0, 0] for _ in spans]
+    squares, nonfinite = 0.0, [0] * len(spans)
+    square_bits = array("d", out.tobytes())
+    for i, p in enumerate(pieces):
+        lane = lanes[p[0]]
+        lane[0] = (lane[0] + out[4 * i]) & 0xFFFFFFFF
+        lane[1] = (lane[1] + out[4 * i + 1]) & 0xFFFFFFFF
+        squares += square_bits[4 * i + 2]
+        nonfinite[p[0]] += out[4 * i + 3]
+    return torch.tensor(lanes, dtype=torch.int64).reshape(len(spans), 2), squares, sum(n > 0 for n in nonfinite)

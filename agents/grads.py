@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import itertools
 import struct
 import threading
 import time
@@ -95,14 +96,14 @@ class _InFlight:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """The rank's own shard of a DTensor (FSDP2 / tensor parallel); plain tensors as they are."""
-    to_local = getattr(t, "to_local", None)
-    if to_local is not None and type(t).__name__ == "DTensor":
+    """The rank's own shard of a DTensor (FSDP2 / tensor parallel); plain tensors as they are
+    (detached only when they require grad: this runs for every parameter at every step)."""
+    if type(t).__name__ == "DTensor":
         try:
-            return to_local()
+            return t.to_local()
         except Exception:
             pass
-    return t.detach()
+    return t.detach() if t.requires_grad else t
 
 
 def _dtensor_group(p: torch.Tensor) -> str | None:
@@ -155,6 +156,7 @@ class GradTracker:
         self._current: int | None = None
         self._last_time: float | None = None
         self._optimizers: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
+        self._group_cache: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple]" = weakref.WeakKeyDictionary()
         self._inflight: list[_InFlight] = []
         self._ring: collections.deque[tuple[int, str, dict[str, int]]] = collections.deque()
         self._lock = threading.Lock()
@@ -211,7 +213,17 @@ class GradTracker:
         self.drain(block=False)
 
     def _groups(self, optimizer: torch.optim.Optimizer) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
+        """Comparison groups of the optimizer's parameters; computed again only when its parameters
+        or the DDP modules change (the cache holds the parameters, so their ids stay theirs)."""
         k = self._optimizers.setdefault(optimizer, len(self._optimizers))
+        key = (tuple(map(id, itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups))),
+               tuple(map(id, _ddp_modules)))
+        cached = self._group_cache.get(optimizer)
+        if cached is None or cached[0] != key:
+            cached = self._group_cache[optimizer] = (key, self._make_groups(optimizer, k))
+        return cached[1]
+
+    def _make_groups(self, optimizer: torch.optim.Optimizer, k: int) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
         suffix = f".{k}" if k else ""
         ddp = _ddp_params()
         groups: dict[str, tuple[list[str], list[torch.Tensor]]] = {}

@@ -145,3 +145,29 @@ def test_layout_is_told_once_per_change_with_two_optimizers():
     names, buckets = layouts[-1]
     assert names == ["local:group0.0", "local:group0.1", "local.1:group0.0", "local.1:group0.1"]
     assert sorted(i for b in buckets for i in b) == [0, 1, 2, 3]
+
+
+def test_groups_follow_a_param_group_added_mid_run():
+    """Groups are cached per optimizer between steps; a parameter group added later is picked up
+    at the next step (layout told again, and its gradient changes the fingerprints)."""
+    layouts: list = []
+    events: list = []
+    tracker = GradTracker(events.append, 1, 0, on_layout=lambda names, buckets: layouts.append(names))
+    tracker.install()
+    torch.manual_seed(0)
+    body, extra = nn.Linear(4, 2), nn.Linear(2, 1)
+    opt = torch.optim.SGD(body.parameters(), lr=0.1)
+    try:
+        for step in range(4):
+            if step == 2:
+                opt.add_param_group({"params": list(extra.parameters())})
+            opt.zero_grad()
+            extra(body(torch.randn(3, 4))).sum().backward()
+            opt.step()
+        tracker.drain(block=True)
+    finally:
+        tracker.uninstall()
+    assert layouts == [["local:group0.0", "local:group0.1"],
+                       ["local:group0.0", "local:group0.1", "local:group1.0", "local:group1.1"]]
+    grads = [e for e in events if isinstance(e, protocol.Grad)]
+    assert [len(e.fps) for e in grads] == [2, 2, 4, 4]
