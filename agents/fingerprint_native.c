@@ -73,7 +73,7 @@ INLINE void row_pair(const uint32_t *restrict xa, const uint32_t *restrict xb, c
                      const uint32_t *restrict c1, uint32_t ra0, uint32_t ra1, uint32_t R0, uint32_t R1, Acc *acc,
                      const int stats) {
     v8 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, w;
-    v8f sq = {0};
+    v8f sqa = {0}, sqb = {0}; /* one chain per row: a single one made the float adds' latency the limit */
     uint32_t rb0 = ra0 + R0, rb1 = ra1 + R1;
     for (int c = 0; c < COLS; c += W) {
         v8 u0 = load8(c0 + c), u1 = load8(c1 + c), va = load8(xa + c), vb = load8(xb + c);
@@ -83,13 +83,13 @@ INLINE void row_pair(const uint32_t *restrict xa, const uint32_t *restrict xb, c
         w = u1 + rb1; b1 += (vb ^ w) * (w | 1u);
         if (stats) {
             v8f fa = (v8f)va, fb = (v8f)vb;
-            sq += fa * fa;
-            sq += fb * fb;
+            sqa += fa * fa;
+            sqb += fb * fb;
         }
     }
     acc->s0 += hsum(a0 + b0);
     acc->s1 += hsum(a1 + b1);
-    if (stats) fold_stats(sq, xa, COLS, xb, COLS, acc);
+    if (stats) fold_stats(sqa + sqb, xa, COLS, xb, COLS, acc);
 }
 
 INLINE void row_one(const uint32_t *restrict x, int64_t len, const uint32_t *restrict c0, const uint32_t *restrict c1,
