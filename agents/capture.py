@@ -96,6 +96,7 @@ class CompileCapture(logging.Handler):
         self._pending: dict[tuple, _Pending] = {}
         self._index: dict[str, int] = {}
         self._frames: dict[str, str] = {}  # compile_id -> frame of the compiles reported
+        self._frame_ids: dict[str, str] = {}  # Dynamo frame id ("3" of "3/0") -> frame
         self._lock = threading.Lock()
         self.now: Callable[[], float] = time.time  # event timestamps (replay uses the trace's own)
 
@@ -164,7 +165,7 @@ class CompileCapture(logging.Handler):
         filename = m.get("co_filename") or ""
         if filename.startswith(_AGENT_DIR + os.sep):
             return
-        frame = frame_key(filename, m.get("co_firstlineno"), m.get("co_name") or "")
+        frame = self._frame(m, filename)
         index = self._index.get(frame, 0)
         self._index[frame] = index + 1
         step = self._step()
@@ -175,6 +176,17 @@ class CompileCapture(logging.Handler):
         if event.compile_id:
             self._frames[event.compile_id] = frame
         self._emit(event)
+
+    def _frame(self, m: dict, filename: str) -> str:
+        """The frame's key; a compile that hit the recompile limit names no code object, so it
+        takes the key of its Dynamo frame id's earlier compiles ("3/8" -> frame id "3")."""
+        frame_id = str(m.get("compile_id") or "").rsplit("/", 1)[0]
+        if filename or m.get("co_name"):
+            frame = frame_key(filename, m.get("co_firstlineno"), m.get("co_name") or "")
+            if frame_id:
+                self._frame_ids[frame_id] = frame
+            return frame
+        return self._frame_ids.get(frame_id) or frame_key("", None, "")
 
     def _runtime(self, m: dict) -> None:
         """Runtime autotuning of a compile already reported (the agent's own compiles never are)."""

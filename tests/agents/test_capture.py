@@ -126,3 +126,21 @@ def test_h200_trace_carries_triton_build_and_runtime_autotune_times():
     [tuned] = [e for e in events if isinstance(e, protocol.CompileRuntime)]
     assert 0 < tuned.times["runtime_autotune_time_s"] < 60
     assert any((c.compile_id, c.frame) == (tuned.compile_id, tuned.frame) for c in compiles)
+
+
+def stormy(x):
+    return (x * 3).sum(dim=0)
+
+
+def test_recompile_limit_hit_keeps_its_frame():
+    """torch reports the compile that hits the recompile limit without a code object; it keeps
+    the frame of its Dynamo frame id's earlier compiles (not '?:0:?'), as the 9th of that frame."""
+    def run(step):
+        f = torch.compile(stormy, backend="eager", dynamic=False)
+        for n in range(2, 12):
+            f(torch.ones(n, 3))
+
+    compiles = [e for e in _capture(run) if isinstance(e, protocol.Compile)]
+    assert len({e.frame for e in compiles}) == 1 and compiles[0].frame.endswith(":stormy")
+    limit = compiles[-1]
+    assert (limit.index, limit.status) == (torch._dynamo.config.recompile_limit, "eager")
