@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 def start_up(data_dir, port: int) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(LOCKSTEP_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1")
+    env.update(LOCKSTEP_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     return subprocess.Popen([sys.executable, "manage.py", "up", "--no-demo", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -47,9 +47,18 @@ def log_in(url: str) -> requests.Session:
     return http
 
 
-def stop(proc: subprocess.Popen) -> str:
+def stop(proc: subprocess.Popen, data_dir, timeout: float = 120) -> str:
+    """Ctrl-C; if it is not done in time, its Python stacks (SIGABRT + faulthandler) and the
+    stack's logs go into the failure."""
     os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGABRT)
+        out, _ = proc.communicate(timeout=30)
+        logs = "".join(f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
+                       for log in sorted(data_dir.glob("*.log")))
+        raise AssertionError(f"`manage.py up` still running {timeout:.0f} s after Ctrl-C:\n{out}{logs}")
     return out
 
 
@@ -74,7 +83,7 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
                 time.sleep(0.5)
         assert "Runs" in http.get(f"{url}/", timeout=10).text
         assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).json() == {"runs": []}
-        assert "embedded PostgreSQL and Redis stopped" in stop(proc)
+        assert "embedded PostgreSQL and Redis stopped" in stop(proc, data)
         assert proc.returncode == 0
         assert embedded_processes(data) == []
 
@@ -83,7 +92,7 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
         time.sleep(2)
         log_in(url)
         assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
-        stop(proc)
+        stop(proc, data)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

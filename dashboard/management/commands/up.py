@@ -92,7 +92,11 @@ class Command(BaseCommand):
     def handle(self, *args, port: int, host: str, no_demo: bool, ranks: int, **options) -> None:
         self.children: list[subprocess.Popen] = []
         self.stopping = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        # Ctrl-C and SIGTERM set a flag the watch loop checks: no exception landing mid-query, and
+        # it works where SIGINT arrives ignored (a shell's background jobs start with SIG_IGN,
+        # which Python keeps, so `up &` never saw Ctrl-C: found when the test hung in CI).
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: self.stopping.set())
         self.say(f"data folder {settings.DATA_DIR}; database and Redis ready")
         call_command("migrate", interactive=False, verbosity=0)
         token = self.demo_login()
@@ -113,8 +117,6 @@ class Command(BaseCommand):
                 threading.Thread(target=self.run_demo, args=(env, token, ranks), daemon=True).start()
             self.say("press Ctrl-C to stop")
             self.watch(services)
-        except KeyboardInterrupt:
-            self.say("stopping")
         finally:
             self.stopping.set()
             self.stop_children()
@@ -148,7 +150,9 @@ class Command(BaseCommand):
                     seen.add((alert.id, alert.revision))
                     ranks = ",".join(map(str, alert.ranks)) or "-"
                     self.say(f"ALERT {alert.state:<8} {alert.kind:<31} run {alert.run.key} ranks {ranks}: {alert.message[:160]}")
-            time.sleep(1)
+            if self.stopping.wait(1):
+                self.say("stopping")
+                return
         self.say("a stack process exited (see the logs in the data folder); stopping")
 
     def run_demo(self, env: dict, token: str, ranks: int) -> None:
