@@ -3,8 +3,11 @@
 Why not Inductor: its vectorized int32 loop for the same sums ran at 0.15-0.40x of `tensor.sum()`
 on a 2-core EPYC (one row at a time, masked tails); this loop (two rows per pass, so the column
 weights are loaded once per pair) runs near memory speed, and one call takes all of a step's
-tensors without concatenating them. ctypes releases the GIL during the call, so large tensors
-are split by rows over torch's intra-op thread count, as `tensor.sum()` is.
+tensors without concatenating them. Large tensors are split by rows over torch's intra-op thread
+count, as `tensor.sum()` is, and the pieces run on torch's own OpenMP threads (see the C file: a
+thread pool of our own ran at half speed next to torch's threads spin-waiting after the backward
+pass, 0.55-0.64x of `sum()` against 0.8x and more now). A compiler without OpenMP gives a
+one-thread build.
 
 Built with the C compiler Inductor needs anyway (`$CC`, else cc or gcc) into `$LOCKSTEP_CACHE_DIR`
 (default ~/.cache/lockstep), keyed by source, compiler and the CPU's feature flags (the build
@@ -21,7 +24,6 @@ import subprocess
 import tempfile
 import threading
 from array import array
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -31,7 +33,6 @@ COLS = 4096
 SPLIT_WORDS = 1 << 20  # below this (4 MiB) a call stays on the calling thread
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None | bool = None  # False: tried and failed
-_pool: ThreadPoolExecutor | None = None
 
 
 def _cpu_identity() -> str:
@@ -50,7 +51,7 @@ def _cache_dir() -> Path:
 def _compile(out: Path) -> bool:
     source = SOURCE.read_bytes()
     compilers = [c for c in (os.environ.get("CC"), "cc", "gcc") if c]
-    for flags in (["-O3", "-march=native"], ["-O3"]):
+    for flags in (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"]):
         for cc in compilers:
             key = hashlib.sha256(b"\0".join([source, " ".join([cc, *flags]).encode(), _cpu_identity().encode()]))
             target = out / f"fingerprint-{key.hexdigest()[:16]}.so"
@@ -66,16 +67,22 @@ def _compile(out: Path) -> bool:
                     continue
                 if done.returncode == 0:
                     os.replace(built, target)  # atomic: ranks building at once each install a whole file
-                    return _load(target)
+                    if _load(target):
+                        return True
     return False
 
 
 def _load(path: Path) -> bool:
+    """False when the library does not load (an OpenMP build against a libgomp this process lacks)."""
     global _lib
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return False
     fn = lib.lockstep_lane_sums
     fn.restype = None
-    fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 6, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 6, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.c_int]
     _lib = lib
     return True
 
@@ -97,15 +104,6 @@ def available() -> bool:
     return bool(_lib)
 
 
-def _workers() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        with _lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="lockstep-fp")
-    return _pool
-
-
 def _pieces(spans: list[tuple[int, int]], threads: int) -> list[tuple[int, int, int, int, int]]:
     """(span index, data pointer, words, first row, end row): big spans cut into `threads` row ranges."""
     pieces = []
@@ -117,20 +115,6 @@ def _pieces(spans: list[tuple[int, int]], threads: int) -> list[tuple[int, int, 
         step = -(-rows // threads)
         pieces.extend((j, ptr, n, first, min(rows, first + step)) for first in range(0, rows, step))
     return pieces
-
-
-def _groups(pieces: list[tuple], threads: int) -> list[tuple[int, int]]:
-    """Contiguous [begin, end) ranges of pieces with about equal work, one per thread."""
-    total = sum((p[4] - p[3]) for p in pieces) or 1
-    bounds, acc, begin = [], 0, 0
-    for i, p in enumerate(pieces):
-        acc += p[4] - p[3]
-        if acc * threads >= total * (len(bounds) + 1) and len(bounds) < threads - 1:
-            bounds.append((begin, i + 1))
-            begin = i + 1
-    if begin < len(pieces):
-        bounds.append((begin, len(pieces)))
-    return bounds
 
 
 def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int],
@@ -151,19 +135,9 @@ def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple
     columns.append(array("q", (int(flags[p[0]]) for p in pieces)))
     addresses = [c.buffer_info()[0] for c in columns]
     out = array("q", bytes(32 * len(pieces)))  # per piece: lane 0, lane 1, sum of squares (bits), non-finite
-    base = out.buffer_info()[0]
     colw = colw.contiguous()
-    fn = _lib.lockstep_lane_sums
-
-    def run(begin: int, end: int) -> None:
-        fn(end - begin, *(a + 8 * begin for a in addresses), colw.data_ptr(), row_mults[0], row_mults[1],
-           base + 32 * begin)
-
-    groups = _groups(pieces, threads) if threads > 1 else [(0, len(pieces))]
-    futures = [_workers().submit(run, *g) for g in groups[1:]]
-    run(*groups[0])
-    for future in futures:
-        future.result()
+    _lib.lockstep_lane_sums(len(pieces), *addresses, colw.data_ptr(), row_mults[0], row_mults[1],
+                            out.buffer_info()[0], threads)
     lanes = [[0, 0] for _ in spans]
     squares, nonfinite = 0.0, [0] * len(spans)
     square_bits = array("d", out.tobytes())
