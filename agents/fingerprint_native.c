@@ -129,10 +129,10 @@ INLINE void piece(const uint32_t *x, int64_t n, int64_t r, int64_t end, const ui
 }
 
 /* out[4 * i ...]: lane sum 0, lane sum 1, the bits of the double sum of squares, non-finite count.
- * Pieces run on up to `threads` OpenMP threads. Built with -fopenmp, this library needs
- * "libgomp.so.1", and the loader hands it the one torch already loaded: the pieces run on torch's
- * own intra-op threads, which still spin-wait from the backward pass when the optimizer hook
- * calls this; a pool of our own would have to share the cores with them. */
+ * Pieces run on up to `threads` OpenMP threads. The OpenMP build is linked against the runtime
+ * file torch loaded (fingerprint_native.py), so the pieces run on torch's own intra-op threads,
+ * which still spin-wait from the backward pass when the optimizer hook calls this; a pool of our
+ * own would have to share the cores with them. */
 void lockstep_lane_sums(int64_t npieces, const int64_t *ptrs, const int64_t *nwords, const int64_t *row_begin,
                         const int64_t *row_end, const int64_t *stats, const uint32_t *colw, uint32_t R0, uint32_t R1,
                         int64_t *out, int threads) {

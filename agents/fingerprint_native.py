@@ -10,9 +10,10 @@ pass, 0.55-0.64x of `sum()` against 0.8x and more now). A compiler without OpenM
 one-thread build.
 
 Built with the C compiler Inductor needs anyway (`$CC`, else cc or gcc) into `$LOCKSTEP_CACHE_DIR`
-(default ~/.cache/lockstep), keyed by source, compiler and the CPU's feature flags (the build
-uses -march=native, so a cache shared between unlike machines must never hand out a foreign
-binary). Any failure leaves the Inductor and eager paths; `LOCKSTEP_FP_NATIVE=0` skips it.
+(default ~/.cache/lockstep), keyed by source, recipe (compiler, OpenMP runtime) and the CPU's
+feature flags (the build uses -march=native, so a cache shared between unlike machines must never
+hand out a foreign binary). Recipes are tried best first (`_recipes`); when none builds and loads,
+the Inductor and eager paths remain; `LOCKSTEP_FP_NATIVE=0` skips it.
 """
 from __future__ import annotations
 
@@ -48,28 +49,64 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("LOCKSTEP_CACHE_DIR") or Path.home() / ".cache" / "lockstep")
 
 
+def _openmp_runtime() -> str | None:
+    """Path of the OpenMP runtime torch brought into this process (libgomp, or LLVM's or Intel's,
+    which speak libgomp's ABI too), whatever its file is called (wheels rename it)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split()[-1]
+        if os.path.basename(path).startswith(("libgomp", "libomp", "libiomp5")) and ".so" in path:
+            return path
+    return None
+
+
+def _recipes(cc: str) -> list[tuple[str, list[list[str]]]]:
+    """(name, commands) that build {lib} from {src}, best first. The OpenMP build is linked against
+    torch's own runtime file, so the library needs that runtime's soname and shares its threads."""
+    native = ["-O3", "-march=native"]
+    recipes = []
+    runtime = _openmp_runtime()
+    if runtime:
+        recipes.append((f"{cc} openmp {runtime}",
+                        [[cc, *native, "-fopenmp", "-fPIC", "-c", "-o", "{obj}", "{src}"],
+                         [cc, "-shared", "-o", "{lib}", "{obj}", runtime, f"-Wl,-rpath,{os.path.dirname(runtime)}"]]))
+    recipes.append((f"{cc} native", [[cc, *native, "-shared", "-fPIC", "-o", "{lib}", "{src}"]]))
+    recipes.append((f"{cc} portable", [[cc, "-O3", "-shared", "-fPIC", "-o", "{lib}", "{src}"]]))
+    return recipes
+
+
 def _compile(out: Path) -> bool:
     source = SOURCE.read_bytes()
     compilers = [c for c in (os.environ.get("CC"), "cc", "gcc") if c]
-    for flags in (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"]):
-        for cc in compilers:
-            key = hashlib.sha256(b"\0".join([source, " ".join([cc, *flags]).encode(), _cpu_identity().encode()]))
+    for cc in compilers:
+        for name, commands in _recipes(cc):
+            key = hashlib.sha256(b"\0".join([source, name.encode(), _cpu_identity().encode()]))
             target = out / f"fingerprint-{key.hexdigest()[:16]}.so"
             if target.exists():
-                return _load(target)
+                if _load(target):
+                    return True
+                continue
             out.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=out) as tmp:
-                built = Path(tmp) / target.name
-                try:
-                    done = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(built), str(SOURCE)],
-                                          capture_output=True, timeout=60)
-                except (OSError, subprocess.SubprocessError):
-                    continue
-                if done.returncode == 0:
-                    os.replace(built, target)  # atomic: ranks building at once each install a whole file
+                paths = {"src": str(SOURCE), "obj": f"{tmp}/kernel.o", "lib": f"{tmp}/{target.name}"}
+                if _run_all([[arg.format(**paths) for arg in cmd] for cmd in commands]):
+                    os.replace(paths["lib"], target)  # atomic: ranks building at once each install a whole file
                     if _load(target):
                         return True
     return False
+
+
+def _run_all(commands: list[list[str]]) -> bool:
+    for cmd in commands:
+        try:
+            if subprocess.run(cmd, capture_output=True, timeout=60).returncode != 0:
+                return False
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return True
 
 
 def _load(path: Path) -> bool:

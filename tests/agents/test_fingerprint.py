@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -114,6 +116,27 @@ def test_native_kernel_equals_the_reference_for_every_layout(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert len(fingerprint_native._pieces([(big.data_ptr(), big.numel())], 3)) == 3
     assert torch.equal(_mod32(F._lane_sums_native(big)), _mod32(F._lane_sums_eager(big)))
+
+
+def test_native_builds_share_torchs_openmp_runtime_or_fall_back(monkeypatch, tmp_path):
+    """The OpenMP build links the runtime file torch loaded (no second libgomp in the process);
+    without one (or when it fails to build) the one-thread build gives the same sums."""
+    import agents.fingerprint as F
+    from agents import fingerprint_native
+
+    runtime = fingerprint_native._openmp_runtime()
+    assert runtime and os.path.realpath(runtime).startswith(os.path.realpath(os.path.dirname(torch.__file__)))
+    big = _words((1 << 20) + 3 * 4096 + 5, 11)
+    expected = _mod32(F._lane_sums_eager(big))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for found in (runtime, None):
+        monkeypatch.setattr(fingerprint_native, "_openmp_runtime", lambda found=found: found)
+        monkeypatch.setenv("LOCKSTEP_CACHE_DIR", str(tmp_path / str(bool(found))))
+        monkeypatch.setattr(fingerprint_native, "_lib", None)
+        assert fingerprint_native.available()
+        assert torch.equal(_mod32(F._lane_sums_native(big)), expected)
+    runtimes = {line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line or "libomp" in line}
+    assert runtimes == {runtime}
 
 
 def test_native_pass_gives_the_gradient_statistics_of_the_torch_ops():
