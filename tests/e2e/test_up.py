@@ -2,6 +2,7 @@
 folder: it serves a login, stops everything on Ctrl-C, and reuses its data on the next start."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import time
 import pytest
 import requests
 
+from dashboard.processes import descendants, kill_tree, survivors
 from tests.stack import ROOT, free_port
 
 pytestmark = pytest.mark.e2e
@@ -54,8 +56,12 @@ def stop(proc: subprocess.Popen, data_dir, timeout: float = 120) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        below = descendants(proc.pid)  # server and worker: in sessions of their own
         os.kill(proc.pid, signal.SIGABRT)
         out, _ = proc.communicate(timeout=30)
+        for pid in survivors(below, timeout=0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         logs = "".join(f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
                        for log in sorted(data_dir.glob("*.log")))
         raise AssertionError(f"`manage.py up` still running {timeout:.0f} s after Ctrl-C:\n{out}{logs}")
@@ -95,8 +101,7 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
         stop(proc, data)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_tree(proc)  # its server and worker run in sessions of their own
         if embedded_processes(data):
             from dashboard import embedded
 
