@@ -477,6 +477,16 @@ def _redis_stop(data_dir: Path) -> None:
 # --------------------------------------------------------------------------- both
 
 
+def running(data_dir: Path) -> list[str]:
+    """Which embedded servers of data_dir have a live process ("postgresql", "redis")."""
+    names = []
+    if _pg_running(_pg_dir(data_dir)) is not None:
+        names.append("postgresql")
+    if _redis_pid(_redis_dir(data_dir)) is not None:
+        names.append("redis")
+    return names
+
+
 def stop(data_dir: Path) -> None:
     """Stop the embedded Redis and PostgreSQL of data_dir if they run; a no-op otherwise.
 

@@ -148,6 +148,8 @@ def test_embedded_stack_lifecycle(data_dir: Path) -> None:
     print(f"\ncold start (racing 2 other processes): postgres {pg_cold_s:.3f}s, "
           f"redis {redis_cold_s:.3f}s")
 
+    assert embedded.running(data_dir) == ["postgresql", "redis"]
+
     # Real round trips.
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert conn.execute("SELECT current_database()").fetchone() == ("lockstep",)
@@ -177,6 +179,7 @@ def test_embedded_stack_lifecycle(data_dir: Path) -> None:
     (_, stop_s) = _timed(embedded.stop, data_dir)
     embedded.stop(data_dir)
     assert not any(_alive(pid) for pid in pids_before.values())
+    assert embedded.running(data_dir) == []
     assert not _port_open(port)
     assert not (pgdata / ".s.PGSQL.5432").exists()
     with pytest.raises(psycopg.OperationalError):

@@ -13,17 +13,21 @@ import time
 import pytest
 import requests
 
+from dashboard import embedded
 from dashboard.processes import descendants, kill_tree, survivors
 from tests.stack import ROOT, free_port
 
 pytestmark = pytest.mark.e2e
 
 
-def start_up(data_dir, port: int) -> subprocess.Popen:
+def start_up(data_dir, port: int, sigint_ignored: bool = False) -> subprocess.Popen:
+    """`sigint_ignored`: start it as a shell starts a background job (`up &`), with SIGINT ignored."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(LOCKSTEP_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return subprocess.Popen([sys.executable, "manage.py", "up", "--no-demo", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=ignore)
 
 
 def wait_line(proc: subprocess.Popen, pattern: str, timeout: float = 90) -> str:
@@ -68,11 +72,6 @@ def stop(proc: subprocess.Popen, data_dir, timeout: float = 120) -> str:
     return out
 
 
-def embedded_processes(data_dir) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(data_dir) in line and not line.lstrip().startswith("Z")]
-
-
 def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
     data, port = tmp_path / "data", free_port()
     url = f"http://127.0.0.1:{port}"
@@ -91,18 +90,16 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
         assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).json() == {"runs": []}
         assert "embedded PostgreSQL and Redis stopped" in stop(proc, data)
         assert proc.returncode == 0
-        assert embedded_processes(data) == []
+        assert embedded.running(data) == []
 
-        proc = start_up(data, port)  # same folder: the demo login (and its token) still work
+        proc = start_up(data, port, sigint_ignored=True)  # same folder: the demo login (and its token) still work
         wait_line(proc, r"Lockstep is up")
         time.sleep(2)
         log_in(url)
         assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
-        stop(proc, data)
+        assert "embedded PostgreSQL and Redis stopped" in stop(proc, data)  # Ctrl-C works even so
     finally:
         if proc.poll() is None:
             kill_tree(proc)  # its server and worker run in sessions of their own
-        if embedded_processes(data):
-            from dashboard import embedded
-
+        if embedded.running(data):
             embedded.stop(data)
