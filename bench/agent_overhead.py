@@ -10,7 +10,7 @@ cost per compiled graph.
 when CUDA is there, else gloo) alternately with LOCKSTEP_DISABLE=1 and with the agent in
 offline mode (spool in a temp dir), `--rounds` times each, and reports rank 0's mean step time
 over steps >= --time-from (the best round of each side) and the overhead.
-`hook`: one process, one thread, the same model: times the agent's own work inside every
+`hook`: one process, `--threads` torch threads (default one), the same model: times the agent's own work inside every
 optimizer step (the step pre- and post-hooks: fingerprints, gradient statistics, events)
 against the whole step, in the same run. On a shared machine this is the stable number; the
 A/B of `step` carries the noise of everything else running.
@@ -137,7 +137,7 @@ import os, sys, tempfile, time
 sys.path.insert(0, os.path.join(sys.argv[1], "demo"))
 os.environ.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=tempfile.mkdtemp(), LOCKSTEP_RUN="bench-hook")
 import torch
-torch.set_num_threads(1)
+torch.set_num_threads(int(sys.argv[7]))
 from ddp_job import batch_for, make_model
 import agents
 from agents import grads
@@ -172,10 +172,10 @@ print(f"HOOK step={median(step_times) * 1e3:.3f} hook={median(hook_times) * 1e3:
 
 def hook_cost(args) -> None:
     out = _run([sys.executable, "-c", _HOOK_CHILD, ROOT, str(args.width), str(args.depth), str(args.batch),
-                str(args.steps), str(args.time_from)], _base_env(), args.timeout)
+                str(args.steps), str(args.time_from), str(args.threads)], _base_env(), args.timeout)
     m = re.search(r"HOOK step=([\d.]+) hook=([\d.]+) params=(\d+)", out)
     step, hook, params = float(m.group(1)), float(m.group(2)), int(m.group(3))
-    print(f"{'params':>10} {'batch':>6} {'step ms':>9} {'agent ms':>9} {'share':>7}   (medians, one thread)")
+    print(f"{'params':>10} {'batch':>6} {'step ms':>9} {'agent ms':>9} {'share':>7}   (medians, {args.threads} thread(s))")
     print(f"{params:>10} {args.batch:>6} {step:>9.2f} {hook:>9.3f} {100 * hook / step:>6.2f}%   target <= 2%")
 
 
@@ -189,6 +189,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for --part hook")
     p.add_argument("--graphs", type=int, default=12)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
