@@ -52,6 +52,7 @@ MASK64 = (1 << 64) - 1
 COLS = 4096
 LOG2_COLS = 12
 # (column-mix multiplier 1, column-mix multiplier 2, row multiplier) per lane
+_CPU = torch.device("cpu")
 _LANES = ((0x27D4EB2D, 0x165667B1, 0x9E3779B1), (0x3C6EF372, 0x7FEB352D, 0x85EBCA77))
 # Tensors at least this large get their own kernel; smaller ones are batched into one call.
 BIG_WORDS = {"cuda": 1 << 16}
@@ -270,9 +271,10 @@ def _span(t: torch.Tensor, keep: list[torch.Tensor]) -> tuple[int, int]:
     return words.data_ptr(), words.numel()
 
 
-def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[torch.Tensor, float, int]:
-    """Lane sums int64 [len(tensors), 2] of CPU tensors' bytes in one native call, no concatenation;
-    with `stats`, also the sum of squares of the float32 tensors and how many hold a non-finite value."""
+def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[list[int], float, int]:
+    """Lane sums ([lane 0, lane 1] per tensor, flat) of CPU tensors' bytes in one native call, no
+    concatenation; with `stats`, also the sum of squares of the float32 tensors and how many hold a
+    non-finite value."""
     keep: list[torch.Tensor] = []
     spans = [_span(t, keep) for t in tensors]
     flags = [t.dtype == torch.float32 for t in tensors] if stats else None
@@ -283,7 +285,7 @@ def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[torc
 def _lane_sums_native(x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu":
         raise RuntimeError("the native fingerprint runs on the CPU")
-    return _native_many([x])[0][0]
+    return torch.tensor(_native_many([x])[0], dtype=torch.int64)
 
 
 # --- choosing a path ----------------------------------------------------------------------------
@@ -403,9 +405,14 @@ def _dtype_code(dtype: torch.dtype | None) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
+@functools.lru_cache(maxsize=4096)
+def _mix_seed(numel: int, dtype: torch.dtype | None) -> int:
+    return splitmix64(numel ^ _dtype_code(dtype))
+
+
 def mix(lanes: tuple[int, ...], numel: int, dtype: torch.dtype | None) -> int:
     """Host-side finish: fold numel, dtype and the lane sums into one u64."""
-    h = splitmix64(numel ^ _dtype_code(dtype))
+    h = _mix_seed(numel, dtype)
     for s in lanes:
         h = splitmix64(h ^ (s & 0xFFFFFFFF))
     return h
@@ -442,9 +449,10 @@ def balanced_buckets(numels: list[int], nbuckets: int = 16) -> list[list[int]]:
 
 @dataclass
 class Pending:
-    """Fingerprints whose lane sums are in flight to the host; read them a step later."""
+    """Fingerprints whose lane sums are in flight to the host; read them a step later. `host` is
+    the host copy (a tensor) or, from `host_pending`, the words themselves."""
 
-    host: torch.Tensor
+    host: torch.Tensor | list[int]
     event: object | None
     numels: list[int]
     dtypes: list[torch.dtype | None]
@@ -453,15 +461,20 @@ class Pending:
     def ready(self) -> bool:
         return self.event is None or self.event.query()
 
+    def words(self) -> list[int]:
+        if not isinstance(self.host, list):
+            if self.event is not None:
+                self.event.synchronize()
+            self.host = self.host.tolist()
+        return self.host
+
     def per_tensor(self) -> list[int]:
-        if self.event is not None:
-            self.event.synchronize()
-        sums = self.host.tolist()
+        sums = self.words()
         return [mix((sums[2 * i], sums[2 * i + 1]), n, d) for i, (n, d) in enumerate(zip(self.numels, self.dtypes))]
 
     def extra(self) -> list[int]:
         """Raw int64 words appended after the lane sums (used for grad statistics)."""
-        return self.host.tolist()[2 * len(self.numels):]
+        return self.words()[2 * len(self.numels):]
 
     def result(self) -> tuple[list[int], list[int]]:
         """(per-tensor fingerprints, per-bucket fingerprints)."""
@@ -486,8 +499,7 @@ def per_tensor_lane_sums(tensors: list[torch.Tensor | None]) -> torch.Tensor:
 
 
 def _native_ok(present: list[torch.Tensor]) -> bool:
-    return bool(present) and all(t.device.type == "cpu" for t in present) and \
-        _verify("native", _lane_sums_native, torch.device("cpu"))
+    return bool(present) and all(t.is_cpu for t in present) and _verify("native", _lane_sums_native, _CPU)
 
 
 def lane_sums_and_stats(tensors: list[torch.Tensor | None], stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -506,14 +518,37 @@ def lane_sums_and_stats(tensors: list[torch.Tensor | None], stats: bool) -> tupl
 
 def _per_tensor_native(tensors: list[torch.Tensor | None], stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     present = [i for i, t in enumerate(tensors) if t is not None]
-    sums, squares, nonfinite = _native_many([tensors[i] for i in present], stats)
+    lanes, squares, nonfinite = _native_many([tensors[i] for i in present], stats)
+    sums = torch.tensor(lanes, dtype=torch.int64).view(-1, 2)
     if len(present) != len(tensors):
         out = torch.zeros(len(tensors), 2, dtype=torch.int64)
         out[present] = sums
         sums = out
     if not stats:
         return sums, None
-    return sums, torch.tensor([struct.unpack("<q", struct.pack("<d", squares))[0], nonfinite], dtype=torch.int64)
+    return sums, torch.tensor(_stat_words(squares, nonfinite), dtype=torch.int64)
+
+
+def _stat_words(squares: float, nonfinite: int) -> list[int]:
+    """The statistics as the int64 words that travel after the lane sums (float64 bits, count)."""
+    return [struct.unpack("<q", struct.pack("<d", squares))[0], nonfinite]
+
+
+def host_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]], stats: bool) -> Pending | None:
+    """The CPU fast path of `bucket_fingerprints` (plus, with `stats`, the gradient statistics):
+    when every tensor is on the CPU (float32 for `stats`) and the native kernel is verified, the
+    lane sums come back as Python ints and stay so, with no tensor between kernel and host words
+    (this runs inside every optimizer step). None: use the general path."""
+    present = [t for t in tensors if t is not None]
+    if not _native_ok(present) or (stats and any(t.dtype != torch.float32 for t in present)):
+        return None
+    lanes, squares, nonfinite = _native_many(present, stats)
+    if len(present) != len(tensors):
+        it = iter(zip(lanes[::2], lanes[1::2]))
+        lanes = [w for t in tensors for w in (next(it) if t is not None else (0, 0))]
+    words = lanes + _stat_words(squares, nonfinite) if stats else lanes
+    return Pending(words, None, [t.numel() if t is not None else 0 for t in tensors],
+                   [t.dtype if t is not None else None for t in tensors], buckets)
 
 
 def _per_tensor_generic(tensors: list[torch.Tensor | None]) -> torch.Tensor:

@@ -155,9 +155,9 @@ def _pieces(spans: list[tuple[int, int]], threads: int) -> list[tuple[int, int, 
 
 
 def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int],
-              stats: list[bool] | None = None) -> tuple[torch.Tensor, float, int]:
+              stats: list[bool] | None = None) -> tuple[list[int], float, int]:
     """Lane sums of (address, words) spans of 32-bit words in CPU memory (the caller keeps the
-    memory alive): int64 [len(spans), 2] (low 32 bits meaningful); and over the spans flagged in
+    memory alive): [lane 0, lane 1] per span, flat, as 32-bit ints; and over the spans flagged in
     `stats` (float32 data) the float64 sum of squares and how many spans hold a non-finite value.
 
     Runs inside every optimizer step, so the call's own cost counts: the piece table and the
@@ -175,13 +175,13 @@ def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple
     colw = colw.contiguous()
     _lib.lockstep_lane_sums(len(pieces), *addresses, colw.data_ptr(), row_mults[0], row_mults[1],
                             out.buffer_info()[0], threads)
-    lanes = [[0, 0] for _ in spans]
+    lanes = [0] * (2 * len(spans))
     squares, nonfinite = 0.0, [0] * len(spans)
     square_bits = array("d", out.tobytes())
     for i, p in enumerate(pieces):
-        lane = lanes[p[0]]
-        lane[0] = (lane[0] + out[4 * i]) & 0xFFFFFFFF
-        lane[1] = (lane[1] + out[4 * i + 1]) & 0xFFFFFFFF
+        j = 2 * p[0]
+        lanes[j] = (lanes[j] + out[4 * i]) & 0xFFFFFFFF
+        lanes[j + 1] = (lanes[j + 1] + out[4 * i + 1]) & 0xFFFFFFFF
         squares += square_bits[4 * i + 2]
         nonfinite[p[0]] += out[4 * i + 3]
-    return torch.tensor(lanes, dtype=torch.int64).reshape(len(spans), 2), squares, sum(n > 0 for n in nonfinite)
+    return lanes, squares, sum(n > 0 for n in nonfinite)

@@ -26,7 +26,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from agents import protocol
-from agents.fingerprint import Pending, balanced_buckets, bucket_fingerprints, lane_sums_and_stats
+from agents.fingerprint import Pending, balanced_buckets, bucket_fingerprints, host_pending, lane_sums_and_stats
 
 RING_STEPS = 128
 NBUCKETS = 16
@@ -243,18 +243,27 @@ class GradTracker:
         layout = self._buckets(self._optimizers[optimizer], groups)
         for group, (names, params) in groups.items():
             if weights:
-                pending = bucket_fingerprints([_local(p) for p in params], buckets=layout[group])
-                with self._lock:
-                    self._inflight.append(_InFlight(step, group, names, pending, weights=True))
-                continue
-            grads = [_local(p.grad) if p.grad is not None else None for p in params]
-            present = [g for g in grads if g is not None]
-            sums, extra = lane_sums_and_stats(grads, stats=True)  # on the CPU: one pass for both
-            if extra is None and present:
-                extra = _grad_stats(present)
-            pending = bucket_fingerprints(grads, buckets=layout[group], extra=extra, sums=sums)
+                tensors = [_local(p) for p in params]
+                pending = host_pending(tensors, layout[group], stats=False) or \
+                    bucket_fingerprints(tensors, buckets=layout[group])
+            else:
+                pending = self._grad_pending([_local(p.grad) if p.grad is not None else None for p in params],
+                                             layout[group])
             with self._lock:
-                self._inflight.append(_InFlight(step, group, names, pending))
+                self._inflight.append(_InFlight(step, group, names, pending, weights=weights))
+
+    @staticmethod
+    def _grad_pending(grads: list[torch.Tensor | None], buckets: list[list[int]]) -> Pending:
+        """Fingerprints and statistics of one group's gradients: one native pass on the CPU, else
+        the device kernels plus three small ops for the statistics."""
+        pending = host_pending(grads, buckets, stats=True)
+        if pending is not None:
+            return pending
+        present = [g for g in grads if g is not None]
+        sums, extra = lane_sums_and_stats(grads, stats=True)
+        if extra is None and present:
+            extra = _grad_stats(present)
+        return bucket_fingerprints(grads, buckets=buckets, extra=extra, sums=sums)
 
     def _buckets(self, k: int, groups: dict[str, tuple[list[str], list[torch.Tensor]]]) -> dict[str, list[list[int]]]:
         """The k-th optimizer's buckets per group, from the parameters' sizes (never from which

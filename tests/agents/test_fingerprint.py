@@ -111,7 +111,7 @@ def test_native_kernel_equals_the_reference_for_every_layout(monkeypatch):
     tensors += [torch.randn(3, 5).t(), torch.ones(7, dtype=torch.bfloat16), torch.tensor([True, False, True]),
                 torch.randn(4, dtype=torch.complex64)]
     expected = torch.stack([F._lane_sums_eager(F._words(t)) for t in tensors])
-    assert torch.equal(_mod32(F._native_many(tensors)[0]), _mod32(expected))
+    assert torch.equal(_mod32(torch.tensor(F._native_many(tensors)[0]).view(-1, 2)), _mod32(expected))
     big = _words((1 << 20) + 3 * 4096 + 5, 9)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert len(fingerprint_native._pieces([(big.data_ptr(), big.numel())], 3)) == 3
@@ -226,3 +226,27 @@ def test_cpu_and_h200_give_the_same_values():
     assert fixture["cuda"]["device"] == "cuda" and fixture["cuda"]["torch"].startswith("2.11")
     assert fixture["cuda"]["algo"] == fixture["cpu"]["algo"] == ALGO
     assert fixture["cuda"]["fps"] == fixture["cpu"]["fps"] == fingerprints("cpu")
+
+
+def test_host_pending_equals_the_general_path():
+    """The CPU fast path (Python ints from kernel to host words) gives the bucket fingerprints,
+    per-tensor fingerprints and statistics of the general path; it declines what it cannot take."""
+    import struct
+
+    import agents.fingerprint as F
+
+    g = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(n, generator=g) for n in (5, 4096 * 3 + 1, 300)]
+    tensors.insert(1, None)
+    buckets = [[0, 1], [2], [3]]
+    fast = F.host_pending(tensors, buckets, stats=True)
+    sums, extra = F.lane_sums_and_stats(tensors, stats=True)
+    slow = F.bucket_fingerprints(tensors, buckets=buckets, extra=extra, sums=sums)
+    assert fast.result() == slow.result() and fast.result()[1] == F.bucket_fingerprints(tensors, buckets=buckets).result()[1]
+    assert fast.extra()[1] == slow.extra()[1] == 0
+    squares = struct.unpack("<d", struct.pack("<q", fast.extra()[0]))[0]
+    assert squares == pytest.approx(sum(float((t.double() ** 2).sum()) for t in tensors if t is not None), rel=1e-5)
+    weights = F.host_pending(tensors, buckets, stats=False)
+    assert weights.result() == slow.result() and weights.extra() == []
+    assert F.host_pending([t.half() if t is not None else None for t in tensors], buckets, stats=True) is None
+    assert F.host_pending([], [], stats=True) is None
