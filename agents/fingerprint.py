@@ -507,31 +507,12 @@ def lane_sums_and_stats(tensors: list[torch.Tensor | None], stats: bool) -> tupl
     float32 on the CPU) gradient statistics from the same pass: int64 [2] = the float64 bits of
     the sum of squares and the number of tensors holding a non-finite value. None means the
     caller computes the statistics itself."""
-    present = [t for t in tensors if t is not None]
-    if _native_ok(present):
-        try:
-            return _per_tensor_native(tensors, stats and all(t.dtype == torch.float32 for t in present))
-        except Exception:
-            _verified[("native", "cpu")] = False
-    return _per_tensor_generic(tensors), None
-
-
-def _per_tensor_native(tensors: list[torch.Tensor | None], stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    present = [i for i, t in enumerate(tensors) if t is not None]
-    lanes, squares, nonfinite = _native_many([tensors[i] for i in present], stats)
-    sums = torch.tensor(lanes, dtype=torch.int64).view(-1, 2)
-    if len(present) != len(tensors):
-        out = torch.zeros(len(tensors), 2, dtype=torch.int64)
-        out[present] = sums
-        sums = out
-    if not stats:
-        return sums, None
-    return sums, torch.tensor(_stat_words(squares, nonfinite), dtype=torch.int64)
-
-
-def _stat_words(squares: float, nonfinite: int) -> list[int]:
-    """The statistics as the int64 words that travel after the lane sums (float64 bits, count)."""
-    return [struct.unpack("<q", struct.pack("<d", squares))[0], nonfinite]
+    native = _native_words(tensors, stats)
+    if native is None:
+        return _per_tensor_generic(tensors), None
+    lanes, extra = native
+    sums = torch.tensor(lanes, dtype=torch.int64).view(len(tensors), 2)
+    return sums, None if extra is None else torch.tensor(extra, dtype=torch.int64)
 
 
 def host_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]], stats: bool) -> Pending | None:
@@ -539,16 +520,31 @@ def host_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]], s
     when every tensor is on the CPU (float32 for `stats`) and the native kernel is verified, the
     lane sums come back as Python ints and stay so, with no tensor between kernel and host words
     (this runs inside every optimizer step). None: use the general path."""
-    present = [t for t in tensors if t is not None]
-    if not _native_ok(present) or (stats and any(t.dtype != torch.float32 for t in present)):
+    native = _native_words(tensors, stats)
+    if native is None or (stats and native[1] is None):
         return None
-    lanes, squares, nonfinite = _native_many(present, stats)
+    lanes, extra = native
+    return Pending(lanes + (extra or []), None, [t.numel() if t is not None else 0 for t in tensors],
+                   [t.dtype if t is not None else None for t in tensors], buckets)
+
+
+def _native_words(tensors: list[torch.Tensor | None], stats: bool) -> tuple[list[int], list[int] | None] | None:
+    """One native pass: [lane 0, lane 1] per tensor, flat (zeros for None), and with `stats`, when
+    every tensor is float32, the statistics words (float64 bits of the sum of squares, non-finite
+    tensors). None when the kernel cannot take these tensors, or failed (never used again then)."""
+    present = [t for t in tensors if t is not None]
+    if not _native_ok(present):
+        return None
+    stats = stats and all(t.dtype == torch.float32 for t in present)
+    try:
+        lanes, squares, nonfinite = _native_many(present, stats)
+    except Exception:
+        _verified[("native", "cpu")] = False
+        return None
     if len(present) != len(tensors):
         it = iter(zip(lanes[::2], lanes[1::2]))
         lanes = [w for t in tensors for w in (next(it) if t is not None else (0, 0))]
-    words = lanes + _stat_words(squares, nonfinite) if stats else lanes
-    return Pending(words, None, [t.numel() if t is not None else 0 for t in tensors],
-                   [t.dtype if t is not None else None for t in tensors], buckets)
+    return lanes, [struct.unpack("<q", struct.pack("<d", squares))[0], nonfinite] if stats else None
 
 
 def _per_tensor_generic(tensors: list[torch.Tensor | None]) -> torch.Tensor:
@@ -585,16 +581,21 @@ def bucket_fingerprints(
 
     `None` entries (parameters without a gradient) get the fingerprint of "no tensor".
     `extra` (int64 words) rides along in the same copy; `sums` are lane sums already taken.
+    All on the CPU, with nothing given along, it is `host_pending`'s: no tensors at all.
     """
+    numels = [t.numel() if t is not None else 0 for t in tensors]
+    if buckets is None:
+        buckets = balanced_buckets(numels, nbuckets)
+    if sums is None and extra is None:
+        pending = host_pending(tensors, buckets, stats=False)
+        if pending is not None:
+            return pending
     if sums is None:
         sums = per_tensor_lane_sums(tensors)
     words = sums.reshape(-1)
     if extra is not None:
         words = torch.cat([words, extra.to(device=words.device, dtype=torch.int64).reshape(-1)])
     host, event = start_copy(words)
-    numels = [t.numel() if t is not None else 0 for t in tensors]
-    if buckets is None:
-        buckets = balanced_buckets(numels, nbuckets)
     return Pending(host, event, numels, [t.dtype if t is not None else None for t in tensors], buckets)
 
 

@@ -26,7 +26,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from agents import protocol
-from agents.fingerprint import Pending, balanced_buckets, bucket_fingerprints, host_pending, lane_sums_and_stats
+from agents.fingerprint import Pending, balanced_buckets, bucket_fingerprints, host_pending
 
 RING_STEPS = 128
 NBUCKETS = 16
@@ -243,9 +243,7 @@ class GradTracker:
         layout = self._buckets(self._optimizers[optimizer], groups)
         for group, (names, params) in groups.items():
             if weights:
-                tensors = [_local(p) for p in params]
-                pending = host_pending(tensors, layout[group], stats=False) or \
-                    bucket_fingerprints(tensors, buckets=layout[group])
+                pending = bucket_fingerprints([_local(p) for p in params], buckets=layout[group])
             else:
                 pending = self._grad_pending([_local(p.grad) if p.grad is not None else None for p in params],
                                              layout[group])
@@ -260,10 +258,7 @@ class GradTracker:
         if pending is not None:
             return pending
         present = [g for g in grads if g is not None]
-        sums, extra = lane_sums_and_stats(grads, stats=True)
-        if extra is None and present:
-            extra = _grad_stats(present)
-        return bucket_fingerprints(grads, buckets=buckets, extra=extra, sums=sums)
+        return bucket_fingerprints(grads, buckets=buckets, extra=_grad_stats(present) if present else None)
 
     def _buckets(self, k: int, groups: dict[str, tuple[list[str], list[torch.Tensor]]]) -> dict[str, list[list[int]]]:
         """The k-th optimizer's buckets per group, from the parameters' sizes (never from which

@@ -94,7 +94,7 @@ def test_fsdp2_shards_get_shard_groups_never_ddp_or_local():
 
 
 _LATE_ATTACH = r"""
-import os, sys, time, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
@@ -107,7 +107,8 @@ t = GradTracker(events.append, 1, 0); t.install()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 model(torch.randn(3, 4)).sum().backward(); opt.step(); t.drain(); t.uninstall()
 print("GROUPS", sorted({e.group for e in events if isinstance(e, protocol.Grad)}))
-dist.barrier(); time.sleep(0.5); dist.destroy_process_group()  # see demo/ddp_job.end_distributed
+from demo.ddp_job import end_distributed
+end_distributed()
 """
 
 
