@@ -22,6 +22,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_EVENTS_PER_BATCH = 50_000
 MAX_RANKS = 1 << 20
 MAX_BLOB_BYTES = 4 * 1024 * 1024
+MAX_BATCHES_PER_REQUEST = 256  # a bulk request (node relay): the ranks of a few nodes, well under MAX_BODY_BYTES
 
 _LITTLE = sys.byteorder == "little"
 
@@ -241,6 +242,22 @@ class IngestReply(msgspec.Struct):
     detail: list[int] = []
 
 
+class Bulk(msgspec.Struct):
+    """Body of `POST /api/v1/ingest/bulk`: several ranks' batches, each exactly as a rank would post it.
+
+    A node relay (`agents.relay`) sends these: one request and one transaction carry the batches
+    of every rank of a node, instead of one request per rank. All-or-nothing as a whole; each
+    batch keeps its own (session, seq) identity, so a resent one is a duplicate on either endpoint.
+    """
+
+    v: Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
+    batches: Annotated[list[Batch], msgspec.Meta(min_length=1, max_length=MAX_BATCHES_PER_REQUEST)]
+
+
+class BulkReply(msgspec.Struct):
+    results: list[IngestReply]  # one per batch, in the request's order
+
+
 BlobHash = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}$")]
 
 
@@ -273,12 +290,32 @@ def encode(obj: msgspec.Struct) -> bytes:
 
 
 _BATCH = msgspec.json.Decoder(Batch)
+
+
+class _RawBulk(msgspec.Struct):
+    """`Bulk` with each batch's exact bytes: decoded one by one (error paths per batch) and digested as sent."""
+
+    v: Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
+    batches: Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1, max_length=MAX_BATCHES_PER_REQUEST)]
+
+
+_BULK = msgspec.json.Decoder(_RawBulk)
 _BLOBS = msgspec.json.Decoder(BlobUpload)
 
 
 def decode_batch(body: bytes) -> Batch:
     """Decode and validate; raises msgspec.ValidationError / DecodeError with the failing path."""
     return _BATCH.decode(body)
+
+
+def decode_bulk(body: bytes) -> list[bytes]:
+    """The exact JSON bytes of each batch of a `Bulk` body (each then goes through `decode_batch`)."""
+    return [bytes(raw) for raw in _BULK.decode(body).batches]
+
+
+def bulk_body(batches: list[bytes]) -> bytes:
+    """A `Bulk` body around batches already encoded as JSON (a relay forwards them byte for byte)."""
+    return b'{"v":%d,"batches":[' % PROTOCOL_VERSION + b",".join(batches) + b"]}"
 
 
 def decode_blobs(body: bytes) -> BlobUpload:

@@ -127,12 +127,14 @@ def raw_copy(packed: dict, ranks: int, run_key: str) -> tuple[int, float]:
     run = Run.objects.create(project=project, key=run_key + "-rawcopy", world_size=ranks)
     now = datetime.now(timezone.utc)
     partitions.ensure_around(now)
-    rows = []
+    rows = [pgcopy.HEADER]
     for body in packed.values():
         event = protocol.msgspec.json.decode(body, type=protocol.Grads)
         for rank in range(ranks):
-            rows.extend(writers.grad_rows(run.id, rank, [], [event], now)[0])
-    data = b"".join(pgcopy.stream(rows, len(writers.GRAD_COLUMNS)))
+            rows += writers.grad_copy(run.id, rank, [], [event], now).parts
+    rows.append(pgcopy.TRAILER)
+    data = b"".join(rows)
+    rows = rows[1:-1]
     cols = ", ".join(f'"{c}"' for c in writers.GRAD_COLUMNS)
     connection.ensure_connection()
     raw = connection.connection

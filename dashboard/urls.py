@@ -8,6 +8,7 @@ from ingest import views as ingest
 
 urlpatterns = [
     path("api/v1/ingest", ingest.ingest, name="ingest"),
+    path("api/v1/ingest/bulk", ingest.ingest_bulk, name="ingest-bulk"),
     path("api/v1/blobs", ingest.upload_blobs, name="blobs"),
     path("api/v1/schema", ingest.openapi, name="api-schema"),
     path("metrics", ingest.prometheus, name="metrics"),

@@ -1,4 +1,4 @@
-"""A lean ASGI route for `POST /api/v1/ingest`: the same view code, without Django's request machinery.
+"""A lean ASGI route for `POST /api/v1/ingest` (and `/bulk`): the same view code, without Django's request machinery.
 
 Under Django's ASGI handler every ingest batch crossed the whole middleware stack (sessions,
 auth, CSRF, messages: none applies to a bearer-token API that the view exempts anyway), several
@@ -8,7 +8,7 @@ the event loop, and `views.handle_ingest` (token, rate limit, 415/413 checks, va
 writers: the code the Django view runs) runs on a small persistent thread pool; the answer
 carries the same status, JSON body and headers the Django view gives.
 
-Only exactly `POST /api/v1/ingest` with a Host that ALLOWED_HOSTS admits takes this route;
+Only exactly `POST /api/v1/ingest` or `POST /api/v1/ingest/bulk` with a Host that ALLOWED_HOSTS admits takes this route;
 everything else (other methods, other paths, a bad Host) goes to Django unchanged.
 Set LOCKSTEP_INGEST_FASTPATH=0 to send ingest through Django as well; LOCKSTEP_INGEST_THREADS sets
 the thread pool (default: LOCKSTEP_DB_POOL, else 4). An unexpected exception (a bug) is a 500 from
@@ -28,7 +28,7 @@ from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.security import SecurityMiddleware
 from django.utils.http import parse_header_parameters
 
-PATH = "/api/v1/ingest"
+PATHS = {"/api/v1/ingest": "handle_ingest", "/api/v1/ingest/bulk": "handle_bulk"}  # path -> view in ingest.views
 
 
 class Headers(dict):
@@ -98,7 +98,7 @@ class IngestRoute:
         self._post = None  # response post-processing, built on first use (settings are loaded by then)
 
     def _takes(self, scope, headers: Headers) -> bool:
-        if not (self.enabled and scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == PATH):
+        if not (self.enabled and scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PATHS):
             return False
         if settings.USE_X_FORWARDED_HOST and "x-forwarded-host" in headers:
             return False  # Django's get_host() rules for proxies: let Django decide
@@ -109,7 +109,7 @@ class IngestRoute:
         return bool(domain) and validate_host(domain, _allowed_hosts())
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") != PATH or scope.get("method") != "POST" or not self.enabled:
+        if scope["type"] != "http" or scope.get("path") not in PATHS or scope.get("method") != "POST" or not self.enabled:
             return await self.app(scope, receive, send)
         headers = _headers(scope)
         if not self._takes(scope, headers):
@@ -167,7 +167,7 @@ class IngestRoute:
 
         signals.request_started.send(sender=self.__class__, scope=scope)
         try:
-            response = views.handle_ingest(request)
+            response = getattr(views, PATHS[scope["path"]])(request)
             if self._post is None:
                 security = SecurityMiddleware(lambda r: None)
                 frames = XFrameOptionsMiddleware(lambda r: None)

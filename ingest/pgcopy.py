@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import datetime, timezone
 
 HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
@@ -75,15 +75,6 @@ def int8_arrays(le_u64: bytes, width: int) -> list[bytes]:
 def u64_list_bytes(values: Iterable[int]) -> bytes:
     """u64 ints (the `grad` event's list form) -> the little-endian bytes `int8_arrays` takes."""
     return array("Q", values).tobytes() if sys.byteorder == "little" else b"".join(v.to_bytes(8, "little") for v in values)
-
-
-def stream(rows: Iterable[bytes], fields: int) -> Iterator[bytes]:
-    """Whole COPY data: header, each row (already its fields' bytes) behind the field count, trailer."""
-    count = struct.pack(">h", fields)
-    yield HEADER
-    for row in rows:
-        yield count + row
-    yield TRAILER
 
 
 def empty_int8_array() -> bytes:

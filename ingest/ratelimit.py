@@ -33,12 +33,12 @@ class BrokerDown(Exception):
     """Redis did not answer: the caller refuses the batch with 503."""
 
 
-def over_limit(project_id: int) -> bool:
-    """Count this batch in the project's window; raises BrokerDown when Redis is unreachable."""
+def over_limit(project_id: int, batches: int = 1) -> bool:
+    """Count these batches in the project's window; raises BrokerDown when Redis is unreachable."""
     key = f"lockstep:rate:{project_id}:{int(time.time())}"
     try:
         pipe = client().pipeline(transaction=False)
-        pipe.incr(key)
+        pipe.incrby(key, batches)
         pipe.expire(key, 2)
         count, _ = pipe.execute()
     except redis.RedisError as exc:

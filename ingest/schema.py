@@ -37,8 +37,9 @@ def _post(summary: str, body: str, ok: str) -> dict:
 
 @cache
 def openapi() -> dict:
-    (batch, reply, upload, blob_reply, err), components = msgspec.json.schema_components(
-        [protocol.Batch, protocol.IngestReply, protocol.BlobUpload, protocol.BlobReply, Error],
+    (batch, reply, bulk, bulk_reply, upload, blob_reply, err), components = msgspec.json.schema_components(
+        [protocol.Batch, protocol.IngestReply, protocol.Bulk, protocol.BulkReply, protocol.BlobUpload, protocol.BlobReply,
+         Error],
         ref_template="#/components/schemas/{name}",
     )
     components["Error"] = components.pop("Error", err)
@@ -47,6 +48,8 @@ def openapi() -> dict:
         "info": {"title": "Lockstep ingest", "version": str(protocol.PROTOCOL_VERSION)},
         "paths": {
             "/api/v1/ingest": _post("One batch of one rank's events (gzip allowed)", batch["$ref"], reply["$ref"]),
+            "/api/v1/ingest/bulk": _post("Several ranks' batches in one transaction (a node relay's; gzip allowed)",
+                                         bulk["$ref"], bulk_reply["$ref"]),
             "/api/v1/blobs": _post("Graph texts the server asked for in want_blobs", upload["$ref"], blob_reply["$ref"]),
         },
         "components": {

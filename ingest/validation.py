@@ -68,7 +68,24 @@ def _decoded(decoder, body: bytes):
 
 
 def decode(body: bytes) -> protocol.Batch:
-    batch = _decoded(protocol.decode_batch, body)
+    return _checked(_decoded(protocol.decode_batch, body), body)
+
+
+def decode_bulk(body: bytes) -> list[tuple[protocol.Batch, bytes]]:
+    """Each batch of a bulk body with its exact bytes (what its digest is taken of); paths name `batches[i]`."""
+    raws = _decoded(protocol.decode_bulk, body)
+    batches = []
+    for i, raw in enumerate(raws):
+        try:
+            batches.append((_checked(_decoded(protocol.decode_batch, raw), raw), raw))
+        except Rejection as rejection:
+            rejection.path = f"batches[{i}].{rejection.path}" if rejection.path else f"batches[{i}]"
+            raise
+    return batches
+
+
+def _checked(batch: protocol.Batch, body: bytes) -> protocol.Batch:
+    """What the schema cannot say: rank within world_size, values that fit their columns, no NUL."""
     if batch.rank >= batch.run.world_size:
         raise Rejection(400, f"rank {batch.rank} is outside world_size {batch.run.world_size}", "rank")
     if b"\\u0000" in body:

@@ -64,14 +64,15 @@ def _guarded(handler: Callable[[HttpRequest], JsonResponse], request: HttpReques
     return response
 
 
-def _authorized_body(request: HttpRequest) -> tuple[Project, bytes]:
-    """Token, rate limit, content type and size checks, then the (inflated) body."""
+def _authorized_body(request: HttpRequest, count: bool = True) -> tuple[Project, bytes]:
+    """Token, rate limit (the request as one batch, unless `count` is off), content type and size
+    checks, then the (inflated) body."""
     token = auth.bearer_token(request)
     project = _project_for(token) if token else None
     if project is None:
         raise Rejection(401, "missing or invalid bearer token")
-    if ratelimit.over_limit(project.id):
-        raise Rejection(429, f"project {project.name} exceeds {settings.LOCKSTEP_RATE_LIMIT} batches/s; retry later")
+    if count:
+        _limit(project, 1)
     if request.content_type != "application/json":
         raise Rejection(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}")
     limit = settings.LOCKSTEP_MAX_BODY
@@ -85,6 +86,11 @@ def _authorized_body(request: HttpRequest) -> tuple[Project, bytes]:
     if len(raw) > limit:
         raise Rejection(413, f"body exceeds {limit} bytes")
     return project, validation.read_body(raw, request.headers.get("Content-Encoding", ""), limit)
+
+
+def _limit(project: Project, batches: int) -> None:
+    if ratelimit.over_limit(project.id, batches):
+        raise Rejection(429, f"project {project.name} exceeds {settings.LOCKSTEP_RATE_LIMIT} batches/s; retry later")
 
 
 TOKEN_CACHE_S = 10.0
@@ -115,22 +121,44 @@ def handle_ingest(request) -> JsonResponse:
     return _guarded(_ingest, request, "ingest")
 
 
+def handle_bulk(request) -> JsonResponse:
+    """`POST /api/v1/ingest/bulk`: a node relay's batches of several ranks, one transaction (`protocol.Bulk`)."""
+    return _guarded(_ingest_bulk, request, "bulk")
+
+
 def _ingest(request: HttpRequest) -> JsonResponse:
     project, body = _authorized_body(request)
     batch = validation.decode(body)
-    stored = writers.store(batch, project, writers.digest(body))
-    _queue_settles(stored.ready)
-    reply = protocol.IngestReply(accepted=stored.accepted, duplicate=stored.duplicate,
-                                 want_blobs=blobs.wanted(stored.graph_hashes), detail=_details(batch, stored))
-    _count(batch, stored)
-    return JsonResponse(msgspec.to_builtins(reply))
+    return JsonResponse(msgspec.to_builtins(_accept(project, [(batch, writers.digest(body))], "ingest")[0]))
 
 
-def _count(batch: protocol.Batch, stored: writers.Stored) -> None:
+def _ingest_bulk(request: HttpRequest) -> JsonResponse:
+    project, body = _authorized_body(request, count=False)
+    decoded = validation.decode_bulk(body)
+    _limit(project, len(decoded))  # each batch counts against the rate limit, as it would sent alone
+    replies = _accept(project, [(batch, writers.digest(raw)) for batch, raw in decoded], "bulk")
+    return JsonResponse(msgspec.to_builtins(protocol.BulkReply(results=replies)))
+
+
+def _accept(project: Project, items: list[tuple[protocol.Batch, str]], endpoint: str) -> list[protocol.IngestReply]:
+    """Store the batches, queue what they completed, and answer each as `POST /api/v1/ingest` would."""
+    stored = writers.store_many(items, project, bulk=endpoint == "bulk")
+    _queue_settles([slot for s in stored for slot in s.ready])
+    want = set(blobs.wanted(sorted({h for s in stored for h in s.graph_hashes})))
+    replies = []
+    for (batch, _), s in zip(items, stored):
+        replies.append(protocol.IngestReply(accepted=s.accepted, duplicate=s.duplicate,
+                                            want_blobs=[h for h in s.graph_hashes if h in want], detail=_details(batch, s)))
+        want.difference_update(s.graph_hashes)  # each wanted text is asked of one batch only
+        _count(batch, s, endpoint)
+    return replies
+
+
+def _count(batch: protocol.Batch, stored: writers.Stored, endpoint: str) -> None:
     if stored.duplicate:
-        metrics.REQUESTS.labels("ingest", "duplicate", "200").inc()
+        metrics.REQUESTS.labels(endpoint, "duplicate", "200").inc()
         return
-    metrics.REQUESTS.labels("ingest", "accepted", "200").inc()
+    metrics.REQUESTS.labels(endpoint, "accepted", "200").inc()
     for kind, n in Counter(type(e).__struct_config__.tag for e in batch.events).items():
         metrics.EVENTS.labels(kind).inc(n)
     metrics.RANK_STEPS.inc(stored.rank_steps)
@@ -154,6 +182,12 @@ def _queue_settles(ready: list[tuple[str, int]]) -> None:
         detection_tasks.queue_settles(ready)
     except Exception:
         log.warning("broker unavailable; %d slots left to the sweep", len(ready), exc_info=True)
+
+
+@csrf_exempt
+@require_POST
+def ingest_bulk(request: HttpRequest) -> JsonResponse:
+    return handle_bulk(request)
 
 
 @csrf_exempt

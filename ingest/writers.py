@@ -14,7 +14,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import repeat
 from datetime import datetime, timezone
-from typing import NamedTuple
 
 import msgspec
 import psycopg
@@ -31,13 +30,6 @@ def _when(ts: float, now: datetime) -> datetime:
     return datetime.fromtimestamp(ts, timezone.utc) if ts > 0 else now
 
 
-class GradKey(NamedTuple):
-    """What `slots.touch` reads of a grad report: one per rank-step, from either grad form."""
-
-    step: int
-    group: str
-
-
 @dataclass
 class Stored:
     accepted: int
@@ -50,46 +42,91 @@ class Stored:
 
 
 def digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
+    """A batch's identity for resends: the same on both endpoints (a bulk body carries each batch's exact bytes)."""
+    return hashlib.sha256(body.strip()).hexdigest()
 
 
 class _Resent(Exception):
-    """The (session, seq) claim failed: roll the batch's writes back, then tell a resend from a conflict."""
+    """A (session, seq) claim failed: roll the request's writes back, then tell a resend from a conflict."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+@dataclass
+class _Written:
+    """One batch's part of the transaction, and what its after-commit part needs."""
+
+    batch: protocol.Batch
+    run: Run
+    by_type: dict
+    grads: GradCopy
+    ready: list[tuple[str, int]]
+    before: dict[str, int] = field(default_factory=dict)
+    late: list[int] = field(default_factory=list)
+    asked: list[int] = field(default_factory=list)
 
 
 def store(batch: protocol.Batch, project: Project, body_digest: str) -> Stored:
-    """Round trips of a steady batch: BEGIN, COPY (2), one prepared statement for the claim, the rank's
-    facts, watermarks, slots and detail requests, COMMIT, then two small prepared statements (run
-    liveness; the slots this batch completed). Was: BEGIN, claim, COPY (2), slots, COMMIT, run,
-    watermark minimum (+ slot update), detail requests, each parsed and planned anew. Rows are
-    written before the claim, so its row locks are held only until COMMIT; a resend (rare) is
-    rolled back whole."""
+    return store_many([(batch, body_digest)], project)[0]
+
+
+def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: bool = False) -> list[Stored]:
+    """Write batches (one rank's, or a node relay's several) in one transaction: all or nothing.
+
+    Round trips of a steady request: BEGIN, one COPY (2) of every batch's grad rows, one prepared
+    statement per batch for its claim, the rank's facts, watermarks, slots and detail requests,
+    COMMIT, then per batch the slots it completed (and run liveness once per run). Rows are
+    written before the claims, so their row locks are held only until COMMIT. A batch already
+    received (a resend, rare) rolls the request back; it is then written again without that
+    batch, which answers as a duplicate, or refused whole (409) when its content differs.
+    """
     now = datetime.now(timezone.utc)
     partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
-    try:
-        with transaction.atomic():
-            run = _run(batch, project)
-            by_type = defaultdict(list)
-            for event in batch.events:
-                by_type[type(event)].append(event)
-            grads = by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])]
-            written = _write_grads(run, batch.rank, grads, by_type.pop(protocol.Grads, []), now)
-            for kind, events in by_type.items():
-                WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
-            compiles = by_type.get(protocol.Compile, [])
-            ready = slots.touch(run, compiles, [], batch.rank)  # compile slots (the rare kind); grad slots in _claim
-            groups = written.groups()
-            before, late, asked = _claim(batch, run, body_digest, by_type, groups)
-    except _Resent:
-        previous = IngestBatch.objects.get(session=batch.session, seq=batch.seq)
-        if previous.digest != body_digest:
-            raise Rejection(409, f"batch seq {batch.seq} of session {batch.session} was already received with other content",
-                            "seq") from None
-        return Stored(accepted=0, duplicate=True)
-    ready += [(slots.GRAD, slot_id) for slot_id in late]
-    ready += _after_commit(run, batch, by_type, before, [group for group, _ in groups])
-    return Stored(accepted=len(batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=written.rows,
-                  run_id=run.id, detail=asked)
+    duplicates: set[int] = set()
+    while True:
+        try:
+            with transaction.atomic():
+                written = _write_all(items, duplicates, project, now)
+            break
+        except _Resent as resent:
+            batch, body_digest = items[resent.index]
+            previous = IngestBatch.objects.get(session=batch.session, seq=batch.seq)
+            if previous.digest != body_digest:
+                raise Rejection(409, f"batch seq {batch.seq} of session {batch.session} was already received with other content",
+                                f"batches[{resent.index}].seq" if bulk else "seq") from None
+            duplicates.add(resent.index)
+    return _after_commit(written)
+
+
+def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], project: Project,
+               now: datetime) -> list[_Written | None]:
+    written = [None if i in duplicates else _write_events(batch, project, now) for i, (batch, _) in enumerate(items)]
+    grad_parts = [part for w in written if w for part in w.grads.parts]
+    if grad_parts:
+        _copy_stream("ingest_gradreport", GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
+    for i, (w, (batch, body_digest)) in enumerate(zip(written, items)):
+        if w:
+            claimed = _claim(batch, w.run, body_digest, w.by_type, w.grads.groups())
+            if claimed is None:
+                raise _Resent(i)
+            w.before, w.late, w.asked = claimed
+    return written
+
+
+def _write_events(batch: protocol.Batch, project: Project, now: datetime) -> _Written:
+    """Everything of one batch but its grad rows (encoded here, copied with the others) and its claim."""
+    run = _run(batch, project)
+    by_type = defaultdict(list)
+    for event in batch.events:
+        by_type[type(event)].append(event)
+    grads = by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])]
+    encoded = grad_copy(run.id, batch.rank, grads, by_type.pop(protocol.Grads, []), now)
+    for kind, events in by_type.items():
+        WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
+    compiles = by_type.get(protocol.Compile, [])
+    ready = slots.touch(run, compiles, [], batch.rank)  # compile slots (the rare kind); grad slots in _claim
+    return _Written(batch, run, by_type, encoded, ready)
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -131,13 +168,14 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
 
 
 def _claim(batch: protocol.Batch, run: Run, body_digest: str, by_type: dict,
-           groups: list[tuple[str, list[int]]]) -> tuple[dict[str, int], list[int], list[int]]:
+           groups: list[tuple[str, list[int]]]) -> tuple[dict[str, int], list[int], list[int]] | None:
     """Claim (session, seq), record the rank's facts, report the grad steps and hand out detail
     requests, in one statement (the rank row is only updated when the claim succeeded).
 
     Returns the rank's grad watermarks from before this batch, the settled grad slots whose late
     reports completed them, and the steps of this rank's detail requests (`DetailRequest`, each
-    handed out once; inside the batch transaction, so a resend rolls the hand-out back). Raises `_Resent` when (session, seq) was already claimed.
+    handed out once; inside the batch transaction, so a resend rolls the hand-out back), or None
+    when (session, seq) was already claimed.
     """
     last_step = _last_step(batch.events)
     start = by_type.get(protocol.RankStart, [None])[-1]
@@ -189,21 +227,31 @@ def _claim(batch: protocol.Batch, run: Run, body_digest: str, by_type: dict,
         params,
     )[0]
     if claimed is None:
-        raise _Resent()
+        return None
     return watermarks, late_ready, asked
 
 
-def _after_commit(run: Run, batch: protocol.Batch, by_type: dict, before: dict[str, int],
-                  groups: list[str]) -> list[tuple[str, int]]:
-    """After the batch committed: run liveness, then the grad slots every rank has now passed.
+def _after_commit(written: list[_Written | None]) -> list[Stored]:
+    """After the request committed: run liveness, then the grad slots every rank has now passed.
 
     Run liveness stays out of the batch transaction: every rank's batch touches this one row, so
     inside it its row lock would serialize all ingest of a run; skipped when nothing changes. It is
     its own statement (its row lock is released at once, never held while slot rows are locked:
-    settling locks slot then run). Completed slots are looked for after commit, so of two ranks
+    settling locks slot, then run). Completed slots are looked for after commit, so of two ranks
     committing at once the later sees both (`dashboard.detection.slots.grads_ready`, same SQL).
     """
-    start = by_type.get(protocol.RankStart, [None])[-1]
+    runs: dict[int, list[_Written]] = {}
+    for w in written:
+        if w:
+            runs.setdefault(w.run.id, []).append(w)
+    for run_id, of_run in runs.items():
+        _run_liveness(run_id, of_run)
+    return [_stored(w) if w else Stored(accepted=0, duplicate=True) for w in written]
+
+
+def _run_liveness(run_id: int, written: list[_Written]) -> None:
+    steps = [step for w in written if (step := _last_step(w.batch.events)) is not None]
+    torch = next((start.versions.get("torch", "") for w in written for start in w.by_type.get(protocol.RankStart, [])), "")
     _query(
         """
         UPDATE ingest_run SET last_seen = now(), last_step = GREATEST(last_step, %(step)s::bigint),
@@ -211,14 +259,21 @@ def _after_commit(run: Run, batch: protocol.Batch, by_type: dict, before: dict[s
         WHERE id = %(run)s::bigint AND (last_seen < now() - interval '1 second' OR last_step IS NULL
                                         OR last_step < %(step)s::bigint OR %(torch)s::text <> '')
         """,
-        {"run": run.id, "step": _last_step(batch.events), "torch": start.versions.get("torch", "") if start else ""},
+        {"run": run_id, "step": max(steps) if steps else None, "torch": torch},
         rows=False,
     )
-    if not groups:
-        return []
-    rows = _query("WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
-                  {"run": run.id, "ws": run.world_size, **slots.grads_ready_params(before, groups)})
-    return [(slots.GRAD, row[0]) for row in rows]
+
+
+def _stored(w: _Written) -> Stored:
+    ready = w.ready + [(slots.GRAD, slot_id) for slot_id in w.late]
+    groups = [group for group, _ in w.grads.groups()]
+    if groups:
+        rows = _query("WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
+                      {"run": w.run.id, "ws": w.run.world_size, **slots.grads_ready_params(w.before, groups)})
+        ready += [(slots.GRAD, row[0]) for row in rows]
+    compiles = w.by_type.get(protocol.Compile, [])
+    return Stored(accepted=len(w.batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=w.grads.rows,
+                  run_id=w.run.id, detail=w.asked)
 
 
 _PROGRESS = (protocol.Grad, protocol.Grads, protocol.Step, protocol.Param)
@@ -270,27 +325,6 @@ def _copy_rows(table: str, columns: tuple[tuple[str, str], ...], rows) -> None:
 GRAD_COLUMNS = ("run_id", "rank", "step", "group", "fps", "norm", "nonfinite", "ts", "received")
 
 
-def grad_rows(run_id: int, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime):
-    """Binary COPY rows (without the field count) for both grad forms, and the slot key of each row."""
-    head = pgcopy.int8(run_id) + pgcopy.int4(rank)
-    received = pgcopy.timestamptz(now)
-    rows, keys = [], []
-    for e in packed:
-        arrays = pgcopy.int8_arrays(e.fps, e.buckets)
-        tail = pgcopy.timestamptz(_when(e.ts, now)) + received
-        group = pgcopy.text(e.group)
-        norms = e.norms or [None] * e.steps
-        nonfinite = e.nonfinite or [0] * e.steps
-        for i, step in enumerate(e.step_numbers()):
-            rows.append(head + pgcopy.int8(step) + group + arrays[i] + pgcopy.float8(norms[i])
-                        + pgcopy.int8(nonfinite[i]) + tail)
-        keys.extend(GradKey(step, e.group) for step in e.step_numbers())
-    for e in grads:
-        rows.append(_list_form_row(head, e, received, now))
-        keys.append(GradKey(e.step, e.group))
-    return rows, keys
-
-
 def _list_form_row(head: bytes, e: protocol.Grad, received: bytes, now: datetime) -> bytes:
     array = pgcopy.int8_arrays(pgcopy.u64_list_bytes(e.fps), len(e.fps))[0] if e.fps else pgcopy.empty_int8_array()
     return (head + pgcopy.int8(e.step) + pgcopy.text(e.group) + array + pgcopy.float8(e.norm)
@@ -299,9 +333,9 @@ def _list_form_row(head: bytes, e: protocol.Grad, received: bytes, now: datetime
 
 @dataclass
 class GradCopy:
-    """A batch's grad rows as one binary COPY body, and what slot counting needs of them."""
+    """A batch's grad rows for binary COPY (each with its field count), and what slot counting needs of them."""
 
-    data: bytes
+    parts: list[bytes]
     rows: int
     steps: dict[str, list]  # group -> its steps (ranges or lists, in event order)
 
@@ -355,10 +389,10 @@ def _packed_rows(head: bytes, e: protocol.Grads, received: bytes, now: datetime)
 
 
 def grad_copy(run_id: int, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime) -> GradCopy:
-    """Both grad forms as one binary COPY body (`GRAD_COLUMNS`), rows in the order `grad_rows` gives them."""
+    """Both grad forms as binary COPY rows (`GRAD_COLUMNS`), in the order `grad_rows` gives them."""
     head = pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)] + pgcopy.int8(run_id) + pgcopy.int4(rank)
     received = pgcopy.timestamptz(now)
-    parts = [pgcopy.HEADER]
+    parts = []
     steps: dict[str, list] = {}
     rows = 0
     for e in packed:
@@ -372,15 +406,7 @@ def grad_copy(run_id: int, rank: int, grads: list[protocol.Grad], packed: list[p
             parts.append(count + _list_form_row(row_head, e, received, now))
             steps.setdefault(e.group, []).append((e.step,))
         rows += len(grads)
-    parts.append(pgcopy.TRAILER)
-    return GradCopy(b"".join(parts), rows, steps)
-
-
-def _write_grads(run: Run, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime) -> GradCopy:
-    encoded = grad_copy(run.id, rank, grads, packed, now)
-    if encoded.rows:
-        _copy_stream("ingest_gradreport", GRAD_COLUMNS, [encoded.data])
-    return encoded
+    return GradCopy(parts, rows, steps)
 
 
 def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> None:
