@@ -9,6 +9,7 @@ from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 
+from agents import protocol
 from ingest.fastpath import IngestRoute
 from ingest.models import GradReport, IngestBatch
 from tests.conftest import make_batch
@@ -68,6 +69,16 @@ def test_accepts_and_stores_then_resend_is_duplicate(route, token):
     status, _, content = call(route, gzip.compress(body), headers_for(token, **{"Content-Encoding": "gzip"}), chunks=3)
     assert status == 200 and json.loads(content)["duplicate"] is True
     assert GradReport.objects.count() == 2 and IngestBatch.objects.count() == 1
+
+
+def test_bulk_takes_the_route_too(route, token):
+    body = protocol.bulk_body([json.dumps(make_batch(rank=r)).encode() for r in range(2)])
+    status, _, content = call(route, body, headers_for(token), path="/api/v1/ingest/bulk")
+    assert status == 200, content
+    assert [r["accepted"] for r in json.loads(content)["results"]] == [1, 1]
+    assert GradReport.objects.count() == 2 and IngestBatch.objects.count() == 2
+    status, _, content = call(route, protocol.bulk_body([b"{}"]), headers_for(token), path="/api/v1/ingest/bulk")
+    assert status == 400 and json.loads(content)["path"].startswith("batches[0].")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,123 @@
+"""POST /api/v1/ingest/bulk: several ranks' batches in one transaction, each keeping its own identity."""
+from __future__ import annotations
+
+import gzip
+import json
+import uuid
+
+import msgspec
+import pytest
+
+from agents import protocol
+from dashboard.models import GradSlot
+from ingest.models import GradReport, IngestBatch, Rank, Run, StepReport
+from tests.conftest import make_batch
+from tests.test_blobs import HASH, compile_event
+
+pytestmark = pytest.mark.django_db
+
+
+def encoded(batch: dict) -> bytes:
+    return json.dumps(batch, separators=(",", ":")).encode()
+
+
+@pytest.fixture
+def bulk(client, token):
+    """POST batches (dicts or their exact JSON bytes) as one bulk body, gzipped as a relay sends it."""
+
+    def _bulk(batches, *, raw: bytes | None = None):
+        body = raw if raw is not None else protocol.bulk_body([b if isinstance(b, bytes) else encoded(b) for b in batches])
+        return client.generic("POST", "/api/v1/ingest/bulk", gzip.compress(body), content_type="application/json",
+                              HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_CONTENT_ENCODING="gzip")
+
+    return _bulk
+
+
+def grads(rank: int, steps: int) -> dict:
+    return msgspec.to_builtins(protocol.Grads.pack(0, [[rank + 1]] * steps))
+
+
+def stored() -> tuple[int, int, int, int]:
+    return IngestBatch.objects.count(), GradReport.objects.count(), Rank.objects.count(), StepReport.objects.count()
+
+
+def test_every_rank_of_a_node_in_one_request(bulk):
+    batches = [make_batch(rank=r, events=[{"t": "grad", "step": s, "fps": [r, s]} for s in range(2)]
+                          + [{"t": "step", "step": 1, "step_time": 0.1}]) for r in range(3)]
+    response = bulk(batches)
+    assert response.status_code == 200, response.content
+    assert response.json() == {"results": [{"accepted": 3, "duplicate": False, "want_blobs": [], "detail": []}] * 3}
+    assert stored() == (3, 6, 3, 3)
+    assert sorted(GradReport.objects.values_list("rank", "step", "fps")) == [
+        (r, s, [r, s]) for r in range(3) for s in range(2)]
+    assert Run.objects.get(key="run-a").last_step == 1
+    # all three ranks reported both steps in this one request: both slots are complete
+    assert [(s.step, s.reported) for s in GradSlot.objects.order_by("step")] == [(0, 3), (1, 3)]
+
+
+def test_a_batch_already_received_on_either_endpoint_is_a_duplicate(bulk, post):
+    first, second = make_batch(rank=0), make_batch(rank=1)
+    assert post(encoded(first)).json()["duplicate"] is False
+    response = bulk([first, second])
+    assert [r["duplicate"] for r in response.json()["results"]] == [True, False]
+    assert [r["accepted"] for r in response.json()["results"]] == [0, 1]
+    assert stored()[:2] == (2, 2)
+    assert post(encoded(second)).json() == {"accepted": 0, "duplicate": True, "want_blobs": [], "detail": []}
+    assert stored()[:2] == (2, 2)
+
+
+def test_other_content_under_a_received_seq_refuses_the_whole_request(bulk, post):
+    assert post(encoded(make_batch(rank=0))).status_code == 200
+    before = stored()
+    changed = make_batch(rank=0, events=[{"t": "grad", "step": 0, "fps": [9, 9, 9]}])
+    response = bulk([make_batch(rank=1), changed])
+    assert response.status_code == 409
+    assert response.json()["path"] == "batches[1].seq"
+    assert stored() == before  # the other rank's batch was rolled back with it
+
+
+@pytest.mark.parametrize("batches, path", [
+    ([make_batch(rank=0), make_batch(rank=5)], "batches[1].rank"),
+    ([make_batch(rank=0), make_batch(events=[{"t": "grad", "step": "x", "fps": []}])], "batches[1].events[0].step"),
+    ([make_batch(events=[{"t": "nope"}])], "batches[0].events[0].t"),
+    ([make_batch(rank=0), {"v": 1}], "batches[1].run"),
+])
+def test_an_invalid_batch_names_its_place_and_nothing_is_stored(bulk, batches, path):
+    response = bulk(batches)
+    assert response.status_code == 400, response.content
+    assert response.json()["path"] == path
+    assert stored() == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("raw, path", [
+    (b'{"v":1,"batches":[]}', "batches"),
+    (b'{"v":2,"batches":[{}]}', "v"),
+    (b'{"v":1,"batches":' + b"[{}]" * 2, None),
+    (protocol.bulk_body([encoded(make_batch(rank=r, session=f"s-{uuid.uuid4()}")) for r in range(3)] * 100), "batches"),
+])
+def test_a_malformed_envelope_is_a_400(bulk, raw, path):
+    response = bulk([], raw=raw)
+    assert response.status_code == 400, response.content
+    assert response.json().get("path") == path
+    assert stored() == (0, 0, 0, 0)
+
+
+def test_compact_grads_of_several_ranks_share_one_copy(bulk):
+    response = bulk([make_batch(rank=r, events=[grads(r, 4)]) for r in range(3)])
+    assert response.status_code == 200, response.content
+    assert sorted(GradReport.objects.values_list("rank", "step", "fps")) == [
+        (r, s, [r + 1]) for r in range(3) for s in range(4)]
+    assert [s.reported for s in GradSlot.objects.order_by("step")] == [3, 3, 3, 3]
+
+
+def test_a_graph_text_is_asked_of_one_batch_only(bulk):
+    results = bulk([make_batch(rank=r, events=[compile_event()]) for r in range(3)]).json()["results"]
+    assert [r["want_blobs"] for r in results] == [[HASH], [], []]
+
+
+def test_each_batch_counts_against_the_rate_limit(bulk, settings):
+    settings.LOCKSTEP_RATE_LIMIT = 2
+    response = bulk([make_batch(rank=r) for r in range(3)])
+    assert response.status_code == 429
+    assert response["Retry-After"] == "1"
+    assert stored() == (0, 0, 0, 0)
