@@ -12,6 +12,14 @@ from ingest.models import Project, ProjectToken
 pytest_plugins = ["tests.stack"]
 
 
+@pytest.fixture(autouse=True)
+def _no_cached_runs():
+    """Ingest caches runs by key for a minute; a test's database may have another project's run of that key."""
+    from ingest import writers
+
+    writers.forget_runs()
+
+
 @pytest.fixture
 def project(db) -> Project:
     return Project.objects.create(name=f"proj-{uuid.uuid4().hex[:8]}")
