@@ -38,6 +38,7 @@ MLFLOW_ANCHOR = "MLflow tracking server log_batch: 1.6k-3.3k points/s on this ki
 class Request:
     body: bytes
     rank_steps: int
+    path: str = "/api/v1/ingest"
 
 
 @dataclass
@@ -65,16 +66,22 @@ def build(args, recorded: list[dict]) -> tuple[list[Request], list[Request], dic
     burst = [Request(gzip_body({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": 0,
                                 "events": compile_burst(recorded, r)}), 0) for r in range(args.ranks)]
     steady = []
+    per = args.ranks_per_request
     for b in range(n_batches):
         first = b * args.steps_per_batch
         extra = ""
         if args.step_events:
             extra = "," + ",".join(json.dumps(dict(step_template, step=first + i, ts=time.time()), separators=(",", ":"))
                                    for i in range(args.steps_per_batch))
+        bodies = []
         for r in range(args.ranks):
             head = json.dumps({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": b + 1}, separators=(",", ":"))
-            body = head[:-1] + ',"events":[' + packed[b] + extra + "]}"
-            steady.append(Request(gzip_body(body.encode()), args.steps_per_batch))
+            bodies.append((head[:-1] + ',"events":[' + packed[b] + extra + "]}").encode())
+        if per == 1:
+            steady += [Request(gzip_body(body), args.steps_per_batch) for body in bodies]
+        else:  # what a node relay (agents/relay.py) sends: its ranks' batches, byte for byte, in one bulk body
+            steady += [Request(gzip_body(protocol.bulk_body(bodies[i:i + per])), args.steps_per_batch * len(bodies[i:i + per]),
+                               "/api/v1/ingest/bulk") for i in range(0, len(bodies), per)]
     return burst, steady, {"run": run["key"], "packed": packed}
 
 
@@ -85,7 +92,7 @@ def send_all(url: str, token: str, requests: list[Request], connections: int) ->
         work.put(item)
     tally = Tally()
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Content-Encoding": "gzip"}
-    header_bytes = len("POST /api/v1/ingest HTTP/1.1\r\n") + sum(len(k) + len(v) + 4 for k, v in headers.items()) + 60
+    header_bytes = sum(len(k) + len(v) + 4 for k, v in headers.items()) + 60
 
     def worker() -> None:
         conn = http.client.HTTPConnection(host, int(port), timeout=120)
@@ -94,12 +101,12 @@ def send_all(url: str, token: str, requests: list[Request], connections: int) ->
                 item = work.get_nowait()
             except queue.Empty:
                 break
-            conn.request("POST", "/api/v1/ingest", item.body, headers)
+            conn.request("POST", item.path, item.body, headers)
             response = conn.getresponse()
             payload = response.read()
             with tally.lock:
                 tally.sent += 1
-                tally.wire_bytes += len(item.body) + header_bytes
+                tally.wire_bytes += len(item.body) + header_bytes + len(f"POST {item.path} HTTP/1.1\r\n")
                 if response.status == 200:
                     tally.rank_steps += item.rank_steps
                 else:
@@ -176,6 +183,8 @@ def main() -> None:
     parser.add_argument("--ingest", type=int, default=2, help="ASGI worker processes")
     parser.add_argument("--celery", type=int, default=0, help="Celery worker processes settling slots meanwhile")
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--ranks-per-request", type=int, default=1,
+                        help="batches of this many ranks per request, as a node relay sends them (bulk endpoint)")
     parser.add_argument("--step-events", action="store_true", help="also send the recorded per-step `step` event")
     args = parser.parse_args()
 
@@ -202,7 +211,8 @@ def main() -> None:
     failures = burst_tally.failures + tally.failures
     print_table(
         f"ingest bench: {args.ranks} ranks x {args.steps} steps, {args.buckets} buckets, {args.steps_per_batch} steps/batch,"
-        f" {args.ingest} ingest processes, {args.celery} Celery workers, {args.connections} connections",
+        f" {args.ingest} ingest processes, {args.celery} Celery workers, {args.connections} connections,"
+        f" {args.ranks_per_request} rank(s) per request",
         [
             ("compile burst", f"{burst_s:.2f} s", f"{len(burst)} batches, {burst_tally.sent - len(burst_tally.failures)} accepted"),
             ("P1 grad events/s over HTTP", f"{http_rate:,.0f}", f"{tally.rank_steps:,} rank-steps in {elapsed:.2f} s (target >= 200,000)"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models import Q
 
 from ingest.models import Run
 
@@ -50,7 +51,12 @@ class GradSlot(Slot):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step", "group"], name="grad_slot_once")]
-        indexes = [models.Index(fields=["settled_at", "first_seen"], name="grad_slot_sweep")]
+        indexes = [
+            models.Index(fields=["settled_at", "first_seen"], name="grad_slot_sweep"),
+            # a batch's late reports (`slots.grad_reports_ctes`): one descent finds no settled slot
+            # among its steps, where probing each step by grad_slot_once cost ~2 us per rank-step
+            models.Index(fields=["run", "group", "step"], name="grad_slot_settled", condition=Q(settled_at__isnull=False)),
+        ]
 
 
 class Alert(models.Model):

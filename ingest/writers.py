@@ -105,12 +105,7 @@ def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], pr
     grad_parts = [part for w in written if w for part in w.grads.parts]
     if grad_parts:
         _copy_stream("ingest_gradreport", GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
-    for i, (w, (batch, body_digest)) in enumerate(zip(written, items)):
-        if w:
-            claimed = _claim(batch, w.run, body_digest, w.by_type, w.grads.groups())
-            if claimed is None:
-                raise _Resent(i)
-            w.before, w.late, w.asked = claimed
+    _claim_all(items, written)
     return written
 
 
@@ -125,7 +120,7 @@ def _write_events(batch: protocol.Batch, project: Project, now: datetime) -> _Wr
     for kind, events in by_type.items():
         WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
     compiles = by_type.get(protocol.Compile, [])
-    ready = slots.touch(run, compiles, [], batch.rank)  # compile slots (the rare kind); grad slots in _claim
+    ready = slots.touch(run, compiles)  # compile slots (the rare kind); grad slots in _claim
     return _Written(batch, run, by_type, encoded, ready)
 
 
@@ -167,68 +162,105 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
     return run
 
 
-def _claim(batch: protocol.Batch, run: Run, body_digest: str, by_type: dict,
-           groups: list[tuple[str, list[int]]]) -> tuple[dict[str, int], list[int], list[int]] | None:
-    """Claim (session, seq), record the rank's facts, report the grad steps and hand out detail
-    requests, in one statement (the rank row is only updated when the claim succeeded).
+def _claim_all(items: list[tuple[protocol.Batch, str]], written: list[_Written | None]) -> None:
+    """Claim every batch's (session, seq) and record its facts: one statement per run, for batches of
+    distinct ranks (a rank's second batch in one request, rare, goes into the next statement)."""
+    waves: list[list[tuple[int, _Written, str]]] = []
+    for i, (w, (_, body_digest)) in enumerate(zip(written, items)):
+        if w is None:
+            continue
+        wave = next((wave for wave in waves if wave[0][1].run.id == w.run.id
+                     and all(other.batch.rank != w.batch.rank for _, other, _ in wave)), None)
+        if wave is None:
+            waves.append([(i, w, body_digest)])
+        else:
+            wave.append((i, w, body_digest))
+    for wave in waves:
+        _claim(wave)
 
-    Returns the rank's grad watermarks from before this batch, the settled grad slots whose late
-    reports completed them, and the steps of this rank's detail requests (`DetailRequest`, each
-    handed out once; inside the batch transaction, so a resend rolls the hand-out back), or None
-    when (session, seq) was already claimed.
+
+def _claim(wave: list[tuple[int, _Written, str]]) -> None:
+    """Claim (session, seq) of each batch, record the ranks' facts, report the grad steps and hand
+    out detail requests, in one statement.
+
+    Sets on each `_Written` its rank's grad watermarks from before (for `grads_ready_sql` after
+    commit), the settled grad slots whose late reports completed them, and the steps of its
+    rank's detail requests (`DetailRequest`, each handed out once; inside the transaction, so a
+    resend rolls the hand-out back). Raises `_Resent` for a batch whose (session, seq) was
+    already claimed. A rank_end's status is written by a second statement (`_record_ends`):
+    ON CONFLICT DO UPDATE sees only the proposed row, which cannot say "this batch ended".
     """
-    last_step = _last_step(batch.events)
-    start = by_type.get(protocol.RankStart, [None])[-1]
-    end = by_type.get(protocol.RankEnd, [None])[-1]
-    info = msgspec.to_builtins(start) if start else None
+    run = wave[0][1].run
+    batches = [w.batch for _, w, _ in wave]
+    starts = [w.by_type.get(protocol.RankStart, [None])[-1] for _, w, _ in wave]
     params = {
-        "session": batch.session, "seq": batch.seq, "digest": body_digest, "run": run.id, "rank": batch.rank,
-        "events": len(batch.events), "host": start.host if start else "", "pid": start.pid if start else None,
-        "info": msgspec.json.encode(info).decode() if info else None, "has_info": info is not None,
-        "status": end.status if end else "running", "ended": end is not None,
-        "exit": end.exit_code if end else None, "step": last_step, "ws": run.world_size,
+        "run": run.id, "ws": run.world_size, "session": [b.session for b in batches], "seq": [b.seq for b in batches],
+        "digest": [d for _, _, d in wave], "rank": [b.rank for b in batches], "events": [len(b.events) for b in batches],
+        "host": [st.host if st else "" for st in starts], "pid": [st.pid if st else None for st in starts],
+        "info": [msgspec.json.encode(st).decode() if st else None for st in starts],
+        "step": [_last_step(b.events) for b in batches],
+        **slots.grad_reports_params([(b.rank, group, steps) for b, (_, w, _) in zip(batches, wave)
+                                     for group, steps in w.grads.groups()]),
     }
-    reports = ""
-    for i, (group, steps) in enumerate(groups):
-        reports += "," + slots.grad_report_ctes(i)
-        params.update(slots.grad_report_params(i, group, steps))
-    late = " UNION ALL ".join(f"SELECT id FROM late{i} WHERE reported >= %(ws)s::int" for i in range(len(groups)))
     claimed, watermarks, asked, late_ready = _query(
             f"""
-            WITH claim AS (
+            WITH b AS (
+              SELECT * FROM unnest(%(session)s::text[], %(seq)s::bigint[], %(digest)s::text[], %(rank)s::int[],
+                                   %(events)s::int[], %(host)s::text[], %(pid)s::bigint[], %(info)s::text[], %(step)s::bigint[])
+                AS b(session, seq, digest, rank, events, host, pid, info, step)
+            ), claim AS (
               INSERT INTO ingest_ingestbatch (session, seq, digest, run_id, rank, events, received_at)
-              VALUES (%(session)s::text, %(seq)s::bigint, %(digest)s::text, %(run)s::bigint, %(rank)s::int, %(events)s::int,
-                      now())
-              ON CONFLICT (session, seq) DO NOTHING RETURNING id
+              SELECT session, seq, digest, %(run)s::bigint, rank, events, now() FROM b
+              ON CONFLICT (session, seq) DO NOTHING RETURNING rank
             ), ranked AS (
               INSERT INTO ingest_rank (run_id, rank, host, pid, info, status, exit_code, last_step, last_seen)
-              SELECT %(run)s::bigint, %(rank)s::int, %(host)s::text, %(pid)s::bigint, COALESCE(%(info)s::jsonb, '{{}}'::jsonb),
-                     %(status)s::text, %(exit)s::int, %(step)s::bigint, now()
-              WHERE EXISTS (SELECT 1 FROM claim)
+              SELECT %(run)s::bigint, rank, host, pid, COALESCE(info::jsonb, '{{}}'::jsonb), 'running', NULL, step, now()
+              FROM b ORDER BY rank
               ON CONFLICT (run_id, rank) DO UPDATE SET
                 host = COALESCE(NULLIF(EXCLUDED.host, ''), ingest_rank.host),
                 pid = COALESCE(EXCLUDED.pid, ingest_rank.pid),
-                info = CASE WHEN %(has_info)s::boolean THEN EXCLUDED.info ELSE ingest_rank.info END,
-                status = CASE WHEN %(ended)s::boolean THEN EXCLUDED.status ELSE ingest_rank.status END,
-                exit_code = COALESCE(EXCLUDED.exit_code, ingest_rank.exit_code),
+                info = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN ingest_rank.info ELSE EXCLUDED.info END,
                 last_step = GREATEST(ingest_rank.last_step, EXCLUDED.last_step),
                 last_seen = now()
             ), asked AS (
               UPDATE dashboard_detailrequest SET asked_at = now()
-              WHERE run_id = %(run)s::bigint AND rank = %(rank)s::int AND asked_at IS NULL
-              RETURNING step
-            ){reports}
-            SELECT (SELECT id FROM claim),
-                   (SELECT COALESCE(json_object_agg("group", step), '{{}}') FROM ingest_gradwatermark
-                    WHERE run_id = %(run)s::bigint AND rank = %(rank)s::int),
-                   ARRAY(SELECT DISTINCT step FROM asked ORDER BY step),
-                   ARRAY({late or "SELECT NULL::bigint WHERE false"})
+              WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) AND asked_at IS NULL
+              RETURNING rank, step
+            ),{slots.grad_reports_ctes()}
+            SELECT ARRAY(SELECT rank FROM claim),
+                   (SELECT COALESCE(json_object_agg(rank, marks), '{{}}') FROM (
+                      SELECT rank, json_object_agg("group", step) AS marks FROM ingest_gradwatermark
+                      WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) GROUP BY rank) w),
+                   (SELECT COALESCE(json_object_agg(rank, steps), '{{}}') FROM (
+                      SELECT rank, array_agg(DISTINCT step ORDER BY step) AS steps FROM asked GROUP BY rank) a),
+                   ARRAY(SELECT id FROM late WHERE reported >= %(ws)s::int)
             """,
         params,
     )[0]
-    if claimed is None:
-        return None
-    return watermarks, late_ready, asked
+    claimed = set(claimed)
+    for i, w, _ in wave:
+        if w.batch.rank not in claimed:
+            raise _Resent(i)
+        w.before = watermarks.get(str(w.batch.rank), {})
+        w.asked = asked.get(str(w.batch.rank), [])
+    wave[0][1].late = late_ready
+    _record_ends(run, [w for _, w, _ in wave if protocol.RankEnd in w.by_type])
+
+
+def _record_ends(run: Run, ended: list[_Written]) -> None:
+    if not ended:
+        return
+    ends = [w.by_type[protocol.RankEnd][-1] for w in ended]
+    _query(
+        """
+        UPDATE ingest_rank r SET status = e.status, exit_code = COALESCE(e.exit_code, r.exit_code)
+        FROM unnest(%(rank)s::int[], %(status)s::text[], %(exit)s::int[]) AS e(rank, status, exit_code)
+        WHERE r.run_id = %(run)s::bigint AND r.rank = e.rank
+        """,
+        {"run": run.id, "rank": [w.batch.rank for w in ended], "status": [e.status for e in ends],
+         "exit": [e.exit_code for e in ends]},
+        rows=False,
+    )
 
 
 def _after_commit(written: list[_Written | None]) -> list[Stored]:
@@ -340,7 +372,7 @@ class GradCopy:
     steps: dict[str, list]  # group -> its steps (ranges or lists, in event order)
 
     def groups(self) -> list[tuple[str, list[int]]]:
-        """Replicated groups with their sorted distinct steps (what `slots.grad_report_params` takes)."""
+        """Replicated groups with their sorted distinct steps (what `slots.grad_reports_params` takes)."""
         out = []
         for group in sorted(self.steps):
             if not slots.replicated(group):

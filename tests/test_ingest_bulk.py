@@ -121,3 +121,27 @@ def test_each_batch_counts_against_the_rate_limit(bulk, settings):
     assert response.status_code == 429
     assert response["Retry-After"] == "1"
     assert stored() == (0, 0, 0, 0)
+
+
+def test_late_reports_of_several_ranks_count_each(bulk):
+    from dashboard.detection import settle
+
+    assert bulk([make_batch(rank=0)]).status_code == 200
+    slot = GradSlot.objects.get()
+    settle.settle_grad(slot.id)
+    assert bulk([make_batch(rank=1), make_batch(rank=2)]).status_code == 200
+    slot.refresh_from_db()
+    assert slot.reported == 3 and slot.pending
+
+
+def test_one_rank_twice_and_its_start_and_end(bulk):
+    start = {"t": "rank_start", "host": "node3", "pid": 7, "versions": {"torch": "2.13.0"}}
+    end = {"t": "rank_end", "status": "failed", "exit_code": -6}
+    response = bulk([make_batch(rank=1, seq=0, events=[start, {"t": "grad", "step": 0, "fps": [1]}]),
+                     make_batch(rank=2, seq=0),
+                     make_batch(rank=1, seq=1, events=[{"t": "grad", "step": 1, "fps": [1]}, end])])
+    assert [r["accepted"] for r in response.json()["results"]] == [2, 1, 2]
+    rank = Rank.objects.get(rank=1)
+    assert (rank.host, rank.pid, rank.info["versions"], rank.status, rank.exit_code, rank.last_step) == (
+        "node3", 7, {"torch": "2.13.0"}, "failed", -6, 1)
+    assert (Rank.objects.get(rank=2).status, Run.objects.get().torch_version) == ("running", "2.13.0")

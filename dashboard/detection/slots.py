@@ -7,7 +7,7 @@ lost when a worker or the broker restarts.
 Compile slots count reports per slot. Grad slots do not: at 1024 ranks that is 1024 updates
 of every slot row (the ingest bottleneck). Instead each rank has a watermark (highest step
 reported, `ingest.models.GradWatermark`), the first rank to reach a step creates its slot, and
-`grads_ready` (after the batch commits, so the last committer always sees every report) marks
+`grads_ready_sql` (after the batch commits, so the last committer always sees every report) marks
 the slots below the lowest watermark complete (`reported = world_size`). Reports for a slot that
 already settled still count one by one, so a late report reopens it.
 """
@@ -32,17 +32,14 @@ def replicated(group: str) -> bool:
     return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 
-def touch(run: Run, compiles: list[protocol.Compile], grads: list[protocol.Grad], rank: int = 0) -> list[tuple[str, int]]:
-    """Record this batch's reports (inside its transaction); return the slots it completed.
+def touch(run: Run, compiles: list[protocol.Compile]) -> list[tuple[str, int]]:
+    """Record a batch's compile reports (inside its transaction); return the compile slots it completed.
 
-    `grads` needs only `.step` and `.group` per rank-step. Grad completion by watermark is
-    decided by `grads_ready` after commit; here only late reports of settled grad slots count.
+    Grad reports are part of ingest's claim statement (`grad_reports_ctes`); their completion by
+    watermark is decided after commit (`grads_ready_sql`).
     """
     compile_keys = sorted({(e.frame, e.index) for e in compiles})
-    ready = [(COMPILE, i) for i in _upsert("dashboard_compileslot", ("frame", "index"), ("text", "int"), compile_keys, run)]
-    for group, steps in grad_steps_by_group(grads):
-        ready += [(GRAD, i) for i in _grad_reports(run, rank, group, steps)]
-    return ready
+    return [(COMPILE, i) for i in _upsert("dashboard_compileslot", ("frame", "index"), ("text", "int"), compile_keys, run)]
 
 
 def _steps_literal(steps: list[int]) -> str:
@@ -50,57 +47,56 @@ def _steps_literal(steps: list[int]) -> str:
     return "{" + ",".join(map(str, steps)) + "}"
 
 
-def grad_report_ctes(i: int) -> str:
-    """One group's part of a batch statement: advance the rank's watermark, open slots no rank
-    reported before, count late reports of settled slots (CTE `late{i}` returns (id, reported)).
+def grad_reports_ctes() -> str:
+    """The grad part of a claim statement for the batches of several ranks (distinct, one run):
+    advance each rank's watermarks, open the slots no rank reported before, count late reports of
+    settled slots (CTE `late` returns (id, reported)).
 
-    Binds %(run)s, %(rank)s and `grad_report_params(i, ...)`. All CTEs of a statement read the
-    snapshot from before it, so `top{i}` is the highest step any rank had reported and the new
-    slots are exactly this batch's steps above it.
+    Binds %(run)s and `grad_reports_params`. All CTEs of a statement read the snapshot from
+    before it, so `top` is the highest step any rank had reported and the new slots are exactly
+    the reported steps above it. Late reports are looked for by one range scan per group of the
+    partial index of settled slots (grad_slot_settled), which usually finds none.
     """
-    return f"""
-            top{i} AS (
-              SELECT COALESCE(max(step), -1) AS step FROM ingest_gradwatermark
-              WHERE run_id = %(run)s::bigint AND "group" = %(g{i})s::text
-            ), mark{i} AS (
+    return """
+            reps AS MATERIALIZED (
+              SELECT x.g, unnest(x.s::bigint[]) AS step
+              FROM unnest(%(r_group)s::text[], %(r_steps)s::text[]) AS x(g, s)
+            ), top AS MATERIALIZED (
+              SELECT gs.g, (SELECT COALESCE(max(w.step), -1) FROM ingest_gradwatermark w
+                            WHERE w.run_id = %(run)s::bigint AND w."group" = gs.g) AS step
+              FROM (SELECT DISTINCT g FROM reps) gs
+            ), mark AS (
               INSERT INTO ingest_gradwatermark (run_id, "group", rank, step)
-              VALUES (%(run)s::bigint, %(g{i})s::text, %(rank)s::int, %(l{i})s::bigint)
+              SELECT %(run)s::bigint, m.g, m.rank, m.step
+              FROM unnest(%(r_group)s::text[], %(r_rank)s::int[], %(r_last)s::bigint[]) AS m(g, rank, step)
               ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST(ingest_gradwatermark.step, EXCLUDED.step)
-            ), opened{i} AS (
+            ), opened AS (
               INSERT INTO dashboard_gradslot (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
-              SELECT %(run)s::bigint, s, %(g{i})s::text, 1, now(), 0, '{{}}', '{{}}' FROM unnest(%(s{i})s::bigint[]) AS s, top{i}
-              WHERE s > top{i}.step
+              SELECT %(run)s::bigint, n.step, n.g, 1, now(), 0, '{}', '{}'
+              FROM (SELECT DISTINCT reps.g, reps.step FROM reps JOIN top ON top.g = reps.g WHERE reps.step > top.step) n
+              ORDER BY n.g, n.step
               ON CONFLICT (run_id, step, "group") DO NOTHING
-            ), late{i} AS (
-              UPDATE dashboard_gradslot SET reported = reported + 1 FROM top{i}
-              WHERE run_id = %(run)s::bigint AND "group" = %(g{i})s::text AND dashboard_gradslot.step = ANY(%(s{i})s::bigint[])
-                AND dashboard_gradslot.step BETWEEN %(f{i})s::bigint AND top{i}.step AND settled_at IS NOT NULL
-              RETURNING id, reported
+            ), again AS MATERIALIZED (
+              SELECT reps.g, reps.step, count(*) AS n FROM reps JOIN top ON top.g = reps.g
+              WHERE reps.step <= top.step GROUP BY reps.g, reps.step
+            ), settled AS (
+              SELECT s.id, a.n FROM (SELECT g, min(step) AS lo, max(step) AS hi FROM again GROUP BY g) span
+              CROSS JOIN LATERAL (SELECT id, step FROM dashboard_gradslot
+                                  WHERE run_id = %(run)s::bigint AND "group" = span.g AND step BETWEEN span.lo AND span.hi
+                                    AND settled_at IS NOT NULL) s
+              JOIN again a ON a.g = span.g AND a.step = s.step
+            ), late AS (
+              UPDATE dashboard_gradslot SET reported = reported + settled.n FROM settled
+              WHERE dashboard_gradslot.id = settled.id
+              RETURNING dashboard_gradslot.id, dashboard_gradslot.reported
             )"""
 
 
-def grad_report_params(i: int, group: str, steps: list[int]) -> dict:
-    """`steps`: sorted, distinct."""
-    return {f"g{i}": group, f"s{i}": _steps_literal(steps), f"f{i}": steps[0], f"l{i}": steps[-1]}
-
-
-def grad_steps_by_group(grads) -> list[tuple[str, list[int]]]:
-    """Replicated groups of these rank-steps (anything with `.step` and `.group`), each with its sorted distinct steps."""
-    by_group: dict[str, set[int]] = {}
-    for e in grads:
-        if replicated(e.group):
-            by_group.setdefault(e.group, set()).add(e.step)
-    return [(group, sorted(steps)) for group, steps in sorted(by_group.items())]
-
-
-def _grad_reports(run: Run, rank: int, group: str, steps: list[int]) -> list[int]:
-    """Advance the rank's watermark, open slots no rank reported before, count late reports (one statement)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "WITH" + grad_report_ctes(0) + " SELECT id, reported FROM late0",
-            {"run": run.id, "rank": rank, **grad_report_params(0, group, steps)},
-        )
-        return [slot_id for slot_id, reported in cur.fetchall() if reported >= run.world_size]
+def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
+    """`reports`: (rank, group, its sorted distinct steps) per rank and replicated group."""
+    return {"r_rank": [rank for rank, _, _ in reports], "r_group": [group for _, group, _ in reports],
+            "r_steps": [_steps_literal(steps) for _, _, steps in reports],
+            "r_last": [steps[-1] for _, _, steps in reports]}
 
 
 def grads_ready_sql(groups: int) -> str:
@@ -135,21 +131,6 @@ def grads_ready_params(before: dict[str, int], groups: list[str]) -> dict:
         params[f"g{i}"] = group
         params[f"floor{i}"] = before.get(group, -1)
     return params
-
-
-def grads_ready(run: Run, before: dict[str, int], groups: set[str]) -> list[tuple[str, int]]:
-    """After commit: grad slots that every rank's watermark has now passed, each returned once.
-
-    A slot can only have become complete if this rank was the lowest, so only steps above its
-    old watermark (`before`, read in the batch's transaction before it moved) are looked at; of two ranks committing at once, the later sees both.
-    """
-    if not groups:
-        return []
-    ordered = sorted(groups)
-    with connection.cursor() as cur:
-        cur.execute("WITH" + grads_ready_sql(len(ordered)) + " SELECT id FROM done",
-                    {"run": run.id, "ws": run.world_size, **grads_ready_params(before, ordered)})
-        return [(GRAD, row[0]) for row in cur.fetchall()]
 
 
 def _upsert(table: str, cols: tuple[str, str], types: tuple[str, str], keys: list[tuple], run: Run) -> list[int]:
