@@ -1,4 +1,4 @@
-"""Command line: `python -m agents run|upload ...` (DESIGN 3.1)."""
+"""Command line: `python -m agents run|upload|replay|relay ...` (DESIGN 3.1)."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ import traceback
 
 import msgspec
 
+from agents.relay import MAX_BATCHES, WINDOW_S
 from agents.spool import list_batches
 from agents.transport import post
 
@@ -42,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
     rp.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
     rp.add_argument("--spool-dir", default=None, help="write the batches here (for `upload`) instead of sending")
+    rl = verbs.add_parser("relay", help="forward the batches of a node's ranks to the server in bulk",
+                          description="Listen for the agents of this node (point their LOCKSTEP_URL here) and "
+                                      "forward what they send within WINDOW seconds as one bulk request. It keeps "
+                                      "nothing: each agent gets the server's answer to its own batch.")
+    rl.add_argument("--listen", default="127.0.0.1:7070", help="HOST:PORT to listen on (default 127.0.0.1:7070)")
+    rl.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
+    rl.add_argument("--window", type=float, default=WINDOW_S, help=f"seconds to gather batches (default {WINDOW_S})")
+    rl.add_argument("--max-batches", type=int, default=MAX_BATCHES, help=f"per request (default {MAX_BATCHES})")
     return p
 
 
@@ -184,4 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_script(ns.script, ns.args)
     if ns.verb == "replay":
         return replay(ns.trace_dir, ns.run, ns.url, ns.token, ns.spool_dir, ns.world_size)
+    if ns.verb == "relay":
+        if not ns.url:
+            print("relay: no server URL (--url or LOCKSTEP_URL)", file=sys.stderr)
+            return 2
+        from agents import relay
+
+        relay.serve(ns.listen, ns.url, ns.window, ns.max_batches)
+        return 0
     return upload(ns.spool_dir, ns.url, ns.token)

@@ -1,0 +1,255 @@
+"""A node-local relay: the ranks of one node post their batches here, it forwards them in bulk.
+
+    python -m agents relay --listen 127.0.0.1:7070      # upstream: $LOCKSTEP_URL
+    LOCKSTEP_URL=http://127.0.0.1:7070 torchrun ... -m agents run train.py
+
+At 1024 ranks every agent posting its own batch twice a second is 2,000 requests/s, each paying
+HTTP, a transaction and a commit on the server. The relay gathers what the ranks of a node send
+within a short window and forwards it as one `POST /api/v1/ingest/bulk` (`protocol.Bulk`): one
+request and one transaction per node instead of one per rank (docs/scale-out.md has the numbers).
+
+It keeps nothing: an agent's POST is answered only with the server's answer to its own batch,
+so a batch the server did not accept stays in that agent's spool and is resent, exactly as
+without a relay (the relay restarting, or the server being down, loses nothing). Batches go
+upstream byte for byte, so a resend through the relay or straight to the server is the same
+batch. One bad batch does not sink its neighbours: when the server refuses a bulk request with a
+4xx, each batch is sent on its own and gets its own answer. Graph-text uploads (`/api/v1/blobs`)
+pass through unchanged. Standard library and msgspec only, like the rest of the agent.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import msgspec
+
+from agents import protocol
+
+log = logging.getLogger("lockstep.relay")
+
+INGEST, BULK, BLOBS = "/api/v1/ingest", "/api/v1/ingest/bulk", "/api/v1/blobs"
+WINDOW_S = 0.05
+MAX_BATCHES = 64
+MAX_BULK_BYTES = protocol.MAX_BODY_BYTES // 2
+UPSTREAM_TIMEOUT = 30.0
+RETRY_AFTER = "1"
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Waiting:
+    """One agent's batch, waiting for the server's answer to it."""
+
+    token: str
+    batch: bytes  # its exact JSON (inflated)
+    done: threading.Event = field(default_factory=threading.Event)
+    answer: Answer | None = None
+
+    def reply(self, answer: Answer) -> None:
+        self.answer = answer
+        self.done.set()
+
+
+def _error(status: int, message: str, retry: bool = False) -> Answer:
+    return Answer(status, json.dumps({"error": message}).encode(), {"Retry-After": RETRY_AFTER} if retry else {})
+
+
+class Relay:
+    """The window, the upstream sender (one thread: while a request is out, the next one fills up)."""
+
+    def __init__(self, upstream: str, window: float = WINDOW_S, max_batches: int = MAX_BATCHES):
+        self.upstream = upstream.rstrip("/")
+        self.window = window
+        self.max_batches = max_batches
+        self._waiting: list[_Waiting] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self.sent = {"bulk": 0, "single": 0, "batches": 0}
+        self._thread = threading.Thread(target=self._run, name="lockstep-relay", daemon=True)
+        self._thread.start()
+
+    def submit(self, token: str, batch: bytes, timeout: float = 2 * UPSTREAM_TIMEOUT) -> Answer:
+        item = _Waiting(token, batch)
+        with self._cv:
+            self._waiting.append(item)
+            self._cv.notify()
+        if not item.done.wait(timeout):
+            return _error(504, "relay: no answer from the server in time; retry", retry=True)
+        return item.answer
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            group = self._next_group()
+            if group is None:
+                return
+            try:
+                self._forward(group)
+            except Exception as exc:  # a bug must not strand the waiting agents
+                log.exception("relay: forwarding failed")
+                for item in group:
+                    if not item.done.is_set():
+                        item.reply(_error(503, f"relay error: {exc}", retry=True))
+
+    def _next_group(self) -> list[_Waiting] | None:
+        """Wait for a first batch, then up to `window` for more; take the batches of one token."""
+        with self._cv:
+            while not self._waiting and not self._closed:
+                self._cv.wait()
+            if self._closed and not self._waiting:
+                return None
+            deadline = time.monotonic() + self.window
+            while len(self._waiting) < self.max_batches and (left := deadline - time.monotonic()) > 0 and not self._closed:
+                self._cv.wait(left)
+            token = self._waiting[0].token
+            group, size = [], 0
+            for item in list(self._waiting):
+                if item.token == token and len(group) < self.max_batches and size + len(item.batch) <= MAX_BULK_BYTES:
+                    group.append(item)
+                    size += len(item.batch)
+            if not group:  # one batch bigger than a bulk body may be: it goes alone
+                group = [self._waiting[0]]
+            for item in group:
+                self._waiting.remove(item)
+            return group
+
+    def _forward(self, group: list[_Waiting]) -> None:
+        if len(group) == 1:
+            self._single(group[0])
+            return
+        body = gzip.compress(protocol.bulk_body([item.batch for item in group]), 6)
+        answer = _post(self.upstream + BULK, group[0].token, body, "gzip")
+        self.sent["bulk"] += 1
+        if answer.status == 200:
+            results = msgspec.json.decode(answer.body, type=protocol.BulkReply).results
+            self.sent["batches"] += len(group)
+            for item, result in zip(group, results, strict=True):
+                item.reply(Answer(200, msgspec.json.encode(result), {"Content-Type": "application/json"}))
+        elif 400 <= answer.status < 500 and answer.status != 429:
+            log.warning("relay: server refused a bulk of %d batches (%d); sending each alone", len(group), answer.status)
+            for item in group:
+                self._single(item)
+        else:  # 429, 5xx, unreachable: every batch stays with its agent, which resends it
+            for item in group:
+                item.reply(answer)
+
+    def _single(self, item: _Waiting) -> None:
+        answer = _post(self.upstream + INGEST, item.token, gzip.compress(item.batch, 6), "gzip")
+        self.sent["single"] += 1
+        self.sent["batches"] += answer.status == 200
+        item.reply(answer)
+
+
+def _post(url: str, token: str, data: bytes, encoding: str) -> Answer:
+    """POST upstream; an unreachable server is a 503 with Retry-After (the agent keeps the batch)."""
+    headers = {"Content-Type": "application/json"}
+    if encoding:
+        headers["Content-Encoding"] = encoding
+    if token:
+        headers["Authorization"] = token
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=UPSTREAM_TIMEOUT) as response:
+            return Answer(response.status, response.read(), _passed(response.headers))
+    except urllib.error.HTTPError as e:
+        return Answer(e.code, e.read() if e.fp else b"", _passed(e.headers))
+    except (OSError, ValueError) as e:
+        log.warning("relay: server unreachable: %s", e)
+        return _error(503, f"relay: server unreachable ({e}); retry later", retry=True)
+
+
+def _passed(headers) -> dict[str, str]:
+    return {k: v for k in ("Content-Type", "Retry-After") if (v := headers.get(k))}
+
+
+def read_batch(raw: bytes, encoding: str) -> bytes:
+    """The agent's body as one JSON object, inflated and trimmed (so its bytes are the batch's identity)."""
+    if encoding.strip().lower() == "gzip":
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        raw = inflater.decompress(raw, protocol.MAX_BODY_BYTES + 1)
+        if len(raw) > protocol.MAX_BODY_BYTES or not inflater.eof:
+            raise ValueError("gzip body too large or truncated")
+    elif encoding.strip().lower() not in ("", "identity"):
+        raise ValueError(f"unsupported Content-Encoding {encoding!r}")
+    batch = raw.strip()
+    if not batch.startswith(b"{"):
+        raise ValueError("body must be one JSON object")
+    msgspec.json.decode(batch)  # exactly one JSON value: nothing can ride along into the bulk body
+    return batch
+
+
+class _Handler(BaseHTTPRequestHandler):
+    relay: Relay
+    protocol_version = "HTTP/1.1"  # keep-alive for agents
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > protocol.MAX_BODY_BYTES:
+            self._send(_error(413, f"body exceeds {protocol.MAX_BODY_BYTES} bytes"))
+            return
+        raw = self.rfile.read(length)
+        token = self.headers.get("Authorization", "")
+        if self.path == BLOBS:
+            self._send(_post(self.relay.upstream + BLOBS, token, raw, self.headers.get("Content-Encoding", "")))
+        elif self.path == INGEST:
+            try:
+                batch = read_batch(raw, self.headers.get("Content-Encoding", ""))
+            except (ValueError, OSError, msgspec.DecodeError) as exc:
+                self._send(_error(400, f"relay: {exc}"))
+                return
+            self._send(self.relay.submit(token, batch))
+        else:
+            self._send(_error(404, f"relay: no such endpoint {self.path}"))
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/healthz":
+            self._send(Answer(200, json.dumps({"ok": True, **self.relay.sent}).encode(), {"Content-Type": "application/json"}))
+        else:
+            self._send(_error(404, f"relay: no such endpoint {self.path}"))
+
+    def _send(self, answer: Answer) -> None:
+        self.send_response(answer.status)
+        headers = {"Content-Type": "application/json", **answer.headers}
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(answer.body)))
+        self.end_headers()
+        self.wfile.write(answer.body)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
+        log.debug("relay: " + format, *args)
+
+
+def serve(listen: str, upstream: str, window: float = WINDOW_S, max_batches: int = MAX_BATCHES) -> None:
+    host, _, port = listen.rpartition(":")
+    relay = Relay(upstream, window, max_batches)
+    handler = type("Handler", (_Handler,), {"relay": relay})
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+    server.daemon_threads = True
+    print(f"lockstep relay on http://{host or '127.0.0.1'}:{server.server_address[1]} -> {relay.upstream}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        relay.close()
