@@ -145,3 +145,17 @@ def test_one_rank_twice_and_its_start_and_end(bulk):
     assert (rank.host, rank.pid, rank.info["versions"], rank.status, rank.exit_code, rank.last_step) == (
         "node3", 7, {"torch": "2.13.0"}, "failed", -6, 1)
     assert (Rank.objects.get(rank=2).status, Run.objects.get().torch_version) == ("running", "2.13.0")
+
+
+def test_ranks_reporting_different_steps_in_one_request(bulk):
+    from dashboard.detection import settle
+
+    def steps(rank: int, seq: int, numbers: list[int]) -> dict:
+        return make_batch(rank=rank, seq=seq, events=[{"t": "grad", "step": s, "fps": [1]} for s in numbers])
+
+    assert bulk([steps(0, 0, [0, 1]), steps(1, 0, [1, 2])]).status_code == 200
+    assert [s.step for s in GradSlot.objects.order_by("step")] == [0, 1, 2]
+    settle.settle_grad(GradSlot.objects.get(step=1).id)
+    assert bulk([steps(2, 0, [1]), steps(0, 1, [2, 3])]).status_code == 200
+    reported = dict(GradSlot.objects.values_list("step", "reported"))
+    assert reported[1] == 3 and reported[3] == 1  # step 1: settled with ranks 0 and 1, then rank 2 came late

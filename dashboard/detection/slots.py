@@ -13,6 +13,7 @@ already settled still count one by one, so a late report reopens it.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -54,17 +55,16 @@ def grad_reports_ctes() -> str:
 
     Binds %(run)s and `grad_reports_params`. All CTEs of a statement read the snapshot from
     before it, so `top` is the highest step any rank had reported and the new slots are exactly
-    the reported steps above it. Late reports are looked for by one range scan per group of the
-    partial index of settled slots (grad_slot_settled), which usually finds none.
+    the reported steps above it. Steps travel once per group, not once per rank (with how many
+    of the batches reported each), and late reports are looked for by one range scan per group
+    of the partial index of settled slots (grad_slot_settled), which usually finds none.
     """
     return """
-            reps AS MATERIALIZED (
-              SELECT x.g, unnest(x.s::bigint[]) AS step
-              FROM unnest(%(r_group)s::text[], %(r_steps)s::text[]) AS x(g, s)
-            ), top AS MATERIALIZED (
-              SELECT gs.g, (SELECT COALESCE(max(w.step), -1) FROM ingest_gradwatermark w
-                            WHERE w.run_id = %(run)s::bigint AND w."group" = gs.g) AS step
-              FROM (SELECT DISTINCT g FROM reps) gs
+            top AS MATERIALIZED (
+              SELECT t.g, t.steps::bigint[] AS steps, t.counts::int[] AS counts,
+                     (SELECT COALESCE(max(w.step), -1) FROM ingest_gradwatermark w
+                      WHERE w.run_id = %(run)s::bigint AND w."group" = t.g) AS step
+              FROM unnest(%(t_group)s::text[], %(t_steps)s::text[], %(t_counts)s::text[]) AS t(g, steps, counts)
             ), mark AS (
               INSERT INTO ingest_gradwatermark (run_id, "group", rank, step)
               SELECT %(run)s::bigint, m.g, m.rank, m.step
@@ -72,19 +72,17 @@ def grad_reports_ctes() -> str:
               ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST(ingest_gradwatermark.step, EXCLUDED.step)
             ), opened AS (
               INSERT INTO dashboard_gradslot (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
-              SELECT %(run)s::bigint, n.step, n.g, 1, now(), 0, '{}', '{}'
-              FROM (SELECT DISTINCT reps.g, reps.step FROM reps JOIN top ON top.g = reps.g WHERE reps.step > top.step) n
-              ORDER BY n.g, n.step
+              SELECT %(run)s::bigint, s.step, top.g, 1, now(), 0, '{}', '{}'
+              FROM top CROSS JOIN LATERAL unnest(top.steps) AS s(step) WHERE s.step > top.step
+              ORDER BY top.g, s.step
               ON CONFLICT (run_id, step, "group") DO NOTHING
-            ), again AS MATERIALIZED (
-              SELECT reps.g, reps.step, count(*) AS n FROM reps JOIN top ON top.g = reps.g
-              WHERE reps.step <= top.step GROUP BY reps.g, reps.step
             ), settled AS (
-              SELECT s.id, a.n FROM (SELECT g, min(step) AS lo, max(step) AS hi FROM again GROUP BY g) span
+              SELECT s.id, r.n FROM top
               CROSS JOIN LATERAL (SELECT id, step FROM dashboard_gradslot
-                                  WHERE run_id = %(run)s::bigint AND "group" = span.g AND step BETWEEN span.lo AND span.hi
-                                    AND settled_at IS NOT NULL) s
-              JOIN again a ON a.g = span.g AND a.step = s.step
+                                  WHERE run_id = %(run)s::bigint AND "group" = top.g
+                                    AND step BETWEEN top.steps[1] AND top.step AND settled_at IS NOT NULL) s
+              CROSS JOIN LATERAL unnest(top.steps, top.counts) AS r(step, n)
+              WHERE r.step = s.step
             ), late AS (
               UPDATE dashboard_gradslot SET reported = reported + settled.n FROM settled
               WHERE dashboard_gradslot.id = settled.id
@@ -94,9 +92,21 @@ def grad_reports_ctes() -> str:
 
 def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
     """`reports`: (rank, group, its sorted distinct steps) per rank and replicated group."""
+    by_group: dict[str, list[list[int]]] = {}
+    for _, group, steps in reports:
+        by_group.setdefault(group, []).append(steps)
+    union, counts = [], []
+    for lists in by_group.values():
+        if all(steps == lists[0] for steps in lists):  # the usual case: the ranks of a node report the same steps
+            union.append(lists[0])
+            counts.append([len(lists)] * len(lists[0]))
+        else:
+            tally = Counter(step for steps in lists for step in steps)
+            union.append(sorted(tally))
+            counts.append([tally[step] for step in union[-1]])
     return {"r_rank": [rank for rank, _, _ in reports], "r_group": [group for _, group, _ in reports],
-            "r_steps": [_steps_literal(steps) for _, _, steps in reports],
-            "r_last": [steps[-1] for _, _, steps in reports]}
+            "r_last": [steps[-1] for _, _, steps in reports], "t_group": list(by_group),
+            "t_steps": [_steps_literal(steps) for steps in union], "t_counts": [_steps_literal(n) for n in counts]}
 
 
 def grads_ready_sql(groups: int) -> str:
