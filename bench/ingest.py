@@ -3,13 +3,16 @@
 Simulates N ranks (default 1024) from the events the real agent recorded (bench/data/): each rank
 first sends its compile burst, then steady batches of `--steps-per-batch` steps in the compact
 `grads` form (plus the recorded per-step `step` event with --step-events). All ranks advance
-together, so grad slots fill and settle as in a real job. Bodies are built and gzipped before
+together, so grad slots fill and settle as in a real job. The steady batches of 8 ranks (one
+node) go up together in one bulk request, as the node relay (`python -m agents relay`) sends
+them; `--ranks-per-request 1` has every rank post its own. Bodies are built and gzipped before
 the clock starts; the clock covers the steady phase only. Then the same grad rows are written by
 one raw binary COPY into the same table, same indexes, same run of the script.
 
-    python bench/ingest.py                       # P1/P7 as in bench/README.md: 1024 ranks x 512 steps,
-                                                 # 256 steps/batch, 2 ingest processes, 8 connections
-    python bench/ingest.py --ingest 2 --celery 2 # the docs/scale-out.md run
+    python bench/ingest.py                          # P1/P7 as in the README: 1024 ranks x 512 steps, 256 steps
+                                                    # per batch, 8 ranks per request, 2 ingest processes, 8 connections
+    python bench/ingest.py --ranks-per-request 1    # no relay: one request per rank and batch
+    python bench/ingest.py --ingest 2 --celery 2    # the docs/scale-out.md run
 
 Ingest goes through the lean ASGI route (ingest/fastpath.py), as in production; LOCKSTEP_INGEST_FASTPATH=0
 in the environment sends it through Django's full request handling instead, for comparison.
@@ -183,8 +186,8 @@ def main() -> None:
     parser.add_argument("--ingest", type=int, default=2, help="ASGI worker processes")
     parser.add_argument("--celery", type=int, default=0, help="Celery worker processes settling slots meanwhile")
     parser.add_argument("--connections", type=int, default=8)
-    parser.add_argument("--ranks-per-request", type=int, default=1,
-                        help="batches of this many ranks per request, as a node relay sends them (bulk endpoint)")
+    parser.add_argument("--ranks-per-request", type=int, default=8,
+                        help="batches of this many ranks per request, as a node relay sends them (bulk endpoint; 1: each rank posts its own)")
     parser.add_argument("--step-events", action="store_true", help="also send the recorded per-step `step` event")
     args = parser.parse_args()
 
