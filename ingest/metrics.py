@@ -21,7 +21,8 @@ from ingest import ratelimit
 
 log = logging.getLogger(__name__)
 
-REQUESTS = Counter("lockstep_ingest_requests", "Requests (ingest batches, blob uploads) by outcome and HTTP status",
+REQUESTS = Counter("lockstep_ingest_requests", "Ingest batches (each one of a bulk request: endpoint=bulk) and blob "
+                   "uploads by outcome and HTTP status; a refused request counts once",
                    ["endpoint", "outcome", "status"])
 EVENTS = Counter("lockstep_ingest_events", "Events accepted (one entry of `events`)", ["type"])
 RANK_STEPS = Counter("lockstep_ingest_rank_steps", "Grad rank-steps accepted (a `grads` event counts each step)")

@@ -68,6 +68,7 @@ class _Written:
 
 
 def store(batch: protocol.Batch, project: Project, body_digest: str) -> Stored:
+    """One rank's batch (`POST /api/v1/ingest`)."""
     return store_many([(batch, body_digest)], project)[0]
 
 
@@ -75,8 +76,8 @@ def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: 
     """Write batches (one rank's, or a node relay's several) in one transaction: all or nothing.
 
     Round trips of a steady request: BEGIN, one COPY (2) of every batch's grad rows, one prepared
-    statement per batch for its claim, the rank's facts, watermarks, slots and detail requests,
-    COMMIT, then per batch the slots it completed (and run liveness once per run). Rows are
+    statement per run for the claims, the ranks' facts, watermarks, slots and detail requests,
+    COMMIT, then run liveness once per run and per batch the slots it completed. Rows are
     written before the claims, so their row locks are held only until COMMIT. A batch already
     received (a resend, rare) rolls the request back; it is then written again without that
     batch, which answers as a duplicate, or refused whole (409) when its content differs.

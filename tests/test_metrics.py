@@ -37,6 +37,22 @@ def test_counts_accepted_and_rejected_batches_and_events(client, post):
     assert value(after, "lockstep_ingest_rank_steps_total") - value(before, "lockstep_ingest_rank_steps_total") == 1
 
 
+def test_each_batch_of_a_bulk_request_counts(client, token):
+    import json
+
+    from agents import protocol
+
+    body = protocol.bulk_body([json.dumps(make_batch(rank=r)).encode() for r in range(3)])
+    before = scrape(client)
+    response = client.generic("POST", "/api/v1/ingest/bulk", body, content_type="application/json",
+                              HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200, response.content
+    after = scrape(client)
+    accepted = {"endpoint": "bulk", "outcome": "accepted", "status": "200"}
+    assert value(after, "lockstep_ingest_requests_total", **accepted) - value(before, "lockstep_ingest_requests_total", **accepted) == 3
+    assert value(after, "lockstep_ingest_rank_steps_total") - value(before, "lockstep_ingest_rank_steps_total") == 3
+
+
 def test_slots_waiting_and_settle_latency(client, post):
     for rank in range(3):
         post(make_batch(rank=rank, events=[{"t": "grad", "step": s, "fps": [1]} for s in range(2)]))

@@ -47,12 +47,13 @@ def batch(key: str, rank: int, seq: int = 0, world_size: int = 3) -> protocol.Ba
                           events=[protocol.Grads.pack(0, [[rank + 1, 7]] * 4)])
 
 
-def post_together(url: str, token: str, batches: list[protocol.Batch]) -> list:
-    """POST each batch from its own thread at once, as the ranks of a node do."""
+def post_together(url: str, token: str | list[str], batches: list[protocol.Batch]) -> list:
+    """POST each batch from its own thread at once, as the ranks of a node do (one token, or one each)."""
     outcomes = [None] * len(batches)
+    tokens = token if isinstance(token, list) else [token] * len(batches)
 
     def one(i: int) -> None:
-        outcomes[i] = post(url, token, encode_body(batches[i]))
+        outcomes[i] = post(url, tokens[i], encode_body(batches[i]))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batches))]
     for t in threads:
@@ -100,12 +101,18 @@ def test_one_bad_batch_duplicates_and_a_server_gone(stack, tmp_path):
         assert direct.kind == "ok" and direct.reply.duplicate
         assert GradReport.objects.filter(run__key=key).count() == 12
         assert json.loads(requests.get(url + "/healthz", timeout=5).text)["bulk"] >= 2
+        # two projects' jobs on one node: each batch goes up under its own token
+        _, other_token = project_with_token("relay-other")
+        other = f"relay-{uuid.uuid4().hex[:6]}"
+        mixed = post_together(url, [token, other_token], [batch(key, 0, seq=1), batch(other, 0)])
+        assert [(o.kind, o.reply.accepted) for o in mixed] == [("ok", 1), ("ok", 1)]
+        assert GradReport.objects.filter(run__key=other, run__project__name__startswith="relay-other").count() == 4
     finally:
         proc.stop()
 
     proc, url = relay(stack, f"http://127.0.0.1:{free_port()}", tmp_path)  # nothing listens upstream
     try:
-        [gone] = post_together(url, token, [batch(key, 0, seq=1)])
+        [gone] = post_together(url, token, [batch(key, 0, seq=2)])
         assert gone.kind == "retry" and gone.delay == 1.0, gone
     finally:
         proc.stop()
