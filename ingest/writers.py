@@ -12,6 +12,7 @@ import struct
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import repeat
 from datetime import datetime, timezone
 
@@ -201,7 +202,7 @@ def _claim(wave: list[tuple[int, _Written, str]]) -> None:
         "info": [msgspec.json.encode(st).decode() if st else None for st in starts],
         "step": [_last_step(b.events) for b in batches],
         **slots.grad_reports_params([(b.rank, group, steps) for b, (_, w, _) in zip(batches, wave)
-                                     for group, steps in w.grads.groups()]),
+                                     for group, steps in w.grads.groups]),
     }
     claimed, watermarks, asked, late_ready = _query(
             f"""
@@ -271,7 +272,8 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
     inside it its row lock would serialize all ingest of a run; skipped when nothing changes. It is
     its own statement (its row lock is released at once, never held while slot rows are locked:
     settling locks slot, then run). Completed slots are looked for after commit, so of two ranks
-    committing at once the later sees both (`dashboard.detection.slots.grads_ready`, same SQL).
+    committing at once the later sees both (`dashboard.detection.slots.grads_ready_sql`), in one
+    statement per run for all of its batches.
     """
     runs: dict[int, list[_Written]] = {}
     for w in written:
@@ -279,7 +281,25 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
             runs.setdefault(w.run.id, []).append(w)
     for run_id, of_run in runs.items():
         _run_liveness(run_id, of_run)
+        of_run[0].ready += _grads_ready(of_run)
     return [_stored(w) if w else Stored(accepted=0, duplicate=True) for w in written]
+
+
+def _grads_ready(written: list[_Written]) -> list[tuple[str, int]]:
+    """Grad slots of one run that these batches' ranks completed. Each batch could only complete
+    slots above its rank's old watermark, so per group the lowest of those floors bounds them all."""
+    floors: dict[str, int] = {}
+    for w in written:
+        for group, _ in w.grads.groups:
+            floor = w.before.get(group, -1)
+            floors[group] = min(floors.get(group, floor), floor)
+    if not floors:
+        return []
+    groups = sorted(floors)
+    run = written[0].run
+    rows = _query("WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
+                  {"run": run.id, "ws": run.world_size, **slots.grads_ready_params(floors, groups)})
+    return [(slots.GRAD, row[0]) for row in rows]
 
 
 def _run_liveness(run_id: int, written: list[_Written]) -> None:
@@ -299,11 +319,6 @@ def _run_liveness(run_id: int, written: list[_Written]) -> None:
 
 def _stored(w: _Written) -> Stored:
     ready = w.ready + [(slots.GRAD, slot_id) for slot_id in w.late]
-    groups = [group for group, _ in w.grads.groups()]
-    if groups:
-        rows = _query("WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
-                      {"run": w.run.id, "ws": w.run.world_size, **slots.grads_ready_params(w.before, groups)})
-        ready += [(slots.GRAD, row[0]) for row in rows]
     compiles = w.by_type.get(protocol.Compile, [])
     return Stored(accepted=len(w.batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=w.grads.rows,
                   run_id=w.run.id, detail=w.asked)
@@ -372,6 +387,7 @@ class GradCopy:
     rows: int
     steps: dict[str, list]  # group -> its steps (ranges or lists, in event order)
 
+    @cached_property
     def groups(self) -> list[tuple[str, list[int]]]:
         """Replicated groups with their sorted distinct steps (what `slots.grad_reports_params` takes)."""
         out = []

@@ -110,10 +110,11 @@ def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
 
 
 def grads_ready_sql(groups: int) -> str:
-    """Statement part of `grads_ready` for `groups` groups: binds %(run)s, %(ws)s, g{i}/floor{i}; returns slot ids.
+    """CTEs finding the grad slots that every rank's watermark has passed, for `groups` groups
+    (after the batches commit): binds %(run)s, %(ws)s, g{i}/floor{i}; CTE `done` returns slot ids.
 
-    A slot can only have become complete if this rank was the lowest, so only steps above its
-    old watermark (the floor) are looked at; the watermark count is only read when the lowest
+    A slot can only have become complete if one of the reporting ranks was the lowest, so only
+    steps above their lowest old watermark (the floor) are looked at; the watermark count is only read when the lowest
     watermark moved past the floor (the rare case: usually another rank is still behind).
     """
     values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint)" for i in range(groups))
