@@ -39,7 +39,8 @@ INGEST, BULK, BLOBS = "/api/v1/ingest", "/api/v1/ingest/bulk", "/api/v1/blobs"
 WINDOW_S = 0.05
 MAX_BATCHES = 64
 MAX_BULK_BYTES = protocol.MAX_BODY_BYTES // 2
-UPSTREAM_TIMEOUT = 30.0
+UPSTREAM_TIMEOUT = 8.0  # under the agent's own 10 s (transport.HTTP_TIMEOUT): it hears "retry" from us first
+ANSWER_TIMEOUT = 9.5
 RETRY_AFTER = "1"
 
 
@@ -58,6 +59,7 @@ class _Waiting:
     batch: bytes  # its exact JSON (inflated)
     done: threading.Event = field(default_factory=threading.Event)
     answer: Answer | None = None
+    abandoned: bool = False  # the agent was told to retry: it will resend, so this copy is not sent
 
     def reply(self, answer: Answer) -> None:
         self.answer = answer
@@ -71,10 +73,13 @@ def _error(status: int, message: str, retry: bool = False) -> Answer:
 class Relay:
     """The window, the upstream sender (one thread: while a request is out, the next one fills up)."""
 
-    def __init__(self, upstream: str, window: float = WINDOW_S, max_batches: int = MAX_BATCHES):
+    def __init__(self, upstream: str, window: float = WINDOW_S, max_batches: int = MAX_BATCHES,
+                 upstream_timeout: float = UPSTREAM_TIMEOUT, answer_timeout: float = ANSWER_TIMEOUT):
         self.upstream = upstream.rstrip("/")
         self.window = window
         self.max_batches = max_batches
+        self.upstream_timeout = upstream_timeout
+        self.answer_timeout = answer_timeout
         self._waiting: list[_Waiting] = []
         self._cv = threading.Condition()
         self._closed = False
@@ -82,13 +87,16 @@ class Relay:
         self._thread = threading.Thread(target=self._run, name="lockstep-relay", daemon=True)
         self._thread.start()
 
-    def submit(self, token: str, batch: bytes, timeout: float = 2 * UPSTREAM_TIMEOUT) -> Answer:
+    def submit(self, token: str, batch: bytes) -> Answer:
         item = _Waiting(token, batch)
         with self._cv:
             self._waiting.append(item)
             self._cv.notify()
-        if not item.done.wait(timeout):
-            return _error(504, "relay: no answer from the server in time; retry", retry=True)
+        if not item.done.wait(self.answer_timeout):
+            with self._cv:
+                item.abandoned = True
+            if not item.done.is_set():
+                return _error(504, "relay: no answer from the server in time; retry", retry=True)
         return item.answer
 
     def close(self) -> None:
@@ -120,6 +128,9 @@ class Relay:
             deadline = time.monotonic() + self.window
             while len(self._waiting) < self.max_batches and (left := deadline - time.monotonic()) > 0 and not self._closed:
                 self._cv.wait(left)
+            self._waiting = [item for item in self._waiting if not item.abandoned]
+            if not self._waiting:
+                return []
             token = self._waiting[0].token
             group, size = [], 0
             for item in list(self._waiting):
@@ -133,11 +144,13 @@ class Relay:
             return group
 
     def _forward(self, group: list[_Waiting]) -> None:
+        if not group:
+            return
         if len(group) == 1:
             self._single(group[0])
             return
         body = gzip.compress(protocol.bulk_body([item.batch for item in group]), 6)
-        answer = _post(self.upstream + BULK, group[0].token, body, "gzip")
+        answer = _post(self.upstream + BULK, group[0].token, body, "gzip", self.upstream_timeout)
         self.sent["bulk"] += 1
         if answer.status == 200:
             results = msgspec.json.decode(answer.body, type=protocol.BulkReply).results
@@ -153,13 +166,13 @@ class Relay:
                 item.reply(answer)
 
     def _single(self, item: _Waiting) -> None:
-        answer = _post(self.upstream + INGEST, item.token, gzip.compress(item.batch, 6), "gzip")
+        answer = _post(self.upstream + INGEST, item.token, gzip.compress(item.batch, 6), "gzip", self.upstream_timeout)
         self.sent["single"] += 1
         self.sent["batches"] += answer.status == 200
         item.reply(answer)
 
 
-def _post(url: str, token: str, data: bytes, encoding: str) -> Answer:
+def _post(url: str, token: str, data: bytes, encoding: str, timeout: float = UPSTREAM_TIMEOUT) -> Answer:
     """POST upstream; an unreachable server is a 503 with Retry-After (the agent keeps the batch)."""
     headers = {"Content-Type": "application/json"}
     if encoding:
@@ -168,7 +181,7 @@ def _post(url: str, token: str, data: bytes, encoding: str) -> Answer:
         headers["Authorization"] = token
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=UPSTREAM_TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return Answer(response.status, response.read(), _passed(response.headers))
     except urllib.error.HTTPError as e:
         return Answer(e.code, e.read() if e.fp else b"", _passed(e.headers))

@@ -1,0 +1,77 @@
+"""The node relay on its own: what it accepts from an agent, and what it does when the server stalls."""
+from __future__ import annotations
+
+import gzip
+import time
+
+import pytest
+
+from agents import protocol, relay
+
+
+def test_a_gzip_body_becomes_its_exact_json_trimmed():
+    body = b'{"v":1,"seq":3}'
+    assert relay.read_batch(gzip.compress(body + b"\n"), "gzip") == body
+    assert relay.read_batch(b"  " + body, "") == body
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"v":1},{"v":1,"rank":0}',  # a second batch riding along would shift every other agent's answer
+    b'{"v":1}]}',
+    b'[{"v":1}]',
+    b'"text"',
+    b"{not json",
+])
+def test_anything_but_one_json_object_is_refused(raw):
+    with pytest.raises(ValueError):  # msgspec.DecodeError is one
+        relay.read_batch(raw, "")
+
+
+def test_truncated_and_unknown_encodings_are_refused():
+    with pytest.raises(ValueError):
+        relay.read_batch(gzip.compress(b'{"v":1}')[:-6], "gzip")
+    with pytest.raises(ValueError):
+        relay.read_batch(b'{"v":1}', "br")
+
+
+def test_a_bulk_body_round_trips_the_batches_byte_for_byte():
+    batches = [b'{"v":1,"rank":0}', b'{"v":1,"rank":1,"events":[]}']
+    assert protocol.decode_bulk(protocol.bulk_body(batches)) == batches
+
+
+def test_an_agent_told_to_retry_is_not_sent_again_by_the_relay():
+    """A server too slow to answer: the waiting agent hears 504 + Retry-After before its own timeout
+    and will resend, so the relay drops its copy instead of sending it behind the stuck request."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def hang() -> None:  # accepts, reads, never answers
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=hang, daemon=True).start()
+    upstream = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    r = relay.Relay(upstream, window=0.01, upstream_timeout=1.5, answer_timeout=0.5)
+    try:
+        answers = []
+        first = threading.Thread(target=lambda: answers.append(r.submit("Bearer t", b'{"v":1,"seq":0}')))
+        first.start()
+        time.sleep(0.2)  # the first batch is out and stuck
+        second = r.submit("Bearer t", b'{"v":1,"seq":1}')
+        first.join()
+        assert second.status == 504 and second.headers["Retry-After"] == relay.RETRY_AFTER
+        assert answers[0].status == 504
+        time.sleep(2.0)  # the stuck request timed out; the second batch was abandoned, not sent
+        assert len(accepted) == 1
+    finally:
+        r.close()
+        listener.close()
+        for conn in accepted:
+            conn.close()
