@@ -12,7 +12,7 @@ import struct
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import repeat
 from datetime import datetime, timezone
 
@@ -337,6 +337,13 @@ def _last_step(events: list[protocol.Event]) -> int | None:
 _EXPLICIT_ONLY = 1 << 30  # prepare_threshold: only statements executed with prepare=True are prepared
 
 
+@lru_cache(maxsize=64)
+def _compact(sql: str) -> str:
+    """One space for each run of whitespace: the batch statements stay under psycopg's 4 KiB limit for
+    caching their conversion from %(name)s placeholders (longer ones are parsed again at every call)."""
+    return " ".join(sql.split())
+
+
 def _query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
     """Run one of the batch statements as a server-side prepared statement (parsed and planned once
     per connection instead of once per batch: the planning of these CTEs cost about as much as
@@ -348,7 +355,7 @@ def _query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
         if raw.prepare_threshold is None:
             raw.prepare_threshold = _EXPLICIT_ONLY
         with psycopg.Cursor(raw) as cur:
-            cur.execute(sql, params, prepare=True)
+            cur.execute(_compact(sql), params, prepare=True)
             return cur.fetchall() if rows else []
 
 
