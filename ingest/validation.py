@@ -19,6 +19,11 @@ class Rejection(Exception):
     error: str
     path: str | None = None
 
+    def within(self, prefix: str) -> "Rejection":
+        """The same rejection, its path inside `prefix` (a bulk request's `batches[i]`)."""
+        self.path = f"{prefix}.{self.path}" if self.path else prefix
+        return self
+
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -79,8 +84,7 @@ def decode_bulk(body: bytes) -> list[tuple[protocol.Batch, bytes]]:
         try:
             batches.append((_checked(_decoded(protocol.decode_batch, raw), raw), raw))
         except Rejection as rejection:
-            rejection.path = f"batches[{i}].{rejection.path}" if rejection.path else f"batches[{i}]"
-            raise
+            raise rejection.within(f"batches[{i}]") from None
     return batches
 
 

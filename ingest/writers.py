@@ -89,7 +89,7 @@ def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: 
     while True:
         try:
             with transaction.atomic():
-                written = _write_all(items, duplicates, project, now)
+                written = _write_all(items, duplicates, project, now, bulk)
             break
         except _Resent as resent:
             batch, body_digest = items[resent.index]
@@ -102,8 +102,13 @@ def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: 
 
 
 def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], project: Project,
-               now: datetime) -> list[_Written | None]:
-    written = [None if i in duplicates else _write_events(batch, project, now) for i, (batch, _) in enumerate(items)]
+               now: datetime, bulk: bool) -> list[_Written | None]:
+    written: list[_Written | None] = []
+    for i, (batch, _) in enumerate(items):
+        try:
+            written.append(None if i in duplicates else _write_events(batch, project, now))
+        except Rejection as rejection:  # another project's run, a changed world size
+            raise rejection.within(f"batches[{i}]") if bulk else rejection
     grad_parts = [part for w in written if w for part in w.grads.parts]
     if grad_parts:
         _copy_stream("ingest_gradreport", GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])

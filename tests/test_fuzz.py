@@ -168,3 +168,21 @@ def test_openapi_schema_describes_the_api(client):
     assert bulk == {"$ref": "#/components/schemas/Bulk"}
     responses = schema["paths"]["/api/v1/ingest"]["post"]["responses"]
     assert {"200", "400", "409", "413", "429", "503"} <= set(responses)
+
+
+@FUZZ
+@given(batches=st.lists(mutated_batches() | st.builds(lambda r: make_batch(rank=r, world_size=4, session=str(uuid.uuid4())),
+                                                      st.integers(0, 3)), min_size=1, max_size=4),
+       gz=st.booleans())
+def test_mutated_bulk_requests_never_500_and_rejections_store_nothing(client, token, batches, gz):
+    body = protocol.bulk_body([json.dumps(b, allow_nan=False).encode() for b in batches])
+    before = stored()
+    response = client.generic("POST", "/api/v1/ingest/bulk", gzip.compress(body) if gz else body,
+                              content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}",
+                              **({"HTTP_CONTENT_ENCODING": "gzip"} if gz else {}))
+    check_answer(response, before)
+    if response.status_code == 200:
+        assert len(response.json()["results"]) == len(batches)
+    elif response.json().get("path"):
+        path = response.json()["path"]
+        assert path == "batches" or int(path.removeprefix("batches[").split("]")[0]) < len(batches), path

@@ -159,3 +159,11 @@ def test_ranks_reporting_different_steps_in_one_request(bulk):
     assert bulk([steps(2, 0, [1]), steps(0, 1, [2, 3])]).status_code == 200
     reported = dict(GradSlot.objects.values_list("step", "reported"))
     assert reported[1] == 3 and reported[3] == 1  # step 1: settled with ranks 0 and 1, then rank 2 came late
+
+
+def test_run_facts_refused_name_the_batch(bulk):
+    assert bulk([make_batch(rank=0)]).status_code == 200
+    response = bulk([make_batch(rank=1), make_batch(rank=2, world_size=5)])
+    assert response.status_code == 400
+    assert response.json()["path"] == "batches[1].run.world_size"
+    assert stored()[0] == 1
