@@ -24,7 +24,8 @@ def client() -> redis.Redis:
     global _client
     if _client is None:
         # no retries: with Redis down every request would otherwise wait out redis-py's backoff
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.25, socket_connect_timeout=0.25,
+        # 1 s: at 0.25 s a Redis starved of CPU by a saturated ingest host timed out mid-handshake
+        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0,
                                        retry=Retry(NoBackoff(), 0))
     return _client
 
@@ -41,7 +42,9 @@ def over_limit(project_id: int, batches: int = 1) -> bool:
         pipe.incrby(key, batches)
         pipe.expire(key, 2)
         count, _ = pipe.execute()
-    except redis.RedisError as exc:
+    except (redis.RedisError, OSError, ValueError, AttributeError) as exc:
+        # not only RedisError: a connection torn down mid-handshake (a timeout under load) surfaces
+        # from redis-py as OSError, "I/O operation on closed file" or a None socket buffer (seen here)
         log.warning("Redis unavailable: %s", exc)
         raise BrokerDown(str(exc)) from exc
     limit = settings.LOCKSTEP_RATE_LIMIT

@@ -56,6 +56,22 @@ def test_redis_down_is_503_with_retry_after_and_stores_nothing(post, settings, m
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("failure", [ValueError("I/O operation on closed file."), OSError(9, "Bad file descriptor"),
+                                     AttributeError("'NoneType' object has no attribute 'readline'")])
+def test_redis_client_torn_down_mid_request_is_503_not_500(post, settings, monkeypatch, failure):
+    """What redis-py raised here when its connection timed out mid-handshake on a saturated host."""
+
+    class Torn:
+        def pipeline(self, transaction=False):
+            raise failure
+
+    monkeypatch.setattr(ratelimit, "_client", Torn())
+    response = post(make_batch())
+    assert response.status_code == 503 and response["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
+    assert IngestBatch.objects.count() == 0
+
+
+@pytest.mark.django_db
 def test_database_error_is_503_with_retry_after(post, settings, monkeypatch):
     def down(*args, **kwargs):
         raise OperationalError("connection refused")
