@@ -60,6 +60,7 @@ class _Waiting:
     done: threading.Event = field(default_factory=threading.Event)
     answer: Answer | None = None
     abandoned: bool = False  # the agent was told to retry: it will resend, so this copy is not sent
+    arrived: float = field(default_factory=time.monotonic)
 
     def reply(self, answer: Answer) -> None:
         self.answer = answer
@@ -119,13 +120,14 @@ class Relay:
                         item.reply(_error(503, f"relay error: {exc}", retry=True))
 
     def _next_group(self) -> list[_Waiting] | None:
-        """Wait for a first batch, then up to `window` for more; take the batches of one token."""
+        """Wait for a first batch, then until it has waited `window` (batches that queued while a
+        request was out go at once); take the batches of one token."""
         with self._cv:
             while not self._waiting and not self._closed:
                 self._cv.wait()
             if self._closed and not self._waiting:
                 return None
-            deadline = time.monotonic() + self.window
+            deadline = self._waiting[0].arrived + self.window
             while len(self._waiting) < self.max_batches and (left := deadline - time.monotonic()) > 0 and not self._closed:
                 self._cv.wait(left)
             self._waiting = [item for item in self._waiting if not item.abandoned]
