@@ -450,7 +450,8 @@ def _packed_rows(head: bytes, e: protocol.Grads, received: bytes, now: datetime)
 
 
 def grad_copy(run_id: int, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime) -> GradCopy:
-    """Both grad forms as binary COPY rows (`GRAD_COLUMNS`), each with its field count: packed events first, then the list form."""
+    """Both grad forms as binary COPY rows (`GRAD_COLUMNS`), each with its field count: the packed
+    events' rows first, then the list form's."""
     head = pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)] + pgcopy.int8(run_id) + pgcopy.int4(rank)
     received = pgcopy.timestamptz(now)
     parts = []
