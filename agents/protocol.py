@@ -10,6 +10,7 @@ from typing import Annotated, Union
 
 import hashlib
 import sys
+import zlib
 
 import msgspec
 
@@ -283,6 +284,34 @@ class BlobUpload(msgspec.Struct):
 class BlobReply(msgspec.Struct):
     stored: list[str] = []
     known: list[str] = []
+
+
+class BodyError(ValueError):
+    """A request body that cannot be read as sent; `status` is the HTTP answer it deserves."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
+    """Undo a body's Content-Encoding (gzip or none) with a hard cap on the inflated size (no gzip
+    bombs). Ingest and the node relay both read agents' bodies through this."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    if encoding != "gzip":
+        raise BodyError(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        body = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise BodyError(400, f"invalid gzip body: {exc}") from None
+    if len(body) > limit:
+        raise BodyError(413, f"decompressed body exceeds {limit} bytes")
+    if not inflater.eof:
+        raise BodyError(400, "truncated gzip body")
+    return body
 
 
 def encode(obj: msgspec.Struct) -> bytes:

@@ -25,7 +25,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -198,14 +197,7 @@ def _passed(headers) -> dict[str, str]:
 
 def read_batch(raw: bytes, encoding: str) -> bytes:
     """The agent's body as one JSON object, inflated and trimmed (so its bytes are the batch's identity)."""
-    if encoding.strip().lower() == "gzip":
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        raw = inflater.decompress(raw, protocol.MAX_BODY_BYTES + 1)
-        if len(raw) > protocol.MAX_BODY_BYTES or not inflater.eof:
-            raise ValueError("gzip body too large or truncated")
-    elif encoding.strip().lower() not in ("", "identity"):
-        raise ValueError(f"unsupported Content-Encoding {encoding!r}")
-    batch = raw.strip()
+    batch = protocol.inflate(raw, encoding, protocol.MAX_BODY_BYTES).strip()
     if not batch.startswith(b"{"):
         raise ValueError("body must be one JSON object")
     msgspec.json.decode(batch)  # exactly one JSON value: nothing can ride along into the bulk body
@@ -228,8 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == INGEST:
             try:
                 batch = read_batch(raw, self.headers.get("Content-Encoding", ""))
-            except (ValueError, OSError, msgspec.DecodeError) as exc:
-                self._send(_error(400, f"relay: {exc}"))
+            except ValueError as exc:  # protocol.BodyError carries its status; malformed JSON is a 400
+                self._send(_error(getattr(exc, "status", 400), f"relay: {exc}"))
                 return
             self._send(self.relay.submit(token, batch))
         else:

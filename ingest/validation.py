@@ -5,7 +5,6 @@ Everything here runs before anything is written, so a rejected batch changes not
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass
 
 import msgspec
@@ -43,22 +42,11 @@ def _path_of(message: str) -> tuple[str, str | None]:
 
 
 def read_body(raw: bytes, encoding: str, limit: int) -> bytes:
-    """Undo Content-Encoding with a hard cap on the inflated size (no gzip bombs)."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return raw
-    if encoding != "gzip":
-        raise Rejection(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    """Undo Content-Encoding with a hard cap on the inflated size (`protocol.inflate`)."""
     try:
-        body = inflater.decompress(raw, limit + 1)
-    except zlib.error as exc:
-        raise Rejection(400, f"invalid gzip body: {exc}") from None
-    if len(body) > limit:
-        raise Rejection(413, f"decompressed body exceeds {limit} bytes")
-    if not inflater.eof:
-        raise Rejection(400, "truncated gzip body")
-    return body
+        return protocol.inflate(raw, encoding, limit)
+    except protocol.BodyError as exc:
+        raise Rejection(exc.status, str(exc)) from None
 
 
 def _decoded(decoder, body: bytes):

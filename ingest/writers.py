@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import repeat
@@ -59,12 +59,12 @@ class _Written:
     """One batch's part of the transaction, and what its after-commit part needs."""
 
     batch: protocol.Batch
+    digest: str
     run: Run
     by_type: dict
     grads: GradCopy
-    ready: list[tuple[str, int]]
+    ready: list[tuple[str, int]]  # slots it completed: compile slots, late grad reports, grad slots after commit
     before: dict[str, int] = field(default_factory=dict)
-    late: list[int] = field(default_factory=list)
     asked: list[int] = field(default_factory=list)
 
 
@@ -104,19 +104,19 @@ def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: 
 def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], project: Project,
                now: datetime, bulk: bool) -> list[_Written | None]:
     written: list[_Written | None] = []
-    for i, (batch, _) in enumerate(items):
+    for i, (batch, body_digest) in enumerate(items):
         try:
-            written.append(None if i in duplicates else _write_events(batch, project, now))
+            written.append(None if i in duplicates else _write_events(batch, body_digest, project, now))
         except Rejection as rejection:  # another project's run, a changed world size
             raise rejection.within(f"batches[{i}]") if bulk else rejection
     grad_parts = [part for w in written if w for part in w.grads.parts]
     if grad_parts:
         _copy_stream("ingest_gradreport", GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
-    _claim_all(items, written)
+    _claim_all(written)
     return written
 
 
-def _write_events(batch: protocol.Batch, project: Project, now: datetime) -> _Written:
+def _write_events(batch: protocol.Batch, body_digest: str, project: Project, now: datetime) -> _Written:
     """Everything of one batch but its grad rows (encoded here, copied with the others) and its claim."""
     run = _run(batch, project)
     by_type = defaultdict(list)
@@ -128,7 +128,7 @@ def _write_events(batch: protocol.Batch, project: Project, now: datetime) -> _Wr
         WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
     compiles = by_type.get(protocol.Compile, [])
     ready = slots.touch(run, compiles)  # compile slots (the rare kind); grad slots in _claim
-    return _Written(batch, run, by_type, encoded, ready)
+    return _Written(batch, body_digest, run, by_type, encoded, ready)
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -169,45 +169,41 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
     return run
 
 
-def _claim_all(items: list[tuple[protocol.Batch, str]], written: list[_Written | None]) -> None:
+def _claim_all(written: list[_Written | None]) -> None:
     """Claim every batch's (session, seq) and record its facts: one statement per run, for batches of
-    distinct ranks (a rank's second batch in one request, rare, goes into the next statement)."""
-    waves: list[list[tuple[int, _Written, str]]] = []
-    for i, (w, (_, body_digest)) in enumerate(zip(written, items)):
-        if w is None:
-            continue
-        wave = next((wave for wave in waves if wave[0][1].run.id == w.run.id
-                     and all(other.batch.rank != w.batch.rank for _, other, _ in wave)), None)
-        if wave is None:
-            waves.append([(i, w, body_digest)])
-        else:
-            wave.append((i, w, body_digest))
-    for wave in waves:
+    distinct ranks (a rank's n-th batch in one request, rare for n > 1, goes into the n-th statement)."""
+    nth: Counter = Counter()
+    waves: dict[tuple[int, int], list[tuple[int, _Written]]] = {}
+    for i, w in enumerate(written):
+        if w is not None:
+            n = nth[w.run.id, w.batch.rank]
+            nth[w.run.id, w.batch.rank] += 1
+            waves.setdefault((w.run.id, n), []).append((i, w))
+    for wave in waves.values():
         _claim(wave)
 
 
-def _claim(wave: list[tuple[int, _Written, str]]) -> None:
+def _claim(wave: list[tuple[int, _Written]]) -> None:
     """Claim (session, seq) of each batch, record the ranks' facts, report the grad steps and hand
     out detail requests, in one statement.
 
     Sets on each `_Written` its rank's grad watermarks from before (for `grads_ready_sql` after
-    commit), the settled grad slots whose late reports completed them, and the steps of its
-    rank's detail requests (`DetailRequest`, each handed out once; inside the transaction, so a
-    resend rolls the hand-out back). Raises `_Resent` for a batch whose (session, seq) was
-    already claimed. A rank_end's status is written by a second statement (`_record_ends`):
+    commit) and the steps of its rank's detail requests (`DetailRequest`, each handed out once; inside the transaction, so a
+    resend rolls the hand-out back), and adds the settled grad slots that late reports completed
+    to the first batch's `ready`. Raises `_Resent` for a batch whose (session, seq) was already
+    claimed. A rank_end's status is written by a second statement (`_record_ends`):
     ON CONFLICT DO UPDATE sees only the proposed row, which cannot say "this batch ended".
     """
     run = wave[0][1].run
-    batches = [w.batch for _, w, _ in wave]
-    starts = [w.by_type.get(protocol.RankStart, [None])[-1] for _, w, _ in wave]
+    batches = [w.batch for _, w in wave]
+    starts = [w.by_type.get(protocol.RankStart, [None])[-1] for _, w in wave]
     params = {
         "run": run.id, "ws": run.world_size, "session": [b.session for b in batches], "seq": [b.seq for b in batches],
-        "digest": [d for _, _, d in wave], "rank": [b.rank for b in batches], "events": [len(b.events) for b in batches],
+        "digest": [w.digest for _, w in wave], "rank": [b.rank for b in batches], "events": [len(b.events) for b in batches],
         "host": [st.host if st else "" for st in starts], "pid": [st.pid if st else None for st in starts],
         "info": [msgspec.json.encode(st).decode() if st else None for st in starts],
         "step": [_last_step(b.events) for b in batches],
-        **slots.grad_reports_params([(b.rank, group, steps) for b, (_, w, _) in zip(batches, wave)
-                                     for group, steps in w.grads.groups]),
+        **slots.grad_reports_params([(w.batch.rank, group, steps) for _, w in wave for group, steps in w.grads.groups]),
     }
     claimed, watermarks, asked, late_ready = _query(
             f"""
@@ -245,13 +241,13 @@ def _claim(wave: list[tuple[int, _Written, str]]) -> None:
         params,
     )[0]
     claimed = set(claimed)
-    for i, w, _ in wave:
+    for i, w in wave:
         if w.batch.rank not in claimed:
             raise _Resent(i)
         w.before = watermarks.get(str(w.batch.rank), {})
         w.asked = asked.get(str(w.batch.rank), [])
-    wave[0][1].late = late_ready
-    _record_ends(run, [w for _, w, _ in wave if protocol.RankEnd in w.by_type])
+    wave[0][1].ready += [(slots.GRAD, slot_id) for slot_id in late_ready]
+    _record_ends(run, [w for _, w in wave if protocol.RankEnd in w.by_type])
 
 
 def _record_ends(run: Run, ended: list[_Written]) -> None:
@@ -323,9 +319,8 @@ def _run_liveness(run_id: int, written: list[_Written]) -> None:
 
 
 def _stored(w: _Written) -> Stored:
-    ready = w.ready + [(slots.GRAD, slot_id) for slot_id in w.late]
     compiles = w.by_type.get(protocol.Compile, [])
-    return Stored(accepted=len(w.batch.events), ready=ready, graph_hashes=_graph_hashes(compiles), rank_steps=w.grads.rows,
+    return Stored(accepted=len(w.batch.events), ready=w.ready, graph_hashes=_graph_hashes(compiles), rank_steps=w.grads.rows,
                   run_id=w.run.id, detail=w.asked)
 
 

@@ -43,9 +43,9 @@ def touch(run: Run, compiles: list[protocol.Compile]) -> list[tuple[str, int]]:
     return [(COMPILE, i) for i in _upsert("dashboard_compileslot", ("frame", "index"), ("text", "int"), compile_keys, run)]
 
 
-def _steps_literal(steps: list[int]) -> str:
+def _array_literal(values: list[int]) -> str:
     """A `bigint[]` literal: one string parameter instead of a list psycopg adapts element by element."""
-    return "{" + ",".join(map(str, steps)) + "}"
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def grad_reports_ctes() -> str:
@@ -106,7 +106,7 @@ def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
             counts.append([tally[step] for step in union[-1]])
     return {"r_rank": [rank for rank, _, _ in reports], "r_group": [group for _, group, _ in reports],
             "r_last": [steps[-1] for _, _, steps in reports], "t_group": list(by_group),
-            "t_steps": [_steps_literal(steps) for steps in union], "t_counts": [_steps_literal(n) for n in counts]}
+            "t_steps": [_array_literal(steps) for steps in union], "t_counts": [_array_literal(n) for n in counts]}
 
 
 def grads_ready_sql(groups: int) -> str:
