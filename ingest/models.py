@@ -148,9 +148,10 @@ class GraphBreakEvent(RawEvent):
 
 
 class GradReport(RawEvent):
-    """One rank's bucket fingerprints for one step of one comparison group (signed int64 storage)."""
+    """Bucket fingerprints for one step of one comparison group (signed int64 storage), as reported by
+    `ranks`: ranks whose reports arrived alike in one request share one row (`ingest.writers.grad_copy`)."""
 
-    rank = models.PositiveIntegerField()
+    ranks = ArrayField(models.IntegerField())
     step = models.BigIntegerField()
     group = models.CharField(max_length=64)
     fps = ArrayField(models.BigIntegerField())

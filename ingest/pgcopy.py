@@ -1,9 +1,8 @@
 """PostgreSQL binary COPY, encoded by hand for the one hot table (ingest_gradreport).
 
 psycopg's `write_row` dumps every value through Python-level adapters (~10 us per grad row with
-a 16-element array). Grad rows are almost all alike, so here each row is the same prefix, its step,
-a slice of one pre-built array buffer and a fixed suffix: a handful of bytes operations per row,
-the fingerprint arrays themselves byte-swapped and interleaved by C slice assignments.
+a 16-element array). Here a row is a join of a few packed fields and a slice of one pre-built
+array buffer, whose fingerprints were byte-swapped and interleaved by C slice assignments.
 Format: https://www.postgresql.org/docs/current/sql-copy.html (Binary Format).
 """
 from __future__ import annotations
@@ -18,6 +17,7 @@ HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 TRAILER = struct.pack(">h", -1)
 NULL = struct.pack(">i", -1)
 FIELD_COUNT = [struct.pack(">h", n) for n in range(32)]  # a row's first two bytes
+INT4_OID = 23
 INT8_OID = 20
 _PG_EPOCH_US = 946_684_800 * 1_000_000  # 2000-01-01T00:00:00Z in unix microseconds
 
@@ -33,6 +33,12 @@ def int4(value: int) -> bytes:
 
 def int8(value: int) -> bytes:
     return _int8(8, value)
+
+
+def int4_array(values: list[int]) -> bytes:
+    """A one-dimensional `integer[]` field value (no NULLs), length word included."""
+    n = len(values)
+    return struct.pack(f">i5i{2 * n}i", 20 + 8 * n, 1, 0, INT4_OID, n, 1, *[x for v in values for x in (4, v)])
 
 
 def float8(value: float | None) -> bytes:

@@ -11,6 +11,7 @@ import hashlib
 import struct
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import repeat
@@ -62,7 +63,7 @@ class _Written:
     digest: str
     run: Run
     by_type: dict
-    grads: GradCopy
+    grads: GradEvents
     ready: list[tuple[str, int]]  # slots it completed: compile slots, late grad reports, grad slots after commit
     before: dict[str, int] = field(default_factory=dict)
     asked: list[int] = field(default_factory=list)
@@ -103,13 +104,14 @@ def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: 
 
 def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], project: Project,
                now: datetime, bulk: bool) -> list[_Written | None]:
+    """Each batch's own rows, then one COPY of every batch's grad rows, then the claims."""
     written: list[_Written | None] = []
     for i, (batch, body_digest) in enumerate(items):
         try:
             written.append(None if i in duplicates else _write_events(batch, body_digest, project, now))
         except Rejection as rejection:  # another project's run, a changed world size
             raise rejection.within(f"batches[{i}]") if bulk else rejection
-    grad_parts = [part for w in written if w for part in w.grads.parts]
+    grad_parts = grad_copy([(w.run.id, w.batch.rank, w.grads) for w in written if w], now)
     if grad_parts:
         _copy_stream("ingest_gradreport", GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
     _claim_all(written)
@@ -117,18 +119,18 @@ def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], pr
 
 
 def _write_events(batch: protocol.Batch, body_digest: str, project: Project, now: datetime) -> _Written:
-    """Everything of one batch but its grad rows (encoded here, copied with the others) and its claim."""
+    """Everything of one batch but its grad rows (copied with the other batches') and its claim."""
     run = _run(batch, project)
     by_type = defaultdict(list)
     for event in batch.events:
         by_type[type(event)].append(event)
-    grads = by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])]
-    encoded = grad_copy(run.id, batch.rank, grads, by_type.pop(protocol.Grads, []), now)
+    grads = GradEvents(by_type.pop(protocol.Grads, []),
+                       by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])])
     for kind, events in by_type.items():
         WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
     compiles = by_type.get(protocol.Compile, [])
     ready = slots.touch(run, compiles)  # compile slots (the rare kind); grad slots in _claim
-    return _Written(batch, body_digest, run, by_type, encoded, ready)
+    return _Written(batch, body_digest, run, by_type, grads, ready)
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -377,31 +379,34 @@ def _copy_rows(table: str, columns: tuple[tuple[str, str], ...], rows) -> None:
             copy.write_row(row)
 
 
-GRAD_COLUMNS = ("run_id", "rank", "step", "group", "fps", "norm", "nonfinite", "ts", "received")
-
-
-def _list_form_row(head: bytes, e: protocol.Grad, received: bytes, now: datetime) -> bytes:
-    array = pgcopy.int8_arrays(pgcopy.u64_list_bytes(e.fps), len(e.fps))[0] if e.fps else pgcopy.empty_int8_array()
-    return (head + pgcopy.int8(e.step) + pgcopy.text(e.group) + array + pgcopy.float8(e.norm)
-            + pgcopy.int8(e.nonfinite) + pgcopy.timestamptz(_when(e.ts, now)) + received)
+GRAD_COLUMNS = ("run_id", "ranks", "group", "step", "fps", "norm", "nonfinite", "ts", "received")
 
 
 @dataclass
-class GradCopy:
-    """A batch's grad rows for binary COPY (each with its field count), and what slot counting needs of them."""
+class GradEvents:
+    """A batch's grad events in both forms, and what slot counting needs of them."""
 
-    parts: list[bytes]
-    rows: int
-    steps: dict[str, list]  # group -> its steps (ranges or lists, in event order)
+    packed: list[protocol.Grads]
+    listed: list[protocol.Grad]  # `grad` events and weight fingerprints (`_weights_as_grad`)
+
+    @property
+    def rows(self) -> int:
+        """Rank-steps: a `grads` event counts each of its steps."""
+        return sum(e.steps for e in self.packed) + len(self.listed)
 
     @cached_property
     def groups(self) -> list[tuple[str, list[int]]]:
         """Replicated groups with their sorted distinct steps (what `slots.grad_reports_params` takes)."""
+        steps: dict[str, list] = {}
+        for e in self.packed:
+            steps.setdefault(e.group, []).append(e.step_numbers())
+        for e in self.listed:
+            steps.setdefault(e.group, []).append((e.step,))
         out = []
-        for group in sorted(self.steps):
+        for group in sorted(steps):
             if not slots.replicated(group):
                 continue
-            pieces = self.steps[group]
+            pieces = steps[group]
             if len(pieces) == 1 and isinstance(pieces[0], range) and pieces[0].step > 0:
                 out.append((group, list(pieces[0])))
             else:
@@ -409,61 +414,79 @@ class GradCopy:
         return out
 
 
-_B8 = struct.pack(">i", 8)
-_row_formats: dict[str, struct.Struct] = {}
+def _reports(reports: list[tuple[int, int, GradEvents]]) -> dict[tuple, tuple[list[int], float]]:
+    """(run id, group, step, fingerprints as little-endian u64 bytes, norm, nonfinite) -> (ranks, first
+    report's time), per rank-step of both forms."""
+    rows: dict[tuple, tuple[list[int], float]] = {}
+    for run_id, rank, events in reports:
+        for e in events.packed:
+            width = 8 * e.buckets
+            fps = e.fps
+            for i, step, norm, bad in zip(range(0, len(fps), width), e.step_numbers(), e.norms or repeat(None),
+                                          e.nonfinite or repeat(0)):
+                key = (run_id, e.group, step, fps[i:i + width], norm, bad)
+                row = rows.get(key)
+                if row is None:
+                    rows[key] = ([rank], e.ts)
+                else:
+                    row[0].append(rank)
+        for e in events.listed:
+            key = (run_id, e.group, e.step, pgcopy.u64_list_bytes(e.fps), e.norm, e.nonfinite)
+            row = rows.get(key)
+            if row is None:
+                rows[key] = ([rank], e.ts)
+            else:
+                row[0].append(rank)
+    return rows
 
 
-def _packed_rows(head: bytes, e: protocol.Grads, received: bytes, now: datetime) -> list[bytes]:
-    """The rows of one `grads` event, field count included: one `struct` pack per row over columns
-    (constants repeated), the fingerprint arrays byte-swapped by C slice assignments (`pgcopy.int8_arrays`)."""
-    n = e.steps
-    arrays = pgcopy.int8_arrays(e.fps, e.buckets)
-    group = pgcopy.text(e.group)
-    fmt = [f">{len(head) + 4}sq{len(group) + len(arrays[0])}s"]
-    cols: list = [repeat(head + _B8, n), e.step_numbers(), [group + a for a in arrays]]
-    if e.norms:
-        fmt.append("4sd")
-        cols += [repeat(_B8, n), e.norms]
-    else:
-        fmt.append("4s")
-        cols.append(repeat(pgcopy.NULL, n))
-    tail = pgcopy.timestamptz(_when(e.ts, now)) + received
-    if e.nonfinite:
-        fmt.append(f"4sq{len(tail)}s")
-        cols += [repeat(_B8, n), e.nonfinite, repeat(tail, n)]
-    else:
-        tail = pgcopy.int8(0) + tail
-        fmt.append(f"{len(tail)}s")
-        cols.append(repeat(tail, n))
-    key = "".join(fmt)
-    packer = _row_formats.get(key)
-    if packer is None:
-        if len(_row_formats) > 256:
-            _row_formats.clear()
-        packer = _row_formats[key] = struct.Struct(key)
-    return list(map(packer.pack, *cols))
+def grad_copy(reports: list[tuple[int, int, GradEvents]], now: datetime) -> list[bytes]:
+    """The grad rows (`GRAD_COLUMNS`, field count included) of (run id, rank, events) reports.
 
-
-def grad_copy(run_id: int, rank: int, grads: list[protocol.Grad], packed: list[protocol.Grads], now: datetime) -> GradCopy:
-    """Both grad forms as binary COPY rows (`GRAD_COLUMNS`), each with its field count: the packed
-    events' rows first, then the list form's."""
-    head = pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)] + pgcopy.int8(run_id) + pgcopy.int4(rank)
+    Ranks that reported a step alike share its row, which lists them all (`ranks`): agreeing
+    replicas (a node's ranks through one relay, in one request) cost one row per step instead of
+    one per rank-step, here and in everything that reads them. A shared row keeps the first
+    report's time. The fingerprint arrays of rows of one width are byte-swapped together
+    (`pgcopy.int8_arrays`); the leading fields (run, ranks, group) and the times are encoded once
+    per distinct value, and a row is one `struct` pack of those and its own fields.
+    """
+    rows = _reports(reports)
+    by_width: dict[int, list[tuple[tuple, tuple[list[int], float]]]] = {}
+    for key, row in rows.items():
+        by_width.setdefault(len(key[3]), []).append((key, row))
     received = pgcopy.timestamptz(now)
+    heads: dict[tuple, bytes] = {}
+    tails: dict[float, bytes] = {}
     parts = []
-    steps: dict[str, list] = {}
-    rows = 0
-    for e in packed:
-        parts += _packed_rows(head, e, received, now)
-        steps.setdefault(e.group, []).append(e.step_numbers())
-        rows += e.steps
-    if grads:
-        row_head = pgcopy.int8(run_id) + pgcopy.int4(rank)
-        count = pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)]
-        for e in grads:
-            parts.append(count + _list_form_row(row_head, e, received, now))
-            steps.setdefault(e.group, []).append((e.step,))
-        rows += len(grads)
-    return GradCopy(parts, rows, steps)
+    for width, of_width in by_width.items():
+        fps = b"".join(key[3] for key, _ in of_width)
+        arrays = pgcopy.int8_arrays(fps, width // 8) if width else repeat(pgcopy.empty_int8_array())
+        for ((run_id, group, step, _, norm, nonfinite), (ranks, ts)), array in zip(of_width, arrays):
+            head = heads.get(lead := (run_id, tuple(ranks), group))
+            if head is None:
+                head = heads[lead] = (pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)] + pgcopy.int8(run_id)
+                                      + pgcopy.int4_array(ranks) + pgcopy.text(group))
+            tail = tails.get(ts)
+            if tail is None:
+                tail = tails[ts] = pgcopy.timestamptz(_when(ts, now)) + received
+            pack = _row_packer(len(head), len(array), norm is not None)
+            parts.append(pack(head, 8, step, array, 8, norm, 8, nonfinite, tail) if norm is not None
+                         else pack(head, 8, step, array, pgcopy.NULL, 8, nonfinite, tail))
+    return parts
+
+
+_row_packers: dict[tuple[int, int, bool], Callable[..., bytes]] = {}
+
+
+def _row_packer(head: int, array: int, norm: bool) -> Callable[..., bytes]:
+    """`struct` packer of a grad row: head (run, ranks, group), step, fingerprint array, norm (or NULL), nonfinite, tail (ts, received)."""
+    key = (head, array, norm)
+    packer = _row_packers.get(key)
+    if packer is None:
+        if len(_row_packers) > 256:
+            _row_packers.clear()
+        packer = _row_packers[key] = struct.Struct(f">{head}siq{array}s{'id' if norm else '4s'}iq24s").pack
+    return packer
 
 
 def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> None:

@@ -12,6 +12,11 @@ from ingest.models import Project, ProjectToken
 pytest_plugins = ["tests.stack"]
 
 
+def per_rank(reports) -> list[tuple[int, int, list[int]]]:
+    """(rank, step, fps) of every rank's report among GradReport rows (a row lists the ranks that sent it alike), sorted."""
+    return sorted((rank, step, fps) for ranks, step, fps in reports.values_list("ranks", "step", "fps") for rank in ranks)
+
+
 @pytest.fixture(autouse=True)
 def _no_cached_runs():
     """Ingest caches runs by key for a minute; a test's database may have another project's run of that key."""

@@ -11,7 +11,7 @@ import pytest
 from agents import protocol
 from dashboard.models import GradSlot
 from ingest.models import GradReport, IngestBatch, Rank, Run, StepReport
-from tests.conftest import make_batch
+from tests.conftest import make_batch, per_rank
 from tests.test_blobs import HASH, compile_event
 
 pytestmark = pytest.mark.django_db
@@ -48,8 +48,7 @@ def test_every_rank_of_a_node_in_one_request(bulk):
     assert response.status_code == 200, response.content
     assert response.json() == {"results": [{"accepted": 3, "duplicate": False, "want_blobs": [], "detail": []}] * 3}
     assert stored() == (3, 6, 3, 3)
-    assert sorted(GradReport.objects.values_list("rank", "step", "fps")) == [
-        (r, s, [r, s]) for r in range(3) for s in range(2)]
+    assert per_rank(GradReport.objects) == [(r, s, [r, s]) for r in range(3) for s in range(2)]
     assert Run.objects.get(key="run-a").last_step == 1
     # all three ranks reported both steps in this one request: both slots are complete
     assert [(s.step, s.reported) for s in GradSlot.objects.order_by("step")] == [(0, 3), (1, 3)]
@@ -105,9 +104,50 @@ def test_a_malformed_envelope_is_a_400(bulk, raw, path):
 def test_compact_grads_of_several_ranks_share_one_copy(bulk):
     response = bulk([make_batch(rank=r, events=[grads(r, 4)]) for r in range(3)])
     assert response.status_code == 200, response.content
-    assert sorted(GradReport.objects.values_list("rank", "step", "fps")) == [
-        (r, s, [r + 1]) for r in range(3) for s in range(4)]
+    assert per_rank(GradReport.objects) == [(r, s, [r + 1]) for r in range(3) for s in range(4)]
     assert [s.reported for s in GradSlot.objects.order_by("step")] == [3, 3, 3, 3]
+
+
+def test_agreeing_ranks_share_a_row_per_step_whatever_their_batching(bulk):
+    """Replicas report the same fingerprints but batch them differently: packed in one event, in two,
+    or as single `grad` events. Each step is stored once, listing every rank; settling sees all three."""
+    from dashboard.detection import settle
+    from dashboard.models import Alert
+
+    rows = [[s, s + 1] for s in range(4)]
+    norms = [0.5, 1.5, 2.5, 3.5]
+    split = [protocol.Grads.pack(0, rows[:2], norms=norms[:2]), protocol.Grads.pack(2, rows[2:], norms=norms[2:])]
+    listed = [{"t": "grad", "step": s, "fps": rows[s], "norm": norms[s]} for s in range(4)]
+    response = bulk([make_batch(rank=0, events=[msgspec.to_builtins(protocol.Grads.pack(0, rows, norms=norms))]),
+                     make_batch(rank=1, events=[msgspec.to_builtins(e) for e in split]),
+                     make_batch(rank=2, events=listed)])
+    assert response.status_code == 200, response.content
+    assert sorted(GradReport.objects.values_list("step", "ranks", "norm")) == [
+        (s, [0, 1, 2], norms[s]) for s in range(4)]
+    assert per_rank(GradReport.objects) == sorted((r, s, rows[s]) for r in range(3) for s in range(4))
+    for slot in GradSlot.objects.order_by("step"):
+        assert slot.reported == 3
+        settle.settle_grad(slot.id)
+    assert not Alert.objects.exists()
+    assert [(s.pending, s.dissenters) for s in GradSlot.objects.order_by("step")] == [(False, [])] * 4
+
+
+def test_a_dissenting_rank_keeps_its_own_rows_and_is_named(bulk):
+    from dashboard.detection import settle
+    from dashboard.models import Alert
+
+    def batch(rank: int, last: list[int], nonfinite: list[int] | None = None) -> dict:
+        event = protocol.Grads.pack(0, [[1, 2], [3, 4], [5, 6], last], nonfinite=nonfinite or [])
+        return make_batch(rank=rank, events=[msgspec.to_builtins(event)])
+
+    assert bulk([batch(0, [7, 8]), batch(1, [7, 8]), batch(2, [7, 9], nonfinite=[0, 0, 0, 3])]).status_code == 200
+    assert sorted(GradReport.objects.filter(step=3).values_list("ranks", "fps", "nonfinite")) == [
+        ([0, 1], [7, 8], 0), ([2], [7, 9], 3)]
+    assert list(GradReport.objects.filter(step__lt=3).values_list("ranks", flat=True)) == [[0, 1, 2]] * 3
+    for slot in GradSlot.objects.order_by("step"):
+        settle.settle_grad(slot.id)
+    assert sorted(Alert.objects.values_list("kind", "ranks", "step")) == [
+        ("grad_divergence", [2], 3), ("nonfinite_grad", [2], 3)]
 
 
 def test_a_graph_text_is_asked_of_one_batch_only(bulk):

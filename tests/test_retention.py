@@ -28,7 +28,7 @@ def test_prune_drops_old_partitions_and_keeps_recent_rows(post):
     old_day = timezone.now().date() - timedelta(days=30)
     partitions.ensure([old_day])
     run = Run.objects.get()
-    GradReport.objects.create(run=run, rank=1, step=0, group="ddp", fps=[1], ts=timezone.now(),
+    GradReport.objects.create(run=run, ranks=[1], step=0, group="ddp", fps=[1], ts=timezone.now(),
                               received=timezone.now() - timedelta(days=30))
     IngestBatch.objects.update(received_at=timezone.now() - timedelta(days=30))
     assert GradReport.objects.count() == 2
@@ -37,7 +37,7 @@ def test_prune_drops_old_partitions_and_keeps_recent_rows(post):
 
     assert f"ingest_gradreport_p{old_day:%Y%m%d}" in pruned.partitions
     assert len(pruned.partitions) == len(partitions.RAW_TABLES)  # one old day per raw table
-    assert list(GradReport.objects.values_list("rank", flat=True)) == [0]
+    assert list(GradReport.objects.values_list("ranks", flat=True)) == [[0]]
     assert pruned.batches == 1 and not IngestBatch.objects.exists()
     ahead = {day for _, day in partitions.existing("ingest_gradreport")}
     assert timezone.now().date() + timedelta(days=retention.PREPARE_DAYS) in ahead

@@ -227,6 +227,7 @@ class GradRow:
 
 
 def grad_reports(slot) -> dict[int, GradRow]:
+    """rank -> its report (a rank reported twice: the later report)."""
     rows = (GradReport.objects.filter(run_id=slot.run_id, step=slot.step, group=slot.group).order_by("id")
-            .values_list("rank", "fps", "nonfinite", "norm"))
-    return {rank: GradRow(tuple(fps), nonfinite, norm) for rank, fps, nonfinite, norm in rows}
+            .values_list("ranks", "fps", "nonfinite", "norm"))
+    return {rank: GradRow(tuple(fps), nonfinite, norm) for ranks, fps, nonfinite, norm in rows for rank in ranks}

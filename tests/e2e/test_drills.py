@@ -9,11 +9,12 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections import Counter
 
 import pytest
-from django.db.models import Count
 
 from ingest.models import GradReport, IngestBatch, Rank, StepReport
+from tests.conftest import per_rank
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
 from tests.stack import Proc, free_port, spawn
 
@@ -68,13 +69,11 @@ def test_backend_down_60s_loses_and_duplicates_nothing(stack, tmp_path, record_p
         backend.stop()
 
     assert down_at < STEPS * 2  # the outage really fell in the middle of the run
-    for model in (GradReport, StepReport):
-        rows = model.objects.filter(run__key=key)
-        if model is GradReport:
-            rows = rows.filter(group="ddp")
-        per_rank = dict(rows.values_list("rank").annotate(n=Count("rank")))
-        assert per_rank == {0: STEPS, 1: STEPS}, (model.__name__, per_rank)
-        assert rows.values("rank", "step").distinct().count() == 2 * STEPS  # nothing twice
+    grads = [(rank, step) for rank, step, _ in per_rank(GradReport.objects.filter(run__key=key, group="ddp"))]
+    steps = list(StepReport.objects.filter(run__key=key).values_list("rank", "step"))
+    for name, reports in (("grads", grads), ("steps", steps)):
+        assert Counter(rank for rank, _ in reports) == {0: STEPS, 1: STEPS}, (name, Counter(rank for rank, _ in reports))
+        assert len(set(reports)) == 2 * STEPS, name  # nothing twice
     for session, seqs in _seqs(key).items():
         assert seqs == list(range(len(seqs))), f"gap or repeat in session {session}"
     _record_step_times(key, outage, record_property)

@@ -48,7 +48,7 @@ class GradSlotView:
 
     step: int
     group: str
-    reports: dict  # rank -> ingest.models.GradReport
+    reports: dict  # rank -> dashboard.detection.slots.GradRow
     consensus: Consensus | None
     world_size: int
     baseline: tuple | None = None  # the baseline run's consensus for the same step and group
