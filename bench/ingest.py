@@ -10,7 +10,7 @@ the clock starts; the clock covers the steady phase only. Then the same grad eve
 by one raw binary COPY, one row per rank-step, into the same table, same indexes, same run of the
 script. Ingest itself stores a request's agreeing ranks in shared rows; the table says how many.
 
-    python bench/ingest.py                          # P1/P7 as in the README: 1024 ranks x 512 steps, 256 steps
+    python bench/ingest.py                          # P1/P7 as in the README: 1024 ranks x 1024 steps, 256 steps
                                                     # per batch, 8 ranks per request, 2 ingest processes, 8 connections
     python bench/ingest.py --ranks-per-request 1    # no relay: one request per rank and batch
     python bench/ingest.py --ingest 2 --celery 2    # the docs/scale-out.md run
@@ -126,9 +126,13 @@ def send_all(url: str, token: str, requests: list[Request], connections: int) ->
     return tally, time.perf_counter() - started
 
 
-def raw_copy(packed: dict, ranks: int, run_key: str) -> tuple[int, float]:
-    """The same grad events (other run id), pre-encoded as one row per rank-step (no rows shared
-    between agreeing ranks, as ingest does), through one binary COPY: the ceiling."""
+def raw_copy(packed: dict, ranks: int, run_key: str, together: int = 1) -> tuple[int, int, float]:
+    """The same grad events (another run), pre-encoded, through one binary COPY: the ceiling.
+
+    `together=1`: one row per rank-step, nothing shared (the P1 anchor: the events as rows).
+    `together=8`: the rows ingest stores for 8 ranks per request (agreeing ranks share a row).
+    Returns (rank-steps, rows, seconds).
+    """
     from django.db import connection
 
     from agents import protocol
@@ -136,17 +140,18 @@ def raw_copy(packed: dict, ranks: int, run_key: str) -> tuple[int, float]:
     from ingest.models import Project, Run
 
     project = Project.objects.get(name="bench")
-    run = Run.objects.create(project=project, key=run_key + "-rawcopy", world_size=ranks)
+    run = Run.objects.create(project=project, key=f"{run_key}-rawcopy-{together}", world_size=ranks)
     now = datetime.now(timezone.utc)
     partitions.ensure_around(now)
     rows = [pgcopy.HEADER]
+    rank_steps = 0
     for body in packed.values():
         events = writers.GradEvents([protocol.msgspec.json.decode(body, type=protocol.Grads)], [])
-        for rank in range(ranks):  # one rank at a time: a row per rank-step, no rows shared
-            rows += writers.grad_copy([(run.id, rank, events)], now)
+        for first in range(0, ranks, together):
+            rows += writers.grad_copy([(run.id, rank, events) for rank in range(first, min(first + together, ranks))], now)
+        rank_steps += events.rows * ranks
     rows.append(pgcopy.TRAILER)
     data = b"".join(rows)
-    rows = rows[1:-1]
     cols = ", ".join(f'"{c}"' for c in writers.GRAD_COLUMNS)
     connection.ensure_connection()
     raw = connection.connection
@@ -154,7 +159,7 @@ def raw_copy(packed: dict, ranks: int, run_key: str) -> tuple[int, float]:
     with raw.transaction(), raw.cursor() as cur, cur.copy(f"COPY ingest_gradreport ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
         for i in range(0, len(data), 1 << 20):
             copy.write(data[i:i + (1 << 20)])
-    return len(rows), time.perf_counter() - started
+    return rank_steps, len(rows) - 2, time.perf_counter() - started
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -182,7 +187,7 @@ def drain_time(url: str, timeout: float = 120) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=512, help="steady steps per rank")
+    parser.add_argument("--steps", type=int, default=1024, help="steady steps per rank (the clock runs for several seconds)")
     parser.add_argument("--steps-per-batch", type=int, default=256)
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--ingest", type=int, default=2, help="ASGI worker processes")
@@ -214,8 +219,10 @@ def main() -> None:
     from ingest.models import GradReport
 
     stored_rows = GradReport.objects.filter(run__key=built["run"]).count()
-    rows, copy_s = raw_copy(built["packed"], args.ranks, built["run"])
-    http_rate, copy_rate = tally.rank_steps / elapsed, rows / copy_s
+    _, rows, copy_s = raw_copy(built["packed"], args.ranks, built["run"])
+    shared_steps, shared_rows, shared_s = (raw_copy(built["packed"], args.ranks, built["run"], args.ranks_per_request)
+                                           if args.ranks_per_request > 1 else (rows, rows, copy_s))
+    http_rate, copy_rate, shared_rate = tally.rank_steps / elapsed, rows / copy_s, shared_steps / shared_s
     failures = burst_tally.failures + tally.failures
     print_table(
         f"ingest bench: {args.ranks} ranks x {args.steps} steps, {args.buckets} buckets, {args.steps_per_batch} steps/batch,"
@@ -228,6 +235,8 @@ def main() -> None:
             ("P1 HTTP / raw COPY", f"{http_rate / copy_rate:.2f}x", "target >= 0.5x"),
             ("grad rows stored per rank-step", f"{stored_rows / max(tally.rank_steps, 1):.3f}",
              f"{stored_rows:,} rows: agreeing ranks of one request share a row"),
+            ("raw COPY of rows as stored", f"{shared_rate:,.0f}",
+             f"rank-steps/s: {shared_rows:,} rows as ingest shares them, one COPY (HTTP at {http_rate / shared_rate:.2f}x)"),
             ("P7 wire bytes per rank-step", f"{tally.wire_bytes / max(tally.rank_steps, 1):.1f}",
              "gzip body + HTTP request headers (target <= 200)"),
             ("failed requests", str(len(failures)), failures[0] if failures else ""),
