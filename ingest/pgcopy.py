@@ -1,8 +1,9 @@
 """PostgreSQL binary COPY, encoded by hand for the one hot table (ingest_gradreport).
 
 psycopg's `write_row` dumps every value through Python-level adapters (~10 us per grad row with
-a 16-element array). Here a row is a join of a few packed fields and a slice of one pre-built
-array buffer, whose fingerprints were byte-swapped and interleaved by C slice assignments.
+a 16-element array). Here a grad row is one `struct` pack of fields encoded once per request
+(run, ranks, group, times), its own values and a slice of one pre-built array buffer, whose
+fingerprints were byte-swapped and interleaved by C slice assignments.
 Format: https://www.postgresql.org/docs/current/sql-copy.html (Binary Format).
 """
 from __future__ import annotations
@@ -25,10 +26,6 @@ _int4 = struct.Struct(">ii").pack  # (4, value)
 _int8 = struct.Struct(">iq").pack  # (8, value)
 _float8 = struct.Struct(">id").pack  # (8, value)
 _array_head = struct.Struct(">iiiIii").pack  # (byte length, ndim, has_null, elem oid, dim, lower bound)
-
-
-def int4(value: int) -> bytes:
-    return _int4(4, value)
 
 
 def int8(value: int) -> bytes:

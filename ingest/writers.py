@@ -424,19 +424,10 @@ def _reports(reports: list[tuple[int, int, GradEvents]]) -> dict[tuple, tuple[li
             fps = e.fps
             for i, step, norm, bad in zip(range(0, len(fps), width), e.step_numbers(), e.norms or repeat(None),
                                           e.nonfinite or repeat(0)):
-                key = (run_id, e.group, step, fps[i:i + width], norm, bad)
-                row = rows.get(key)
-                if row is None:
-                    rows[key] = ([rank], e.ts)
-                else:
-                    row[0].append(rank)
+                rows.setdefault((run_id, e.group, step, fps[i:i + width], norm, bad), ([], e.ts))[0].append(rank)
         for e in events.listed:
             key = (run_id, e.group, e.step, pgcopy.u64_list_bytes(e.fps), e.norm, e.nonfinite)
-            row = rows.get(key)
-            if row is None:
-                rows[key] = ([rank], e.ts)
-            else:
-                row[0].append(rank)
+            rows.setdefault(key, ([], e.ts))[0].append(rank)
     return rows
 
 
