@@ -133,7 +133,7 @@ class Transport:
             try:
                 with self._cv:
                     if not self._closing:
-                        self._cv.wait(self.cfg.flush_interval)
+                        self._cv.wait(self._until_flush())
                     closing = self._closing
                 self._maybe_heartbeat(closing)
                 self._cycle(closing)
@@ -147,6 +147,16 @@ class Transport:
             except Exception as e:  # keep the sender alive whatever happens
                 log.debug("lockstep sender error: %s", e)
                 time.sleep(0.1)
+
+    def _until_flush(self) -> float:
+        """Seconds to the next multiple of the flush interval on the wall clock (at least a tenth of it).
+
+        The ranks of a node share that clock, so they flush together: a node relay then forwards
+        their batches as one request, where their agreeing grad reports share rows on the server.
+        """
+        interval = self.cfg.flush_interval
+        wait = interval - time.time() % interval
+        return wait if wait >= interval / 10 else wait + interval
 
     def _maybe_heartbeat(self, closing: bool) -> None:
         now = time.monotonic()

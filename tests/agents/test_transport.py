@@ -189,3 +189,23 @@ def test_server_killed_and_restarted_mid_run_loses_and_duplicates_nothing(tmp_pa
         assert second.accepted and not os.listdir(tmp_path / "spool")
     finally:
         second.close()
+
+
+def test_ranks_flush_together_on_the_wall_clock(tmp_path, stub, monkeypatch):
+    """Two ranks started 0.13 s apart still flush at the same instants (multiples of the interval),
+    so a node relay's window catches both: their batches pair up instead of staying 0.13 s apart."""
+    monkeypatch.setenv("LOCKSTEP_FLUSH_INTERVAL", "0.4")
+    first = _transport(tmp_path / "a", stub.url)
+    time.sleep(0.13)
+    second = _transport(tmp_path / "b", stub.url)
+    for step in range(30):
+        first.put(protocol.Step(step=step))
+        second.put(protocol.Step(step=step))
+        time.sleep(0.05)
+    first.close(timeout=10)
+    second.close(timeout=10)
+    arrivals = {t.session: [when for when, batch in stub.requests if batch.session == t.session] for t in (first, second)}
+    ours, theirs = arrivals[first.session], arrivals[second.session]
+    assert len(ours) >= 3 and len(theirs) >= 3
+    paired = [when for when in ours if min(abs(when - other) for other in theirs) < 0.06]
+    assert len(paired) >= len(ours) - 1, (ours, theirs)  # the last batch of each goes out at close

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from agents import protocol
+from agents import relay as relay_module
 from agents.transport import encode_body, post
 from ingest.models import GradReport, IngestBatch, StepReport
 from tests.conftest import per_rank
@@ -66,7 +67,7 @@ def post_together(url: str, token: str | list[str], batches: list[protocol.Batch
 
 def test_a_real_job_through_the_relay(stack, tmp_path):
     _, token = project_with_token("relay")
-    proc, url = relay(stack, stack.url, tmp_path, window=0.6)  # longer than the agents' flush interval
+    proc, url = relay(stack, stack.url, tmp_path, window=relay_module.WINDOW_S)  # the default: the ranks flush together
     key = f"relay-{uuid.uuid4().hex[:6]}"
     try:
         via = type(stack)(url, stack.env, stack.server, stack.worker)
