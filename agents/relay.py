@@ -23,14 +23,13 @@ import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
 
 from agents import protocol
+from agents.transport import Reply, exchange
 
 log = logging.getLogger("lockstep.relay")
 
@@ -44,30 +43,23 @@ RETRY_AFTER = "1"
 
 
 @dataclass
-class Answer:
-    status: int
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class _Waiting:
     """One agent's batch, waiting for the server's answer to it."""
 
     token: str
     batch: bytes  # its exact JSON (inflated)
     done: threading.Event = field(default_factory=threading.Event)
-    answer: Answer | None = None
+    answer: Reply | None = None
     abandoned: bool = False  # the agent was told to retry: it will resend, so this copy is not sent
     arrived: float = field(default_factory=time.monotonic)
 
-    def reply(self, answer: Answer) -> None:
+    def reply(self, answer: Reply) -> None:
         self.answer = answer
         self.done.set()
 
 
-def _error(status: int, message: str, retry: bool = False) -> Answer:
-    return Answer(status, json.dumps({"error": message}).encode(), {"Retry-After": RETRY_AFTER} if retry else {})
+def _error(status: int, message: str, retry: bool = False) -> Reply:
+    return Reply(status, json.dumps({"error": message}).encode(), {"Retry-After": RETRY_AFTER} if retry else {})
 
 
 class Relay:
@@ -87,7 +79,7 @@ class Relay:
         self._thread = threading.Thread(target=self._run, name="lockstep-relay", daemon=True)
         self._thread.start()
 
-    def submit(self, token: str, batch: bytes) -> Answer:
+    def submit(self, token: str, batch: bytes) -> Reply:
         item = _Waiting(token, batch)
         with self._cv:
             self._waiting.append(item)
@@ -157,7 +149,7 @@ class Relay:
             results = msgspec.json.decode(answer.body, type=protocol.BulkReply).results
             self.sent["batches"] += len(group)
             for item, result in zip(group, results, strict=True):
-                item.reply(Answer(200, msgspec.json.encode(result), {"Content-Type": "application/json"}))
+                item.reply(Reply(200, msgspec.json.encode(result), {"Content-Type": "application/json"}))
         elif 400 <= answer.status < 500 and answer.status != 429:
             log.warning("relay: server refused a bulk of %d batches (%d); sending each alone", len(group), answer.status)
             for item in group:
@@ -173,26 +165,14 @@ class Relay:
         item.reply(answer)
 
 
-def _post(url: str, token: str, data: bytes, encoding: str, timeout: float = UPSTREAM_TIMEOUT) -> Answer:
-    """POST upstream; an unreachable server is a 503 with Retry-After (the agent keeps the batch)."""
-    headers = {"Content-Type": "application/json"}
-    if encoding:
-        headers["Content-Encoding"] = encoding
-    if token:
-        headers["Authorization"] = token
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return Answer(response.status, response.read(), _passed(response.headers))
-    except urllib.error.HTTPError as e:
-        return Answer(e.code, e.read() if e.fp else b"", _passed(e.headers))
-    except (OSError, ValueError) as e:
-        log.warning("relay: server unreachable: %s", e)
-        return _error(503, f"relay: server unreachable ({e}); retry later", retry=True)
-
-
-def _passed(headers) -> dict[str, str]:
-    return {k: v for k in ("Content-Type", "Retry-After") if (v := headers.get(k))}
+def _post(url: str, token: str, data: bytes, encoding: str, timeout: float = UPSTREAM_TIMEOUT) -> Reply:
+    """POST upstream with the agent's own Authorization; an unreachable server is a 503 with
+    Retry-After (the agent keeps the batch)."""
+    reply = exchange(url, data, {k: v for k, v in (("Content-Encoding", encoding), ("Authorization", token)) if v}, timeout)
+    if reply.status == 0:
+        log.warning("relay: server unreachable: %s", reply.error)
+        return _error(503, f"relay: server unreachable ({reply.error}); retry later", retry=True)
+    return reply
 
 
 def read_batch(raw: bytes, encoding: str) -> bytes:
@@ -229,11 +209,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/healthz":
-            self._send(Answer(200, json.dumps({"ok": True, **self.relay.sent}).encode(), {"Content-Type": "application/json"}))
+            self._send(Reply(200, json.dumps({"ok": True, **self.relay.sent}).encode(), {"Content-Type": "application/json"}))
         else:
             self._send(_error(404, f"relay: no such endpoint {self.path}"))
 
-    def _send(self, answer: Answer) -> None:
+    def _send(self, answer: Reply) -> None:
         self.send_response(answer.status)
         headers = {"Content-Type": "application/json", **answer.headers}
         for name, value in headers.items():

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import msgspec
@@ -47,28 +47,50 @@ class Outcome:
     detail: str = ""
 
 
+@dataclass
+class Reply:
+    """What one POST got back: status (0: the server was not reached), body, and the headers a sender acts on."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+
+
+def exchange(url: str, body: bytes, headers: dict[str, str], timeout: float = HTTP_TIMEOUT) -> Reply:
+    """POST a JSON body and return the answer whatever it is (the agent and the node relay both send through this)."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **headers}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return Reply(response.status, response.read(), _kept(response.headers))
+    except urllib.error.HTTPError as e:
+        return Reply(e.code, e.read() if e.fp else b"", _kept(e.headers))
+    except (OSError, ValueError) as e:  # URLError, timeouts, connection resets
+        return Reply(0, b"", error=str(e))
+
+
+def _kept(headers) -> dict[str, str]:
+    return {k: v for k in ("Content-Type", "Retry-After") if (v := headers.get(k))}
+
+
 def post(url: str, token: str | None, body: bytes, timeout: float = HTTP_TIMEOUT) -> Outcome:
     """POST one exact batch body (gzip detected by magic) and classify the answer."""
-    headers = {"Content-Type": "application/json"}
+    headers = {}
     if body[:2] == b"\x1f\x8b":
         headers["Content-Encoding"] = "gzip"
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url + "/api/v1/ingest", data=body, headers=headers, method="POST")
+    reply = exchange(url + "/api/v1/ingest", body, headers, timeout)
+    if reply.status == 0:
+        return Outcome("retry", detail=reply.error)
+    if reply.status >= 400:
+        if reply.status in (429, 503) or reply.status >= 500:
+            return Outcome("retry", delay=_retry_after(reply.headers.get("Retry-After")), detail=f"HTTP {reply.status}")
+        return Outcome("drop", detail=f"HTTP {reply.status}: {reply.body[:300].decode('utf-8', 'replace')}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            data = resp.read()
-        try:
-            return Outcome("ok", reply=msgspec.json.decode(data, type=protocol.IngestReply))
-        except msgspec.MsgspecError:
-            return Outcome("ok")
-    except urllib.error.HTTPError as e:
-        text = e.read(2048).decode("utf-8", "replace") if e.fp else ""
-        if e.code in (429, 503) or e.code >= 500:
-            return Outcome("retry", delay=_retry_after(e.headers.get("Retry-After")), detail=f"HTTP {e.code}")
-        return Outcome("drop", detail=f"HTTP {e.code}: {text[:300]}")
-    except (OSError, ValueError) as e:  # URLError, timeouts, connection resets
-        return Outcome("retry", detail=str(e))
+        return Outcome("ok", reply=msgspec.json.decode(reply.body, type=protocol.IngestReply))
+    except msgspec.MsgspecError:
+        return Outcome("ok")
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -70,7 +70,7 @@ def decode_bulk(body: bytes) -> list[tuple[protocol.Batch, bytes]]:
     batches = []
     for i, raw in enumerate(raws):
         try:
-            batches.append((_checked(_decoded(protocol.decode_batch, raw), raw), raw))
+            batches.append((decode(raw), raw))
         except Rejection as rejection:
             raise rejection.within(f"batches[{i}]") from None
     return batches

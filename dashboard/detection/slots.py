@@ -97,13 +97,9 @@ def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
         by_group.setdefault(group, []).append(steps)
     union, counts = [], []
     for lists in by_group.values():
-        if all(steps == lists[0] for steps in lists):  # the usual case: the ranks of a node report the same steps
-            union.append(lists[0])
-            counts.append([len(lists)] * len(lists[0]))
-        else:
-            tally = Counter(step for steps in lists for step in steps)
-            union.append(sorted(tally))
-            counts.append([tally[step] for step in union[-1]])
+        tally = Counter(step for steps in lists for step in steps)
+        union.append(sorted(tally))
+        counts.append([tally[step] for step in union[-1]])
     return {"r_rank": [rank for rank, _, _ in reports], "r_group": [group for _, group, _ in reports],
             "r_last": [steps[-1] for _, _, steps in reports], "t_group": list(by_group),
             "t_steps": [_array_literal(steps) for steps in union], "t_counts": [_array_literal(n) for n in counts]}
@@ -114,8 +110,8 @@ def grads_ready_sql(groups: int) -> str:
     (after the batches commit): binds %(run)s, %(ws)s, g{i}/floor{i}; CTE `done` returns slot ids.
 
     A slot can only have become complete if one of the reporting ranks was the lowest, so only
-    steps above their lowest old watermark (the floor) are looked at; the watermark count is only read when the lowest
-    watermark moved past the floor (the rare case: usually another rank is still behind).
+    steps above their lowest old watermark (the floor) are looked at; the watermark count is only
+    read when the lowest watermark moved past the floor (the rare case: another rank is behind).
     """
     values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint)" for i in range(groups))
     return f"""
