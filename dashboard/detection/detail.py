@@ -48,12 +48,16 @@ def request(alert: Alert, group: str, dissenters: tuple[int, ...], reference: in
 
 
 def answered(run_id: int, rank: int, steps: set[int]) -> list[int]:
-    """Record a rank's answers; return the ids of alerts whose requests are now all answered."""
+    """Record a rank's answers; return the ids of alerts whose requests are now all answered.
+
+    The alerts are locked first: ranks answer at the same moment (they flush together), and
+    without the lock each would see the other's answer still missing and neither would report
+    the alert complete."""
     with transaction.atomic():
-        DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps, answered_at__isnull=True).update(
-            answered_at=timezone.now())
-        alert_ids = set(DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps)
-                        .values_list("alert_id", flat=True))
+        asked = DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps)
+        alert_ids = set(asked.values_list("alert_id", flat=True))
+        list(Alert.objects.select_for_update().filter(id__in=alert_ids).order_by("id").values_list("id", flat=True))
+        asked.filter(answered_at__isnull=True).update(answered_at=timezone.now())
         return [a for a in alert_ids if not DetailRequest.objects.filter(alert_id=a, answered_at__isnull=True).exists()]
 
 
