@@ -52,6 +52,7 @@ class Agent:
 
     def __init__(self, cfg) -> None:
         from agents.capture import CompileCapture, install
+        from agents.graph_texts import GraphTexts
         from agents.grads import GradTracker
         from agents.transport import Transport
 
@@ -61,10 +62,11 @@ class Agent:
         self._end: tuple[str, int | None, str | None] = ("ok", None, None)
         self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every, on_layout=self._layout_known)
         start = self._rank_start()  # before the sender starts, so rank_start is the first event
-        self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step)
+        texts = GraphTexts()  # filled by the capture, asked for by the server through the transport
+        self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step, on_blobs=texts.bodies)
         try:
             self._emit(start)
-            self.capture = CompileCapture(self._emit, lambda: self.grads.step)
+            self.capture = CompileCapture(self._emit, lambda: self.grads.step, texts=texts)
             install(self.capture)
             self.grads.install()
         except BaseException:

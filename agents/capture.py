@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from agents import protocol
-from agents.normalize import hash_text
+from agents.graph_texts import GraphTexts
+from agents.normalize import normalized
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 _TIME_KEYS = ("entire_frame_compile_time_s", "backend_compile_time_s", "inductor_compile_time_s",
@@ -88,9 +89,10 @@ class CompileCapture(logging.Handler):
     """logging.Handler that turns trace records into Compile / GraphBreak events."""
 
     def __init__(self, emit: Callable[[protocol.Event], None], step: Callable[[], int | None],
-                 literals: tuple[str, ...] = ()) -> None:
+                 literals: tuple[str, ...] = (), texts: GraphTexts | None = None) -> None:
         super().__init__(level=logging.DEBUG)
         self._emit = emit
+        self.texts = texts if texts is not None else GraphTexts()  # the normalized texts, for want_blobs
         self._step = step
         self._literals = literals
         self._pending: dict[tuple, _Pending] = {}
@@ -201,7 +203,8 @@ class CompileCapture(logging.Handler):
         for name, texts in (("dynamo", pend.dynamo[-1:]), ("inductor", pend.inductor),
                             ("collectives", pend.collectives)):
             if texts:
-                hashes[name] = hash_text("\n".join(texts), self._literals)
+                hashes[name], text = normalized("\n".join(texts), self._literals)
+                self.texts.keep(hashes[name].norm, text)
         return hashes
 
     def _compile_event(self, m: dict, pend: _Pending, frame: str, index: int, step: int | None,

@@ -6,7 +6,6 @@ versioned (`protocol.NORM_VERSION`) because a changed rule changes every normali
 """
 from __future__ import annotations
 
-import hashlib
 import re
 
 from agents import protocol
@@ -42,10 +41,13 @@ def normalize(text: str, literals: tuple[str, ...] = ()) -> str:
     return text
 
 
-def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-
-
 def hash_text(text: str, literals: tuple[str, ...] = ()) -> protocol.GraphHash:
     """Raw and normalized 128-bit hashes (32 hex chars) of one artifact text."""
-    return protocol.GraphHash(raw=_digest(text), norm=_digest(normalize(text, literals)))
+    return normalized(text, literals)[0]
+
+
+def normalized(text: str, literals: tuple[str, ...] = ()) -> tuple[protocol.GraphHash, str]:
+    """The hashes of one artifact text and its normalized text (what the server keeps for diffs,
+    content-addressed by `protocol.blob_hash`, the same digest)."""
+    norm = normalize(text, literals)
+    return protocol.GraphHash(raw=protocol.blob_hash(text), norm=protocol.blob_hash(norm)), norm

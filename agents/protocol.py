@@ -23,6 +23,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_EVENTS_PER_BATCH = 50_000
 MAX_RANKS = 1 << 20
 MAX_BLOB_BYTES = 4 * 1024 * 1024
+MAX_BLOBS_PER_UPLOAD = 256
 MAX_BATCHES_PER_REQUEST = 256  # a bulk request (node relay): the ranks of a few nodes, well under MAX_BODY_BYTES
 
 _LITTLE = sys.byteorder == "little"
@@ -278,7 +279,7 @@ class BlobUpload(msgspec.Struct):
     """Body of `POST /api/v1/blobs` (JSON, optional gzip, same token as ingest)."""
 
     v: Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
-    blobs: Annotated[list[Blob], msgspec.Meta(min_length=1, max_length=256)]
+    blobs: Annotated[list[Blob], msgspec.Meta(min_length=1, max_length=MAX_BLOBS_PER_UPLOAD)]
 
 
 class BlobReply(msgspec.Struct):

@@ -73,14 +73,18 @@ def _kept(headers) -> dict[str, str]:
     return {k: v for k in ("Content-Type", "Retry-After") if (v := headers.get(k))}
 
 
-def post(url: str, token: str | None, body: bytes, timeout: float = HTTP_TIMEOUT) -> Outcome:
-    """POST one exact batch body (gzip detected by magic) and classify the answer."""
+def _headers(token: str | None, body: bytes) -> dict[str, str]:
     headers = {}
     if body[:2] == b"\x1f\x8b":
         headers["Content-Encoding"] = "gzip"
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    reply = exchange(url + "/api/v1/ingest", body, headers, timeout)
+    return headers
+
+
+def post(url: str, token: str | None, body: bytes, timeout: float = HTTP_TIMEOUT) -> Outcome:
+    """POST one exact batch body (gzip detected by magic) and classify the answer."""
+    reply = exchange(url + "/api/v1/ingest", body, _headers(token, body), timeout)
     if reply.status == 0:
         return Outcome("retry", detail=reply.error)
     if reply.status >= 400:
@@ -109,11 +113,13 @@ class Transport:
     """Queue + sender thread. `put` is cheap and thread-safe; `close` flushes with a deadline."""
 
     def __init__(self, cfg: Config, on_detail: Callable[[list[int]], list[protocol.Event]] | None = None,
-                 step: Callable[[], int | None] = lambda: None) -> None:
+                 step: Callable[[], int | None] = lambda: None,
+                 on_blobs: Callable[[list[str]], list[bytes]] | None = None) -> None:
         self.cfg = cfg
         self.session = str(uuid.uuid4())
         self.run = protocol.RunInfo(key=cfg.run, world_size=cfg.world_size, name=cfg.run_name)
         self._on_detail = on_detail
+        self._on_blobs = on_blobs
         self._step = step
         self._queue: collections.deque[protocol.Event] = collections.deque()
         self._cv = threading.Condition()
@@ -283,6 +289,17 @@ class Transport:
         if outcome.reply and outcome.reply.detail and self._on_detail:
             for event in self._on_detail(list(outcome.reply.detail)):
                 self.put(event)
+        if outcome.reply and outcome.reply.want_blobs and self._on_blobs:
+            self._upload_blobs(list(outcome.reply.want_blobs))
+
+    def _upload_blobs(self, hashes: list[str]) -> None:
+        """Send the graph texts the server asked of this rank. Best effort: a text that does not
+        arrive is only missing from a diff, and the server asks again for it later."""
+        for body in self._on_blobs(hashes):
+            reply = exchange(self.cfg.url + "/api/v1/blobs", body, _headers(self.cfg.token, body),
+                             self._timeout(self._closing))
+            if reply.status != 200:
+                log.debug("lockstep: graph text upload failed: %s", reply.error or f"HTTP {reply.status}")
 
     def _timeout(self, closing: bool) -> float:
         if not closing:

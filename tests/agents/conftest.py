@@ -17,13 +17,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Stub:
-    """Tiny ingest server: answers from `script` (status, headers) then 200; records accepted batches."""
+    """Tiny ingest server: answers from `script` (status, headers) then 200; records accepted batches,
+    asks for `want_blobs` in every answer and records the graph texts uploaded to /api/v1/blobs."""
 
     def __init__(self, port: int = 0) -> None:
         self.script: list[tuple[int, dict]] = []
         self.requests: list[tuple[float, protocol.Batch]] = []
         self.accepted: list[protocol.Batch] = []
         self.detail: list[int] = []
+        self.want_blobs: list[str] = []
+        self.blobs: list[protocol.Blob] = []
         self.lock = threading.Lock()
         stub = self
 
@@ -37,14 +40,24 @@ class Stub:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
+                if self.path == "/api/v1/blobs":
+                    upload = protocol.decode_blobs(body)
+                    with stub.lock:
+                        stub.blobs += upload.blobs
+                    self._answer(200, {}, {"stored": [b.hash for b in upload.blobs], "known": []})
+                    return
                 batch = protocol.decode_batch(body)
                 with stub.lock:
                     stub.requests.append((time.monotonic(), batch))
                     status, headers = stub.script.pop(0) if stub.script else (200, {})
                     if status == 200:
                         stub.accepted.append(batch)
-                reply = {"accepted": len(batch.events), "duplicate": False, "want_blobs": [], "detail": stub.detail}
-                data = json.dumps(reply if status == 200 else {"error": "scripted"}).encode()
+                reply = {"accepted": len(batch.events), "duplicate": False, "want_blobs": stub.want_blobs,
+                         "detail": stub.detail}
+                self._answer(status, headers, reply if status == 200 else {"error": "scripted"})
+
+            def _answer(self, status: int, headers: dict, reply: dict) -> None:
+                data = json.dumps(reply).encode()
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)

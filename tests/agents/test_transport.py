@@ -1,4 +1,5 @@
 """Sender against a local stub server: retries, ordering, Retry-After, spool, upload, offline."""
+import gzip
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import pytest
 
 from agents import protocol
 from agents.config import resolve
+from agents.graph_texts import GraphTexts
 from agents.transport import Transport
 
 from .conftest import REPO, events_of, read_spool
@@ -209,3 +211,28 @@ def test_ranks_flush_together_on_the_wall_clock(tmp_path, stub, monkeypatch):
     assert len(ours) >= 3 and len(theirs) >= 3
     paired = [when for when in ours if min(abs(when - other) for other in theirs) < 0.06]
     assert len(paired) >= len(ours) - 1, (ours, theirs)  # the last batch of each goes out at close
+
+
+def test_graph_texts_the_server_asks_for_are_uploaded(tmp_path, stub):
+    texts = GraphTexts()
+    held, other = "graph():\n  relu(x)", "graph():\n  tanh(x)"
+    texts.keep(protocol.blob_hash(held), held)
+    texts.keep(protocol.blob_hash(other), other)
+    texts.keep("f" * 32, "x" * (protocol.MAX_BLOB_BYTES + 1))  # more than the server takes: never kept
+    stub.want_blobs = [protocol.blob_hash(held), "0" * 32, "f" * 32]  # "0"*32: a text this rank never had
+    cfg = resolve(url=stub.url, token="tok", run="run-1", rank=2, world_size=4, spool_dir=str(tmp_path / "spool"))
+    t = Transport(cfg, on_blobs=texts.bodies)
+    _send_steps(t, [0])
+    t.close(timeout=10)
+    assert stub.accepted and stub.blobs
+    assert {(b.hash, b.text) for b in stub.blobs} == {(protocol.blob_hash(held), held)}
+
+
+def test_graph_texts_keep_the_newest_within_their_budget():
+    texts = GraphTexts(budget=10)
+    digests = [protocol.blob_hash(text) for text in ("aaaa", "bbbb", "cccc")]
+    for digest, text in zip(digests, ("aaaa", "bbbb", "cccc")):
+        texts.keep(digest, text)
+    bodies = texts.bodies(digests)
+    sent = [b.hash for body in bodies for b in protocol.decode_blobs(gzip.decompress(body)).blobs]
+    assert sent == digests[1:]  # the oldest went to make room

@@ -19,7 +19,7 @@ import requests
 from agents import protocol
 from agents import relay as relay_module
 from agents.transport import encode_body, post
-from ingest.models import GradReport, IngestBatch, StepReport
+from ingest.models import Blob, CompileEvent, GradReport, IngestBatch, StepReport
 from tests.conftest import per_rank
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
 from tests.stack import Proc, free_port, spawn
@@ -81,6 +81,10 @@ def test_a_real_job_through_the_relay(stack, tmp_path):
         shared = GradReport.objects.filter(run__key=key, group="ddp", ranks__len=2)
         assert shared.exists(), list(GradReport.objects.filter(run__key=key).values_list("step", "ranks"))
         assert StepReport.objects.filter(run__key=key).count() == 12
+        # the graph texts the server asked for went up through the relay, verified against their hashes
+        compiled = CompileEvent.objects.filter(run__key=key).values_list("graph_norm", "code_norm")
+        hashes = {h for pair in compiled for h in pair if h}
+        assert hashes and set(Blob.objects.filter(hash__in=hashes, text__isnull=False).values_list("hash", flat=True)) == hashes
         sent = requests.get(url + "/healthz", timeout=5).json()
         assert sent["bulk"] >= 1, sent  # the two ranks' batches went up together
         assert sent["batches"] == IngestBatch.objects.filter(run__key=key).count()
