@@ -15,8 +15,7 @@ import pytest
 from agents.spool import list_batches
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
-TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(FIXTURES))), "shared", "fixtures",
-                     "trace_211_cuda.tgz")  # ../shared beside the checkout
+TRACE = os.path.join(FIXTURES, "trace_211_cuda.tgz")
 
 
 def _unpack(name: str, into) -> str:

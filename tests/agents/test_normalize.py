@@ -6,7 +6,7 @@ import pytest
 
 from agents.normalize import hash_text, normalize
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "fixtures", "trace_211_cuda.tgz")  # ../shared beside the checkout
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "trace_211_cuda.tgz")
 
 
 @pytest.mark.parametrize("a,b", [

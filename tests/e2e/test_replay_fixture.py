@@ -1,5 +1,5 @@
 """CUDA-era data through the real stack: the TORCH_TRACE logs of a 2-rank H200 job
-(../shared/fixtures/trace_211_cuda.tgz) replayed with `python -m agents replay`."""
+(tests/fixtures/trace_211_cuda.tgz) replayed with `python -m agents replay`."""
 from __future__ import annotations
 
 import subprocess
@@ -13,7 +13,7 @@ from tests.e2e.jobs import alert_feed, api, member_session, project_with_token
 from tests.stack import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "trace_211_cuda.tgz"
+FIXTURE = ROOT / "tests" / "fixtures" / "trace_211_cuda.tgz"
 
 
 def test_replayed_h200_trace_raises_the_recompile_divergence(stack, tmp_path):
