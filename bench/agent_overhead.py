@@ -32,7 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from dashboard.processes import kill_tree  # noqa: E402
+from dashboard.devstack.processes import kill_tree  # noqa: E402
 
 
 def _free_port() -> int:

@@ -76,7 +76,7 @@ class Servers:
     procs: list[subprocess.Popen]
 
     def stop(self) -> None:
-        from dashboard.processes import stop_groups  # the repository root is on sys.path by now
+        from dashboard.devstack.processes import stop_groups  # the repository root is on sys.path by now
 
         stop_groups(self.procs)
 

@@ -31,7 +31,7 @@ def session_for_bench_user() -> tuple[str, str]:
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from ingest.models import Project, ProjectToken
+    from dashboard.tenancy.models import Project, ProjectToken
 
     project = Project.objects.create(name="bench-latency")
     user = User.objects.create_user("bench-latency")

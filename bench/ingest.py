@@ -137,7 +137,7 @@ def raw_copy(packed: dict, ranks: int, run_key: str, together: int = 1) -> tuple
 
     from agents import protocol
     from ingest import partitions, pgcopy, writers
-    from ingest.models import Project, Run
+    from dashboard.tenancy.models import Project, Run
 
     project = Project.objects.get(name="bench")
     run = Run.objects.create(project=project, key=f"{run_key}-rawcopy-{together}", world_size=ranks)
@@ -201,7 +201,7 @@ def main() -> None:
     env = bench_env()
     fresh_database(env)
     setup_django(env)
-    from ingest.models import Project, ProjectToken
+    from dashboard.tenancy.models import Project, ProjectToken
 
     token = ProjectToken.issue(Project.objects.create(name="bench"))
     recorded = recording()

@@ -26,7 +26,7 @@ LONG_TERM = {
 def ingest(ranks: int, steps: int, per_batch: int, buckets: int) -> None:
     from agents import protocol
     from ingest import validation, writers
-    from ingest.models import Project
+    from dashboard.tenancy.models import Project
 
     project = Project.objects.create(name="storage-bench")
     run = protocol.RunInfo(key=f"storage-{uuid.uuid4().hex[:8]}", world_size=ranks)
@@ -42,7 +42,7 @@ def ingest(ranks: int, steps: int, per_batch: int, buckets: int) -> None:
 
 def settle_all() -> int:
     from dashboard.detection import settle
-    from dashboard.models import CompileSlot, GradSlot
+    from dashboard.ledger.models import CompileSlot, GradSlot
 
     for slot_id in CompileSlot.objects.values_list("id", flat=True):
         settle.settle_compile(slot_id)

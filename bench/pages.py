@@ -42,7 +42,7 @@ def configure() -> None:
 def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
     from django.db import connection, transaction
 
-    from ingest.models import Project, Run
+    from dashboard.tenancy.models import Project, Run
 
     project, _ = Project.objects.get_or_create(name="bench")
     Run.objects.filter(key=key).delete()
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
     from django.test import Client
 
-    from ingest.models import Project, Run
+    from dashboard.tenancy.models import Project, Run
 
     key = f"bench-{args.ranks}x{args.steps}"
     if args.rebuild or not Run.objects.filter(key=key).exists():

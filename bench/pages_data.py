@@ -122,7 +122,7 @@ def job_batches(job: Job, per_batch: int = 500) -> list[dict]:
 def settle_all(run) -> None:
     """Settle every slot in-process (what the Celery worker does), for tests without a worker."""
     from dashboard.detection.settle import settle_compile, settle_grad
-    from dashboard.models import CompileSlot, GradSlot
+    from dashboard.ledger.models import CompileSlot, GradSlot
 
     for slot_id in CompileSlot.objects.filter(run=run).values_list("id", flat=True):
         settle_compile(slot_id)

@@ -2,15 +2,15 @@ from django.apps import AppConfig
 
 
 class DashboardConfig(AppConfig):
+    """The project itself: the migration history of the tables from before the apps were split, and
+    the database session label every process gets."""
+
     name = "dashboard"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
-        from dashboard.detection import rules
-
-        rules.load_all()
         connection_created.connect(_label_connection)
 
 

@@ -42,7 +42,7 @@ def _service_urls() -> tuple[str, str]:
     database_url = os.environ.get("DATABASE_URL", "")
     redis_url = os.environ.get("REDIS_URL", "")
     if not (database_url and redis_url):
-        from dashboard import embedded
+        from dashboard.devstack import embedded
 
         database_url = database_url or embedded.postgres_url(DATA_DIR)
         redis_url = redis_url or embedded.redis_url(DATA_DIR)
@@ -50,6 +50,8 @@ def _service_urls() -> tuple[str, str]:
 
 
 DATABASE_URL, REDIS_URL = _service_urls()
+LOCKSTEP_EMBEDDED = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))  # `manage.py up` stops them
+LOCKSTEP_PORT = int(os.environ.get("PORT", "8000"))  # default of `manage.py up --port`
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "lockstep-dev-only-change-me")
 DEBUG = _env_bool("DEBUG", False)
@@ -65,7 +67,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "dashboard.tenancy",
+    "dashboard.ledger",
     "ingest",
+    "dashboard.detection",
+    "dashboard.delivery",
+    "dashboard.web",
     "dashboard",
 ]
 
@@ -126,6 +133,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 CELERY_BEAT_SCHEDULE = {
     "settle-overdue-slots": {"task": "dashboard.detection.tasks.sweep", "schedule": 2.0},
+    "deliver-pending-alerts": {"task": "dashboard.delivery.tasks.sweep", "schedule": 2.0},
 }
 
 LOGIN_URL = "/login/"

@@ -2,8 +2,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import api
-from dashboard.pages import views as pages
+from dashboard.web import api
+from dashboard.web.pages import views as pages
 from ingest import views as ingest
 
 urlpatterns = [

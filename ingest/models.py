@@ -1,4 +1,4 @@
-"""Telemetry as the agents report it: projects and their tokens, runs, ranks, raw per-rank events.
+"""Telemetry as the agents report it: idempotency of batches, raw per-rank events, graph texts.
 
 The raw per-rank tables (`RawEvent` subclasses) are PostgreSQL tables partitioned by day of
 `received` (migration 0002): rows arrive by binary COPY and leave when retention drops a whole
@@ -8,83 +8,11 @@ deletes of a run through the ORM.
 """
 from __future__ import annotations
 
-import hashlib
-import secrets
-
-from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
-
-class Project(models.Model):
-    name = models.SlugField(max_length=100, unique=True)
-    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class ProjectToken(models.Model):
-    """A bearer token; only its SHA-256 is stored, so a database leak leaks no credential."""
-
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tokens")
-    digest = models.CharField(max_length=64, unique=True)
-    prefix = models.CharField(max_length=12)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    @staticmethod
-    def digest_of(token: str) -> str:
-        return hashlib.sha256(token.encode()).hexdigest()
-
-    @classmethod
-    def issue(cls, project: Project) -> str:
-        token = "lst_" + secrets.token_urlsafe(32)
-        cls.objects.create(project=project, digest=cls.digest_of(token), prefix=token[:12])
-        return token
-
-
-class Run(models.Model):
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
-    key = models.CharField(max_length=200, unique=True)
-    name = models.CharField(max_length=512, blank=True)
-    world_size = models.PositiveIntegerField()
-    meta = models.JSONField(default=dict)
-    torch_version = models.CharField(max_length=64, blank=True)
-    started_at = models.DateTimeField(auto_now_add=True)
-    last_seen = models.DateTimeField(auto_now=True)
-    last_step = models.BigIntegerField(null=True)
-
-    class Meta:
-        ordering = ["-started_at"]
-
-    def __str__(self) -> str:
-        return self.key
-
-    @property
-    def status(self) -> str:
-        """finished once every rank sent rank_end (querysets may annotate `ended` to save a query)."""
-        ended = getattr(self, "ended", None)
-        if ended is None:
-            ended = self.ranks.exclude(status="running").count()
-        return "finished" if ended >= self.world_size else "running"
-
-
-class Rank(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ranks")
-    rank = models.PositiveIntegerField()
-    host = models.CharField(max_length=512, blank=True)
-    pid = models.BigIntegerField(null=True)
-    info = models.JSONField(default=dict)
-    status = models.CharField(max_length=16, default="running")
-    exit_code = models.IntegerField(null=True)
-    last_step = models.BigIntegerField(null=True)
-    last_seen = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "rank"], name="rank_per_run")]
-        ordering = ["rank"]
+from dashboard.tenancy.models import Run
 
 
 class IngestBatch(models.Model):
@@ -198,21 +126,3 @@ class Blob(models.Model):
     size = models.PositiveIntegerField(default=0)
     requested_at = models.DateTimeField(null=True)
     stored_at = models.DateTimeField(null=True)
-
-
-class GradWatermark(models.Model):
-    """The highest step each rank reported for one comparison group: one row per rank, not per step.
-
-    A grad slot is complete once every rank's watermark passed it, so ingest updates one row per
-    batch instead of a counter per rank-step (1024 ranks would otherwise rewrite each slot row
-    1024 times). See dashboard.detection.slots.
-    """
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE)
-    group = models.CharField(max_length=64)
-    rank = models.PositiveIntegerField()
-    step = models.BigIntegerField()
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "group", "rank"], name="watermark_per_rank")]
-        indexes = [models.Index(fields=["run", "group", "step"], name="watermark_min_max")]

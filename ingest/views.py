@@ -21,10 +21,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from agents import protocol
-from ingest import auth, blobs, metrics, ratelimit, schema, validation, writers
-from dashboard.detection import detail
-from dashboard.detection import tasks as detection_tasks
-from ingest.models import Project
+from dashboard.tenancy import auth
+from ingest import blobs, metrics, ratelimit, schema, validation, writers
+from dashboard.ledger import signals as ledger
+from dashboard.tenancy.models import Project
 from ingest.validation import Rejection
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def _ingest_bulk(request: HttpRequest) -> JsonResponse:
 def _accept(project: Project, items: list[tuple[protocol.Batch, str]], endpoint: str) -> list[protocol.IngestReply]:
     """Store the batches, queue what they completed, and answer each as `POST /api/v1/ingest` would."""
     stored = writers.store_many(items, project, bulk=endpoint == "bulk")
-    _queue_settles([slot for s in stored for slot in s.ready])
+    ledger.announce_ready([slot for s in stored for slot in s.ready])
     want = set(blobs.wanted(sorted({h for s in stored for h in s.graph_hashes})))
     replies = []
     for (batch, _), s in zip(items, stored):
@@ -169,19 +169,8 @@ def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
     batch may complete an alert's question, which is then explained in a task."""
     if stored.duplicate or stored.run_id is None:
         return []
-    answers = {e.step for e in batch.events if isinstance(e, protocol.Detail)}
-    if answers:
-        for alert_id in detail.answered(stored.run_id, batch.rank, answers):
-            detection_tasks.explain.delay(alert_id)
+    ledger.announce_details(stored.run_id, batch.rank, {e.step for e in batch.events if isinstance(e, protocol.Detail)})
     return stored.detail or []  # handed out in the batch's own statement (writers._claim)
-
-
-def _queue_settles(ready: list[tuple[str, int]]) -> None:
-    """Settle complete slots now; if the broker is down, the sweep settles them later (state is in PostgreSQL)."""
-    try:
-        detection_tasks.queue_settles(ready)
-    except Exception:
-        log.warning("broker unavailable; %d slots left to the sweep", len(ready), exc_info=True)
 
 
 @csrf_exempt

@@ -23,10 +23,14 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from agents import protocol
-from dashboard.detection import slots
+from dashboard.ledger import details, slots
+from dashboard.tenancy import sql as tenancy_sql
+from dashboard.tenancy.models import Project, Run
 from ingest import partitions, pgcopy
-from ingest.models import IngestBatch, Project, Run
+from ingest.models import CompileEvent, EventLog, GradReport, GraphBreakEvent, IngestBatch, StepReport
 from ingest.validation import Rejection
+
+BATCH = IngestBatch._meta.db_table
 
 def _when(ts: float, now: datetime) -> datetime:
     return datetime.fromtimestamp(ts, timezone.utc) if ts > 0 else now
@@ -113,7 +117,7 @@ def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], pr
             raise rejection.within(f"batches[{i}]") if bulk else rejection
     grad_parts = grad_copy([(w.run.id, w.batch.rank, w.grads) for w in written if w], now)
     if grad_parts:
-        _copy_stream("ingest_gradreport", GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
+        _copy_stream(GradReport._meta.db_table, GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
     _claim_all(written)
     return written
 
@@ -214,28 +218,12 @@ def _claim(wave: list[tuple[int, _Written]]) -> None:
                                    %(events)s::int[], %(host)s::text[], %(pid)s::bigint[], %(info)s::text[], %(step)s::bigint[])
                 AS b(session, seq, digest, rank, events, host, pid, info, step)
             ), claim AS (
-              INSERT INTO ingest_ingestbatch (session, seq, digest, run_id, rank, events, received_at)
+              INSERT INTO {BATCH} (session, seq, digest, run_id, rank, events, received_at)
               SELECT session, seq, digest, %(run)s::bigint, rank, events, now() FROM b
               ON CONFLICT (session, seq) DO NOTHING RETURNING rank
-            ), ranked AS (
-              INSERT INTO ingest_rank (run_id, rank, host, pid, info, status, exit_code, last_step, last_seen)
-              SELECT %(run)s::bigint, rank, host, pid, COALESCE(info::jsonb, '{{}}'::jsonb), 'running', NULL, step, now()
-              FROM b ORDER BY rank
-              ON CONFLICT (run_id, rank) DO UPDATE SET
-                host = COALESCE(NULLIF(EXCLUDED.host, ''), ingest_rank.host),
-                pid = COALESCE(EXCLUDED.pid, ingest_rank.pid),
-                info = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN ingest_rank.info ELSE EXCLUDED.info END,
-                last_step = GREATEST(ingest_rank.last_step, EXCLUDED.last_step),
-                last_seen = now()
-            ), asked AS (
-              UPDATE dashboard_detailrequest SET asked_at = now()
-              WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) AND asked_at IS NULL
-              RETURNING rank, step
-            ),{slots.grad_reports_ctes()}
+            ),{tenancy_sql.ranks_seen_cte('b')}, {details.handout_cte()},{slots.grad_reports_ctes()}
             SELECT ARRAY(SELECT rank FROM claim),
-                   (SELECT COALESCE(json_object_agg(rank, marks), '{{}}') FROM (
-                      SELECT rank, json_object_agg("group", step) AS marks FROM ingest_gradwatermark
-                      WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) GROUP BY rank) w),
+                   {slots.watermarks_of_ranks()},
                    (SELECT COALESCE(json_object_agg(rank, steps), '{{}}') FROM (
                       SELECT rank, array_agg(DISTINCT step ORDER BY step) AS steps FROM asked GROUP BY rank) a),
                    ARRAY(SELECT id FROM late WHERE reported >= %(ws)s::int)
@@ -257,11 +245,7 @@ def _record_ends(run: Run, ended: list[_Written]) -> None:
         return
     ends = [w.by_type[protocol.RankEnd][-1] for w in ended]
     _query(
-        """
-        UPDATE ingest_rank r SET status = e.status, exit_code = COALESCE(e.exit_code, r.exit_code)
-        FROM unnest(%(rank)s::int[], %(status)s::text[], %(exit)s::int[]) AS e(rank, status, exit_code)
-        WHERE r.run_id = %(run)s::bigint AND r.rank = e.rank
-        """,
+        tenancy_sql.RANK_ENDS,
         {"run": run.id, "rank": [w.batch.rank for w in ended], "status": [e.status for e in ends],
          "exit": [e.exit_code for e in ends]},
         rows=False,
@@ -275,7 +259,7 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
     inside it its row lock would serialize all ingest of a run; skipped when nothing changes. It is
     its own statement (its row lock is released at once, never held while slot rows are locked:
     settling locks slot, then run). Completed slots are looked for after commit, so of two ranks
-    committing at once the later sees both (`dashboard.detection.slots.grads_ready_sql`), in one
+    committing at once the later sees both (`dashboard.ledger.slots.grads_ready_sql`), in one
     statement per run for all of its batches.
     """
     runs: dict[int, list[_Written]] = {}
@@ -309,12 +293,7 @@ def _run_liveness(run_id: int, written: list[_Written]) -> None:
     steps = [step for w in written if (step := _last_step(w.batch.events)) is not None]
     torch = next((start.versions.get("torch", "") for w in written for start in w.by_type.get(protocol.RankStart, [])), "")
     _query(
-        """
-        UPDATE ingest_run SET last_seen = now(), last_step = GREATEST(last_step, %(step)s::bigint),
-          torch_version = COALESCE(NULLIF(%(torch)s::text, ''), torch_version)
-        WHERE id = %(run)s::bigint AND (last_seen < now() - interval '1 second' OR last_step IS NULL
-                                        OR last_step < %(step)s::bigint OR %(torch)s::text <> '')
-        """,
+        tenancy_sql.RUN_LIVENESS,
         {"run": run_id, "step": max(steps) if steps else None, "torch": torch},
         rows=False,
     )
@@ -494,7 +473,7 @@ def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: da
         )
 
     _copy_rows(
-        "ingest_compileevent",
+        CompileEvent._meta.db_table,
         (("run_id", "int8"), ("rank", "int4"), ("frame", "text"), ("index", "int4"), ("compile_id", "text"),
          ("step", "int8"), ("status", "text"), ("fail_type", "text"), ("fail_reason", "text"),
          ("recompile_reason", "text"), ("graph_raw", "text"), ("graph_norm", "text"), ("code_raw", "text"),
@@ -506,7 +485,7 @@ def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: da
 
 def _write_steps(run: Run, rank: int, events: list[protocol.Step], now: datetime) -> None:
     _copy_rows(
-        "ingest_stepreport",
+        StepReport._meta.db_table,
         (("run_id", "int8"), ("rank", "int4"), ("step", "int8"), ("loss", "float8"), ("step_time", "float8"),
          ("ts", "timestamptz"), ("received", "timestamptz")),
         ((run.id, rank, e.step, e.loss, e.step_time, _when(e.ts, now), now) for e in events),
@@ -515,7 +494,7 @@ def _write_steps(run: Run, rank: int, events: list[protocol.Step], now: datetime
 
 def _write_breaks(run: Run, rank: int, events: list[protocol.GraphBreak], now: datetime) -> None:
     _copy_rows(
-        "ingest_graphbreakevent",
+        GraphBreakEvent._meta.db_table,
         (("run_id", "int8"), ("rank", "int4"), ("frame", "text"), ("reason", "text"), ("step", "int8"),
          ("ts", "timestamptz"), ("received", "timestamptz")),
         ((run.id, rank, e.frame, e.reason, e.step, _when(e.ts, now), now) for e in events),
@@ -524,7 +503,7 @@ def _write_breaks(run: Run, rank: int, events: list[protocol.GraphBreak], now: d
 
 def _write_log(run: Run, rank: int, events: list[protocol.Event], now: datetime) -> None:
     _copy_rows(
-        "ingest_eventlog",
+        EventLog._meta.db_table,
         (("run_id", "int8"), ("rank", "int4"), ("t", "text"), ("body", "jsonb"), ("ts", "timestamptz"),
          ("received", "timestamptz")),
         ((run.id, rank, type(e).__struct_config__.tag, Jsonb(msgspec.to_builtins(e)), _when(e.ts, now), now) for e in events),

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from ingest.models import Project, ProjectToken
+from dashboard.tenancy.models import Project, ProjectToken
 
 pytest_plugins = ["tests.stack"]
 

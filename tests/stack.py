@@ -18,7 +18,7 @@ import pytest
 import redis
 import requests
 
-from dashboard.processes import stop_groups
+from dashboard.devstack.processes import stop_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 

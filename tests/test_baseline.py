@@ -8,8 +8,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from dashboard.detection import baseline, settle
-from dashboard.models import Alert, Baseline, GradSlot
-from ingest.models import Project, ProjectToken, Run
+from dashboard.detection.models import Alert, Baseline
+from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Project, ProjectToken, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,9 @@ import pytest
 from django.db import connection, transaction
 
 from dashboard.detection import detail
-from dashboard.models import Alert, DetailRequest
-from ingest.models import Project, Run
+from dashboard.detection.models import Alert
+from dashboard.ledger.models import DetailRequest
+from dashboard.tenancy.models import Project, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,7 +19,7 @@ def test_two_ranks_answering_at_once_complete_the_alert_once():
     alert = Alert.objects.create(run=run, kind="grad_divergence", subject="ddp", severity="critical", ranks=[1],
                                  step=9, message="grads differ")
     for rank in (0, 1):
-        DetailRequest.objects.create(run=run, rank=rank, step=9, group="ddp", alert=alert)
+        DetailRequest.objects.create(run=run, rank=rank, step=9, group="ddp", alert_id=alert.id)
     first_holds, release = threading.Event(), threading.Event()
     completed: dict[int, list[int]] = {}
 

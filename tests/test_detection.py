@@ -6,8 +6,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dashboard.detection import settle, slots
-from dashboard.models import Alert, CompileSlot, GradSlot
+from dashboard.detection import settle
+from dashboard.ledger import slots
+from dashboard.detection.models import Alert
+from dashboard.ledger.models import CompileSlot, GradSlot
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from agents import protocol
-from ingest.models import CompileEvent, EventLog, GradReport, IngestBatch, Rank, StepReport
+from dashboard.tenancy.models import Rank
+from ingest.models import CompileEvent, EventLog, GradReport, IngestBatch, StepReport
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from ingest.models import CompileEvent, EventLog, GradReport, IngestBatch, Project, ProjectToken, Rank, Run
+from dashboard.tenancy.models import Project, ProjectToken, Rank, Run
+
+from ingest.models import CompileEvent, EventLog, GradReport, IngestBatch
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

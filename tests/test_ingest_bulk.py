@@ -9,8 +9,9 @@ import msgspec
 import pytest
 
 from agents import protocol
-from dashboard.models import GradSlot
-from ingest.models import GradReport, IngestBatch, Rank, Run, StepReport
+from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Rank, Run
+from ingest.models import GradReport, IngestBatch, StepReport
 from tests.conftest import make_batch, per_rank
 from tests.test_blobs import HASH, compile_event
 
@@ -112,7 +113,7 @@ def test_agreeing_ranks_share_a_row_per_step_whatever_their_batching(bulk):
     """Replicas report the same fingerprints but batch them differently: packed in one event, in two,
     or as single `grad` events. Each step is stored once, listing every rank; settling sees all three."""
     from dashboard.detection import settle
-    from dashboard.models import Alert
+    from dashboard.detection.models import Alert
 
     rows = [[s, s + 1] for s in range(4)]
     norms = [0.5, 1.5, 2.5, 3.5]
@@ -134,7 +135,7 @@ def test_agreeing_ranks_share_a_row_per_step_whatever_their_batching(bulk):
 
 def test_a_dissenting_rank_keeps_its_own_rows_and_is_named(bulk):
     from dashboard.detection import settle
-    from dashboard.models import Alert
+    from dashboard.detection.models import Alert
 
     def batch(rank: int, last: list[int], nonfinite: list[int] | None = None) -> dict:
         event = protocol.Grads.pack(0, [[1, 2], [3, 4], [5, 6], last], nonfinite=nonfinite or [])

@@ -7,8 +7,10 @@ import pytest
 
 from agents import protocol
 from dashboard.detection import settle
-from dashboard.models import Alert, GradSlot
-from ingest.models import GradReport, Rank, Run
+from dashboard.detection.models import Alert
+from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Rank, Run
+from ingest.models import GradReport
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

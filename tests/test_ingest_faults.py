@@ -20,7 +20,7 @@ import pytest
 import requests
 from django.db import OperationalError
 
-from dashboard import embedded
+from dashboard.devstack import embedded
 from ingest import ratelimit, writers
 from ingest.models import IngestBatch
 from tests.conftest import make_batch

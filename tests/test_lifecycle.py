@@ -12,9 +12,11 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from dashboard.delivery import notify, webhooks
-from dashboard.detection import alerts, runs, settle
-from dashboard.models import Alert, Baseline, GradSlot, Notification, Silence, Webhook
-from ingest.models import Rank, Run
+from dashboard.detection import lifecycle, runs, settle
+from dashboard.delivery.models import Notification, Webhook
+from dashboard.detection.models import Alert, Baseline, Silence
+from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Rank, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +52,7 @@ def test_an_earlier_clean_step_settling_late_does_not_resolve(post):
 def test_ack_expires_on_resolve(post):
     grads(post, steps=[0], bad_steps=(0,))
     alert = Alert.objects.get()
-    alerts.acknowledge(alert, User.objects.create_user("oncall"))
+    lifecycle.acknowledge(alert, User.objects.create_user("oncall"))
     assert Alert.objects.get().acked_by.username == "oncall"
     grads(post, steps=[1], bad_steps=(), session_tag="b")
     alert.refresh_from_db()

@@ -5,7 +5,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard.detection import settle
-from dashboard.models import GradSlot
+from dashboard.ledger.models import GradSlot
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

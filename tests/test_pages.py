@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
-from ingest.models import Project, ProjectToken, Run
+from dashboard.tenancy.models import Project, ProjectToken, Run
 from tests.conftest import make_batch
 
 

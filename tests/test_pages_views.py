@@ -7,8 +7,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from bench.pages_data import FRAMES, GRAPH_MAJORITY, GRAPH_MINORITY, TORCH_211, Job, blob_hash, graph_blobs, job_batches, settle_all
-from dashboard.models import Alert, Silence
-from ingest.models import Project, ProjectToken, Run
+from dashboard.detection.models import Alert, Silence
+from dashboard.tenancy.models import Project, ProjectToken, Run
 
 pytestmark = pytest.mark.django_db
 

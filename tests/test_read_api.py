@@ -4,9 +4,11 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from dashboard.models import Alert, GradSlot
+from dashboard.detection.models import Alert
+
+from dashboard.ledger.models import GradSlot
 from dashboard.detection import settle
-from ingest.models import Project, ProjectToken, Run
+from dashboard.tenancy.models import Project, ProjectToken, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

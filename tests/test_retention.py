@@ -9,7 +9,8 @@ from django.db import connection
 from django.utils import timezone
 
 from ingest import partitions, retention
-from ingest.models import GradReport, IngestBatch, Run
+from dashboard.tenancy.models import Run
+from ingest.models import GradReport, IngestBatch
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db

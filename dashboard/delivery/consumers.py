@@ -9,8 +9,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard.delivery.notify import project_group, run_group
-from ingest.auth import user_project_ids
-from ingest.models import Run
+from dashboard.tenancy.auth import user_project_ids
+from dashboard.tenancy.models import Run
 
 
 class _Feed(AsyncJsonWebsocketConsumer):

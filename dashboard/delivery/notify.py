@@ -18,8 +18,8 @@ from django.db import transaction
 from django.db.models import F
 
 from dashboard.delivery import webhooks
-from dashboard.detection import silences
-from dashboard.models import Alert
+from dashboard.detection import lifecycle, silences
+from dashboard.detection.models import Alert
 
 
 def run_group(run_id: int) -> str:
@@ -64,8 +64,7 @@ def deliver(alert_id: int) -> list[int]:
         push([alert])
         mute = silences.mute_state(alert)
         notes = [] if mute["silenced"] or mute["inhibited"] else webhooks.queue(alert)
-        alert.notified_revision = alert.revision
-        alert.save(update_fields=["notified_revision"])
+        lifecycle.mark_notified(alert)
     return notes
 
 

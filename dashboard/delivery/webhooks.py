@@ -13,7 +13,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.models import Alert, Notification, Webhook
+from dashboard.delivery.models import Notification, Webhook
+
+from dashboard.detection.models import Alert
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from dashboard.detection import alerts, detail
+from dashboard.detection import detail, lifecycle, subjects
 from dashboard.detection.consensus import Consensus
 from dashboard.detection.rules import GradSlotView
 from dashboard.detection.rules.baseline_divergence import baseline_divergence
-from dashboard.models import Alert, Baseline, GradSlot
-from ingest.models import Rank, Run
+from dashboard.detection.models import Alert, Baseline
+from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Rank, Run
 
 
 def reference(run: Run, step: int, group: str) -> tuple[tuple | None, str | None]:
@@ -38,13 +39,10 @@ def first_difference(run: Run, baseline: Run) -> GradSlotView | None:
 
 
 def choose(run: Run, base: Run, user=None) -> Baseline:
-    """Make `base` the baseline of `run`; the comparison over settled steps runs in a Celery task."""
-    from dashboard.detection import tasks
-
+    """Make `base` the baseline of `run` (`tasks.choose_baseline` also queues the comparison)."""
     if base.id == run.id:
         raise ValueError("a run cannot be its own baseline")
     link, _ = Baseline.objects.update_or_create(run=run, defaults={"baseline": base, "chosen_by": user})
-    transaction.on_commit(lambda: tasks.compare_baseline.delay(run.id))
     return link
 
 
@@ -53,12 +51,12 @@ def compare(run: Run) -> list[int]:
     former baseline); alert ids to deliver."""
     link = Baseline.objects.select_related("baseline").filter(run=run).first()
     with transaction.atomic():
-        current = f"baseline:{link.baseline.key}:" if link else None
+        current = subjects.baseline_prefix(link.baseline.key) if link else None
         stale = [(a.kind, a.subject) for a in Alert.objects.filter(run=run, kind="baseline_divergence", state="firing")
                  if current is None or not a.subject.startswith(current)]
         view = first_difference(run, link.baseline) if link else None
         findings = list(baseline_divergence(view)) if view else []
-        changed = alerts.apply(run, findings, stale, None)
+        changed = lifecycle.apply(run, findings, stale, None)
         if view is not None:
             name_buckets(run, view.baseline_key, view.group, view.step)
         return changed
@@ -67,7 +65,7 @@ def compare(run: Run) -> list[int]:
 def name_buckets(run: Run, baseline_key: str, group: str, step: int) -> None:
     """At the first differing step, name the buckets' parameters from this run's layout (the
     baseline run's agents are gone, so per-parameter values cannot be asked for)."""
-    alert = Alert.objects.filter(run=run, kind="baseline_divergence", subject=f"baseline:{baseline_key}:{group}").first()
+    alert = Alert.objects.filter(run=run, kind="baseline_divergence", subject=subjects.baseline(baseline_key, group)).first()
     rank = Rank.objects.filter(run=run).order_by("rank").values_list("rank", flat=True).first()
     if alert is not None and alert.step == step and rank is not None:
         detail.name_buckets(alert, group, rank)

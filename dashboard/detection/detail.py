@@ -10,10 +10,12 @@ differing parameters go into the alert.
 from __future__ import annotations
 
 from django.db import transaction
-from django.utils import timezone
 
-from dashboard.models import Alert, DetailRequest
-from ingest.models import EventLog, Rank
+from dashboard.detection import lifecycle
+from dashboard.detection.models import Alert
+from dashboard.ledger import details
+from dashboard.tenancy.models import Rank
+from ingest.models import EventLog
 
 MEMBERS_SHOWN = 20
 
@@ -34,16 +36,13 @@ def name_buckets(alert: Alert, group: str, rank: int) -> None:
     info = Rank.objects.filter(run_id=alert.run_id, rank=rank).values_list("info", flat=True).first() or {}
     members = bucket_members(info, group, alert.details.get("buckets") or [])
     if members:
-        alert.details = {**alert.details, "bucket_params": members}
-        alert.save(update_fields=["details"])
+        lifecycle.enrich(alert, {"bucket_params": members})
 
 
 def request(alert: Alert, group: str, dissenters: tuple[int, ...], reference: int) -> None:
     """Ask the ranks of one divergent step (idempotent per run, rank, step, group), and say at once
     which parameters the differing buckets hold."""
-    for rank in sorted({*dissenters, reference}):
-        DetailRequest.objects.get_or_create(run_id=alert.run_id, rank=rank, step=alert.step, group=group,
-                                            defaults={"alert": alert})
+    details.ask(alert.run_id, {*dissenters, reference}, alert.step, group, alert.id)
     name_buckets(alert, group, reference)
 
 
@@ -54,28 +53,24 @@ def answered(run_id: int, rank: int, steps: set[int]) -> list[int]:
     without the lock each would see the other's answer still missing and neither would report
     the alert complete."""
     with transaction.atomic():
-        asked = DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps)
-        alert_ids = set(asked.values_list("alert_id", flat=True))
-        list(Alert.objects.select_for_update().filter(id__in=alert_ids).order_by("id").values_list("id", flat=True))
-        asked.filter(answered_at__isnull=True).update(answered_at=timezone.now())
-        return [a for a in alert_ids if not DetailRequest.objects.filter(alert_id=a, answered_at__isnull=True).exists()]
+        alert_ids = details.askers(run_id, rank, steps)
+        lifecycle.lock(alert_ids)
+        return details.answered(run_id, rank, steps, alert_ids)
 
 
 def explain(alert_id: int) -> bool:
     """Put the differing parameters into the alert; True when that changed it."""
     with transaction.atomic():
         alert = Alert.objects.select_for_update().filter(id=alert_id).first()
-        asks = list(DetailRequest.objects.filter(alert_id=alert_id))
+        asks = details.of_alert(alert_id)
         if alert is None or not asks or "params" in alert.details:
             return False
         values = {ask.rank: _params(alert.run_id, ask.rank, ask.step, ask.group) for ask in asks}
         reference = values[min(r for r in values if r not in alert.ranks)] if set(values) - set(alert.ranks) else {}
         differing = sorted({name for r in alert.ranks for name, fp in values.get(r, {}).items() if reference.get(name) != fp})
-        alert.details = {**alert.details, "params": differing[:50]}
-        if differing:
-            alert.message = f"{alert.message}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "")
-        alert.revision += 1
-        alert.save(update_fields=["details", "message", "revision", "last_seen"])
+        message = f"{alert.message}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "") \
+            if differing else None
+        lifecycle.enrich(alert, {"params": differing[:50]}, message, news=True)
         return True
 
 

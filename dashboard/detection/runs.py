@@ -8,9 +8,10 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from dashboard.detection import alerts
+from dashboard.detection import lifecycle
 from dashboard.detection.rules import RunView, clean_subjects, evaluate
-from ingest.models import CompileEvent, Rank, Run
+from dashboard.tenancy.models import Rank, Run
+from ingest.models import CompileEvent
 
 ACTIVE_WINDOW = timedelta(hours=1)
 
@@ -44,4 +45,4 @@ def check(run: Run) -> list[int]:
     with transaction.atomic():
         view = view_of(run)
         findings = evaluate(view)
-        return alerts.apply(run, findings, clean_subjects(view, findings), None)
+        return lifecycle.apply(run, findings, clean_subjects(view, findings), None)

@@ -6,11 +6,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.detection import alerts, baseline, detail, slots
+from dashboard.detection import baseline, detail, evidence, lifecycle, subjects
 from dashboard.detection.consensus import consensus
 from dashboard.detection.rules import CompileSlotView, GradSlotView, clean_subjects, evaluate, position
-from dashboard.models import Alert, CompileSlot, GradSlot
-from ingest.models import GraphBreakEvent, Rank
+from dashboard.detection.models import Alert
+from dashboard.ledger.models import CompileSlot, GradSlot
+from dashboard.tenancy.models import Rank
+from ingest.models import GraphBreakEvent
 
 
 def settle_compile(slot_id: int) -> list[int]:
@@ -19,8 +21,8 @@ def settle_compile(slot_id: int) -> list[int]:
         slot = CompileSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
-        reports = slots.compile_reports(slot)
-        state = slots.rank_state(slot.run)
+        reports = evidence.compile_reports(slot)
+        state = evidence.rank_state(slot.run)
         step = min((e.step for e in reports.values() if e.step is not None), default=None)
         now = timezone.now()
         waited = (now - slot.first_seen).total_seconds()
@@ -42,7 +44,7 @@ def settle_grad(slot_id: int) -> list[int]:
         slot = GradSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
-        reports = slots.grad_reports(slot)
+        reports = evidence.grad_reports(slot)
         verdict = consensus({r: tuple(g.fps) for r, g in reports.items()}) if reports else None
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
         view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key)
@@ -58,7 +60,7 @@ def settle_grad(slot_id: int) -> list[int]:
 
 def _ask_for_parameters(slot, verdict) -> None:
     """First divergent step of the alert: ask the ranks for per-parameter fingerprints."""
-    alert = Alert.objects.filter(run=slot.run, kind="grad_divergence", subject=f"group:{slot.group}").first()
+    alert = Alert.objects.filter(run=slot.run, kind="grad_divergence", subject=subjects.group(slot.group)).first()
     if alert is not None and alert.step == slot.step and "params" not in alert.details:
         reference = min(r for r in range(slot.run.world_size) if r not in verdict.dissenters)
         detail.request(alert, slot.group, verdict.dissenters, reference)
@@ -72,7 +74,7 @@ def _conclude(slot, view, verdict, n_reports: int) -> tuple[list[int], list]:
     slot.consensus = {"reference": _jsonable(verdict.reference), "tie": verdict.tie} if verdict else {}
     slot.save(update_fields=["settled_at", "settled_n", "dissenters", "consensus"])
     findings = evaluate(view)
-    return alerts.apply(slot.run, findings, clean_subjects(view, findings), position(view)), findings
+    return lifecycle.apply(slot.run, findings, clean_subjects(view, findings), position(view)), findings
 
 
 def _jsonable(value):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.db.models import Q
 from django.utils import timezone
 
-from dashboard.models import Alert, Silence
+from dashboard.detection.models import Alert, Silence
 
 
 def active(project_id: int):

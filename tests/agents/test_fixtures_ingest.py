@@ -43,7 +43,8 @@ def _upload(post, directory: str) -> list:
 ])
 def test_real_spool_uploads_with_both_ranks_compiles_and_agreeing_grads(post, tmp_path, fixture, key, torch_major,
                                                                         steps):
-    from ingest.models import CompileEvent, GradReport, Rank, Run
+    from dashboard.tenancy.models import Rank, Run
+    from ingest.models import CompileEvent, GradReport
 
     directory = _unpack(fixture, tmp_path)
     replies = _upload(post, directory)
@@ -102,7 +103,9 @@ def test_replay_cli_into_spool_then_ingest(post, tmp_path):
     import subprocess
     import sys
 
-    from ingest.models import CompileEvent, Run
+    from dashboard.tenancy.models import Run
+
+    from ingest.models import CompileEvent
 
     from .conftest import REPO
 

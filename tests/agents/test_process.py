@@ -7,7 +7,7 @@ import sys
 
 
 from agents import protocol
-from dashboard.processes import kill_tree
+from dashboard.devstack.processes import kill_tree
 
 from .conftest import REPO, events_of, read_spool
 

@@ -15,8 +15,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 from websockets.sync.client import connect
 
-from dashboard.processes import descendants, kill_tree
-from ingest.models import Project, ProjectToken
+from dashboard.devstack.processes import descendants, kill_tree
+from dashboard.tenancy.models import Project, ProjectToken
 from tests.stack import ROOT, free_port, unique
 
 

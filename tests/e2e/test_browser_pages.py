@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from bench.pages_data import FRAMES, TORCH_211, Job, graph_blobs, job_batches
-from ingest.models import Project, ProjectToken
+from dashboard.tenancy.models import Project, ProjectToken
 from tests.browser import chromium_page
 from tests.stack import unique
 

@@ -13,7 +13,9 @@ from collections import Counter
 
 import pytest
 
-from ingest.models import GradReport, IngestBatch, Rank, StepReport
+from dashboard.tenancy.models import Rank
+
+from ingest.models import GradReport, IngestBatch, StepReport
 from tests.conftest import per_rank
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
 from tests.stack import Proc, free_port, spawn

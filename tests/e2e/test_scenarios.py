@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
-from dashboard.processes import descendants, survivors
+from dashboard.devstack.processes import descendants, survivors
 from tests.stack import ROOT
 
 WRAPPER = ROOT / "demo" / "per_rank_env.py"

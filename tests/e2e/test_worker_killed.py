@@ -11,7 +11,9 @@ import pytest
 import requests
 from django.db import connection
 
-from dashboard.models import Alert, GradSlot
+from dashboard.detection.models import Alert
+
+from dashboard.ledger.models import GradSlot
 from tests.conftest import make_batch
 from tests.e2e.jobs import alert_feed, member_session, project_with_token
 from tests.stack import database_url, unique

@@ -2,31 +2,35 @@
 
 A rule is a function of one settled slot (or of a run, for the periodic rules) returning
 findings. Each lives in its own module of this package and registers itself with `@rule`;
-adding a rule means adding one module. A rule that names its `subject` lets the engine
-resolve the alert when a later slot of the same subject comes out clean.
+adding a rule means adding one module. The decorator stamps every finding with the rule's kind
+and, unless the finding names its own, the subject the rule declares (`subjects`), so both are
+spelled once. A declared subject also lets the engine resolve the alert when a later slot of
+the same subject comes out clean.
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from functools import wraps
+from typing import Callable, Iterable, Iterator
 
 from dashboard.detection.consensus import Consensus
 
 
 @dataclass(frozen=True)
 class Finding:
-    """A rule's verdict on one slot; the alert's identity is (run, kind, subject)."""
+    """A rule's verdict on one slot; the alert's identity is (run, kind, subject). `kind` and a
+    declared `subject` are filled in by `@rule`."""
 
-    kind: str
     severity: str
-    subject: str
     ranks: tuple[int, ...]
     message: str
     step: int | None = None
     frame: str | None = None
     details: dict = field(default_factory=dict)
+    subject: str = ""
+    kind: str = ""
 
 
 @dataclass
@@ -48,7 +52,7 @@ class GradSlotView:
 
     step: int
     group: str
-    reports: dict  # rank -> dashboard.detection.slots.GradRow
+    reports: dict  # rank -> dashboard.detection.evidence.GradRow
     consensus: Consensus | None
     world_size: int
     baseline: tuple | None = None  # the baseline run's consensus for the same step and group
@@ -81,8 +85,17 @@ REGISTRY: list[Rule] = []
 
 def rule(kind: str, view: type, subject: Callable[[object], str | list[str]] | None = None):
     def register(fn: Callable[[object], Iterable[Finding]]):
-        REGISTRY.append(Rule(kind, view, fn, subject))
-        return fn
+        @wraps(fn)
+        def check(v: object) -> Iterator[Finding]:
+            declared = subject(v) if subject is not None else None
+            for finding in fn(v) or ():
+                named = finding.subject or (declared if isinstance(declared, str) else "")
+                if not named:
+                    raise ValueError(f"rule {kind} found something without a subject")
+                yield replace(finding, kind=kind, subject=named)
+
+        REGISTRY.append(Rule(kind, view, check, subject))
+        return check
 
     return register
 

@@ -1,6 +1,7 @@
 """baseline_divergence: the run's agreed gradients differ from its baseline run's at the same step."""
 from __future__ import annotations
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, GradSlotView, rule
 
 
@@ -12,9 +13,8 @@ def baseline_divergence(view: GradSlotView):
     if len(view.consensus.reference) != len(view.baseline):
         buckets = buckets or list(range(min(len(view.consensus.reference), len(view.baseline))))
     yield Finding(
-        kind="baseline_divergence",
         severity="warning",
-        subject=f"baseline:{view.baseline_key}:{view.group}",
+        subject=subjects.baseline(view.baseline_key, view.group),
         ranks=(),
         step=view.step,
         message=f"Gradients differ from baseline run {view.baseline_key} from step {view.step} "

@@ -1,6 +1,7 @@
 """cache_divergence: in one compile slot some ranks hit the compile cache and others missed."""
 from __future__ import annotations
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
@@ -12,7 +13,7 @@ def outcome(cache: dict, stage: str) -> str | None:
     return "hit" if all(v == "hit" for v in values) else "miss" if "miss" in values else values[0]
 
 
-@rule("cache_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+@rule("cache_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def cache_divergence(view: CompileSlotView):
     for stage in ("inductor", "aotautograd"):
         outcomes = {r: outcome(e.cache or {}, stage) for r, e in view.reports.items()}
@@ -21,9 +22,7 @@ def cache_divergence(view: CompileSlotView):
         misses = set(outcomes) - hits
         if hits and misses:
             yield Finding(
-                kind="cache_divergence",
                 severity="warning",
-                subject=f"frame:{view.frame}",
                 ranks=tuple(sorted(misses)),
                 step=first_step(view.reports, misses),
                 frame=view.frame,

@@ -3,6 +3,7 @@ so they will wait on each other forever (a hang in waiting)."""
 from __future__ import annotations
 
 from dashboard.detection.consensus import consensus
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
@@ -10,16 +11,14 @@ def schedule(event) -> str | None:
     return (((event.detail or {}).get("hashes") or {}).get("collectives") or {}).get("norm")
 
 
-@rule("collective_schedule_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+@rule("collective_schedule_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def collective_schedule_divergence(view: CompileSlotView):
     schedules = {r: schedule(e) or "" for r, e in view.reports.items()}
     if len(schedules) < 2 or not any(schedules.values()) or len(set(schedules.values())) == 1:
         return
     verdict = consensus(schedules)
     yield Finding(
-        kind="collective_schedule_divergence",
         severity="critical",
-        subject=f"frame:{view.frame}",
         ranks=verdict.dissenters,
         step=first_step(view.reports, verdict.dissenters),
         frame=view.frame,

@@ -1,10 +1,11 @@
 """compile_failure_divergence: compilation failed (or fell back to eager) on some ranks only."""
 from __future__ import annotations
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
-@rule("compile_failure_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+@rule("compile_failure_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def compile_failure_divergence(view: CompileSlotView):
     failed = tuple(sorted(r for r, e in view.reports.items() if e.status != "ok"))
     if not failed or len(failed) == len(view.reports):
@@ -12,9 +13,7 @@ def compile_failure_divergence(view: CompileSlotView):
     first = view.reports[failed[0]]
     why = ": ".join(x for x in (first.fail_type, first.fail_reason) if x)
     yield Finding(
-        kind="compile_failure_divergence",
         severity="warning",
-        subject=f"frame:{view.frame}",
         ranks=failed,
         step=first_step(view.reports, failed),
         frame=view.frame,

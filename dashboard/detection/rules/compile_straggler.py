@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from statistics import median
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 MIN_SKEW_S = 1.0
@@ -14,7 +15,7 @@ ABS_SKEW_S = 10.0
 RATIO = 3.0
 
 
-@rule("compile_straggler", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+@rule("compile_straggler", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def compile_straggler(view: CompileSlotView):
     times = {r: e.compile_time for r, e in view.reports.items() if e.compile_time is not None}
     if len(times) < 2:
@@ -28,9 +29,7 @@ def compile_straggler(view: CompileSlotView):
     timeout = min((i.get("collective_timeout_s") or float("inf") for i in view.rank_info.values()), default=float("inf"))
     critical = skew >= 0.5 * timeout
     yield Finding(
-        kind="compile_straggler",
         severity="critical" if critical else "warning",
-        subject=f"frame:{view.frame}",
         ranks=slow,
         step=first_step(view.reports, slow),
         frame=view.frame,

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dashboard.detection.consensus import consensus
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
-@rule("graph_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+@rule("graph_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def graph_divergence(view: CompileSlotView):
     hashes = {r: e.graph_norm for r, e in view.reports.items() if e.graph_norm}
     if len(hashes) < 2:
@@ -14,9 +15,7 @@ def graph_divergence(view: CompileSlotView):
     if not verdict.dissenters:
         return
     yield Finding(
-        kind="graph_divergence",
         severity="critical",
-        subject=f"frame:{view.frame}",
         ranks=verdict.dissenters,
         step=first_step(view.reports, verdict.dissenters),
         frame=view.frame,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, ranks_text, rule
 
 MANY_BREAKS = 8
@@ -31,9 +32,8 @@ def ineffective_compile(view: CompileSlotView):
     top = [reason for reason, _ in reasons.most_common(3)]
     what = "compiles to an empty graph" if empty else "is shredded by graph breaks"
     yield Finding(
-        kind="ineffective_compile",
         severity="warning",
-        subject="run",
+        subject=subjects.RUN,
         ranks=tuple(sorted(ranks)),
         frame=view.frame,
         message=f"{view.frame} {what} on {ranks_text(ranks)}: the model runs mostly eager"

@@ -1,11 +1,12 @@
 """nonfinite_grad: NaN/Inf gradients on some ranks only."""
 from __future__ import annotations
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
 from dashboard.detection.rules.param_divergence import is_param
 
 
-@rule("nonfinite_grad", GradSlotView, subject=lambda v: f"group:{v.group}")
+@rule("nonfinite_grad", GradSlotView, subject=lambda v: subjects.group(v.group))
 def nonfinite_grad(view: GradSlotView):
     if is_param(view):
         return
@@ -13,9 +14,7 @@ def nonfinite_grad(view: GradSlotView):
     if not bad or len(bad) == len(view.reports):
         return
     yield Finding(
-        kind="nonfinite_grad",
         severity="critical",
-        subject=f"group:{view.group}",
         ranks=bad,
         step=view.step,
         message=f"NaN/Inf gradients on {ranks_text(bad)} at step {view.step}",

@@ -1,24 +1,23 @@
 """param_divergence: weight fingerprints of replicas differ (reported every K steps as `param` events)."""
 from __future__ import annotations
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, GradSlotView, differing_buckets, ranks_text, rule
-from dashboard.detection.slots import PARAM_PREFIX
+from dashboard.ledger.slots import PARAM_PREFIX
 
 
 def is_param(view: GradSlotView) -> bool:
     return view.group.startswith(PARAM_PREFIX)
 
 
-@rule("param_divergence", GradSlotView, subject=lambda v: f"group:{v.group}")
+@rule("param_divergence", GradSlotView, subject=lambda v: subjects.group(v.group))
 def param_divergence(view: GradSlotView):
     if not is_param(view) or view.consensus is None or not view.consensus.dissenters:
         return
     dissenters = view.consensus.dissenters
     buckets = differing_buckets(view)
     yield Finding(
-        kind="param_divergence",
         severity="critical",
-        subject=f"group:{view.group}",
         ranks=dissenters,
         step=view.step,
         message=f"Weights of {ranks_text(dissenters)} differ from the other replicas at step {view.step} "

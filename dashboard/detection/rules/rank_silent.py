@@ -6,10 +6,11 @@ every other rank has ended and this one never said goodbye (killed outright, e.g
 killer: torchrun then stops the others, which send their rank_end, while it sends nothing)."""
 from __future__ import annotations
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RunView, rule
 
 
-@rule("rank_silent", RunView, subject=lambda v: [f"rank:{r}" for r in v.last_seen])
+@rule("rank_silent", RunView, subject=lambda v: [subjects.rank(r) for r in v.last_seen])
 def rank_silent(view: RunView):
     live = {r: age for r, age in view.last_seen.items() if r not in view.ended}
     freshest = min(live.values(), default=None)
@@ -24,9 +25,8 @@ def rank_silent(view: RunView):
         else:
             continue
         yield Finding(
-            kind="rank_silent",
             severity="critical",
-            subject=f"rank:{rank}",
+            subject=subjects.rank(rank),
             ranks=(rank,),
             message=f"Rank {rank} has sent nothing for {age:.0f} s {why}",
             details={"silent_for_s": round(age, 1)},

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dashboard.detection.consensus import consensus
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, ranks_text, rule
 
 
@@ -33,7 +34,7 @@ def _code_dissenters(view: CompileSlotView) -> tuple[int, ...]:
     return tuple(sorted(r for group in by_outcome.values() for r in _differing(group)))
 
 
-@rule("rank_specific_artifact", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+@rule("rank_specific_artifact", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def rank_specific_artifact(view: CompileSlotView):
     graphs = {e.graph_norm for e in view.reports.values()}
     if len(view.reports) < 2 or len(graphs) != 1 or not next(iter(graphs)):
@@ -45,9 +46,7 @@ def rank_specific_artifact(view: CompileSlotView):
                              ("Inductor code", _code_dissenters(view))):
         if dissenters:
             yield Finding(
-                kind="rank_specific_artifact",
                 severity="warning",
-                subject=f"frame:{view.frame}",
                 ranks=dissenters,
                 frame=view.frame,
                 message=f"{view.frame}: same graph on every rank but {what} differ on {ranks_text(dissenters)}, "

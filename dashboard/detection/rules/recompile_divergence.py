@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
-@rule("recompile_divergence", CompileSlotView, subject=lambda v: f"frame:{v.frame}")
+@rule("recompile_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def recompile_divergence(view: CompileSlotView):
     if view.index == 0:
         return
@@ -26,9 +27,7 @@ def _count_finding(view: CompileSlotView, compiled: set[int], skipped: set[int])
     first = view.reports[min(compiled)]
     verb = "recompiled" if minority == compiled else "did not recompile"
     return Finding(
-        kind="recompile_divergence",
         severity="critical",
-        subject=f"frame:{view.frame}",
         ranks=tuple(sorted(minority)),
         step=first.step,
         frame=view.frame,
@@ -48,9 +47,7 @@ def _reason_finding(view: CompileSlotView):
         common = reasons[min(reasons)]
     odd = tuple(sorted(r for r, reason in reasons.items() if reason != common))
     yield Finding(
-        kind="recompile_divergence",
         severity="critical",
-        subject=f"frame:{view.frame}",
         ranks=odd,
         step=first_step(view.reports, odd),
         frame=view.frame,

@@ -2,6 +2,7 @@
 times; or compilation eats more than 20% of the wall time over 10 minutes."""
 from __future__ import annotations
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, RunView, first_step, ranks_text, rule
 
 STORM_INDEX = 8
@@ -22,9 +23,8 @@ def recompile_storm(view: CompileSlotView):
     ranks = tuple(sorted(limited or view.reports))
     reasons = sorted({e.recompile_reason for e in view.reports.values() if e.recompile_reason})
     yield Finding(
-        kind="recompile_storm",
         severity="warning",
-        subject=f"frame:{view.frame}",
+        subject=subjects.frame(view.frame),
         ranks=ranks,
         step=first_step(view.reports, ranks),
         frame=view.frame,
@@ -42,9 +42,8 @@ def compile_share(view: RunView):
         return
     share = view.compile_seconds / view.wall_seconds
     yield Finding(
-        kind="recompile_storm",
         severity="warning",
-        subject="compile-share",
+        subject=subjects.COMPILE_SHARE,
         ranks=(),
         message=f"Compilation took {share:.0%} of the wall time ({view.compile_seconds:.0f} s of "
         f"{view.wall_seconds:.0f} s per rank)",

@@ -3,7 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import validate_slug
 from django.core.exceptions import ValidationError
 
-from ingest.models import Project, ProjectToken
+from dashboard.tenancy.models import Project, ProjectToken
 
 
 class Command(BaseCommand):

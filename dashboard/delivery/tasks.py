@@ -1,0 +1,48 @@
+"""Celery tasks of delivery: push alert revisions (websockets, then webhooks), retry webhooks, and a
+periodic sweep for revisions nobody delivered (a worker killed between commit and push) and for
+the live progress of active runs.
+
+Delivery subscribes to `detection.signals.alerts_changed`; the outbox state (`revision` against
+`notified_revision`) is in PostgreSQL, so whatever a lost message misses, the sweep delivers.
+"""
+from __future__ import annotations
+
+from celery import shared_task
+
+from dashboard.delivery import notify, webhooks
+from dashboard.detection import runs
+
+RETRY_BACKOFF_MAX_S = 300
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def deliver(alert_id: int) -> int:
+    notes = notify.deliver(alert_id)
+    for note_id in notes:
+        send_webhook.delay(note_id)
+    return len(notes)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=10)
+def send_webhook(self, notification_id: int) -> None:
+    try:
+        webhooks.send(notification_id)
+    except Exception as exc:
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, RETRY_BACKOFF_MAX_S))
+
+
+@shared_task(ignore_result=True)
+def sweep() -> int:
+    """Every 2 s (beat): progress of active runs to their pages, pending alert revisions delivered."""
+    for run in runs.active_runs():
+        notify.push_progress(run, runs.rank_rows(run))
+    pending = notify.pending()
+    for alert_id in pending:
+        deliver.delay(alert_id)
+    return len(pending)
+
+
+def on_alerts_changed(sender, alert_ids: list[int], **kwargs) -> None:
+    """detection.signals.alerts_changed."""
+    for alert_id in alert_ids:
+        deliver.delay(alert_id)

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class DetectionConfig(AppConfig):
+    name = "dashboard.detection"
+    label = "detection"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from dashboard.detection import rules, tasks
+        from dashboard.ledger import signals
+
+        rules.load_all()
+        signals.slots_ready.connect(tasks.on_slots_ready, dispatch_uid="detection.settle")
+        signals.details_received.connect(tasks.on_details_received, dispatch_uid="detection.explain")

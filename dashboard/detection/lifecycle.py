@@ -1,0 +1,115 @@
+"""The alert lifecycle, and the only code that writes alerts.
+
+Findings become alerts (Alertmanager's model): identity (run, kind, subject), firing -> resolved,
+counts and first/last seen; people acknowledge and unacknowledge them; detection enriches them
+(the parameters behind a divergence). Every change worth telling bumps `revision`, and only this
+module does; delivery reports back which revision it pushed (`mark_notified`).
+"""
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard.detection.rules import Finding
+from dashboard.detection.models import Alert
+from dashboard.tenancy.models import Run
+
+
+def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: int | None) -> list[int]:
+    """Record findings and resolve clean subjects in the caller's transaction; ids to deliver."""
+    assert transaction.get_connection().in_atomic_block
+    changed = [alert.id for alert, news in (record(run, f, at) for f in findings) if news]
+    changed += [alert.id for alert in (resolve(run, kind, subject, at) for kind, subject in clean) if alert]
+    return changed
+
+
+def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bool]:
+    """Create or update the alert for this finding; True when it is news (new, new ranks, re-fired)."""
+    alert, created = Alert.objects.select_for_update().get_or_create(
+        run=run,
+        kind=finding.kind,
+        subject=finding.subject,
+        defaults={
+            "severity": finding.severity,
+            "ranks": list(finding.ranks),
+            "step": finding.step,
+            "frame": finding.frame,
+            "message": finding.message,
+            "details": finding.details,
+            "last_position": at,
+        },
+    )
+    if created:
+        return alert, True
+    new_ranks = set(finding.ranks) - set(alert.ranks)
+    refired = alert.state == Alert.State.RESOLVED
+    alert.count += 1
+    alert.ranks = sorted(set(alert.ranks) | new_ranks)
+    if at is not None:
+        alert.last_position = max(at, alert.last_position if alert.last_position is not None else at)
+    if finding.step is not None and (alert.step is None or finding.step < alert.step):
+        alert.step, alert.message, alert.details = finding.step, finding.message, finding.details
+    if _more_severe(finding.severity, alert.severity):
+        alert.severity = finding.severity
+    news = bool(new_ranks) or refired
+    if news:
+        alert.state, alert.resolved_at = Alert.State.FIRING, None
+        alert.revision += 1
+    alert.save()
+    return alert, news
+
+
+def resolve(run: Run, kind: str, subject: str, at: int | None) -> Alert | None:
+    """Resolve a firing alert whose subject came out clean later than it last fired; ack expires."""
+    alert = Alert.objects.select_for_update().filter(run=run, kind=kind, subject=subject, state=Alert.State.FIRING).first()
+    if alert is None or (at is not None and alert.last_position is not None and at <= alert.last_position):
+        return None
+    alert.state, alert.resolved_at = Alert.State.RESOLVED, timezone.now()
+    alert.acked_by, alert.acked_at = None, None
+    alert.revision += 1
+    alert.save()
+    return alert
+
+
+def acknowledge(alert: Alert, user) -> Alert:
+    """Someone is on it. Not a new revision: webhooks stay quiet; websockets get a push."""
+    alert.acked_by, alert.acked_at = user, timezone.now()
+    alert.save(update_fields=["acked_by", "acked_at", "last_seen"])
+    return alert
+
+
+def unacknowledge(alert: Alert) -> Alert:
+    alert.acked_by, alert.acked_at = None, None
+    alert.save(update_fields=["acked_by", "acked_at"])
+    return alert
+
+
+def enrich(alert: Alert, details: dict, message: str | None = None, news: bool = False) -> None:
+    """Add to an alert's details (and message); `news`: a change worth a notification (a new revision)."""
+    alert.details = {**alert.details, **details}
+    fields = ["details"]
+    if message is not None:
+        alert.message = message
+        fields.append("message")
+    if news:
+        alert.revision += 1
+        fields += ["revision", "last_seen"]
+    alert.save(update_fields=fields)
+
+
+def lock(alert_ids: set[int] | list[int]) -> None:
+    """Row-lock alerts (in id order, so two lockers cannot deadlock) for the caller's transaction."""
+    list(Alert.objects.select_for_update().filter(id__in=alert_ids).order_by("id").values_list("id", flat=True))
+
+
+def mark_notified(alert: Alert) -> None:
+    """Delivery pushed this revision (the outbox: `revision` ahead of `notified_revision` is pending)."""
+    alert.notified_revision = alert.revision
+    alert.save(update_fields=["notified_revision"])
+
+
+_SEVERITY = {"warning": 1, "critical": 2}
+
+
+def _more_severe(a: str, b: str) -> bool:
+    return _SEVERITY.get(a, 0) > _SEVERITY.get(b, 0)

@@ -1,0 +1,30 @@
+"""Alert subjects: the third part of an alert's identity (run, kind, subject), spelled once.
+
+A rule declares its subject (`@rule(..., subject=...)`) and its findings carry it; the lifecycle,
+the baseline comparison and the pages look alerts up by the same helpers.
+"""
+from __future__ import annotations
+
+RUN = "run"  # about the run as a whole (ineffective compile)
+COMPILE_SHARE = "compile-share"  # compile time against wall time, run-wide
+
+
+def frame(name: str) -> str:
+    return f"frame:{name}"
+
+
+def group(name: str) -> str:
+    return f"group:{name}"
+
+
+def rank(number: int) -> str:
+    return f"rank:{number}"
+
+
+def baseline(key: str, group_name: str) -> str:
+    return f"{baseline_prefix(key)}{group_name}"
+
+
+def baseline_prefix(key: str) -> str:
+    """Every subject of a comparison against baseline run `key`."""
+    return f"baseline:{key}:"

@@ -1,0 +1,210 @@
+"""`manage.py up`: the whole stack on one machine, plus live demo jobs.
+
+Starts (or reuses) the database and Redis (embedded ones when DATABASE_URL / REDIS_URL are
+unset), migrates, ensures a demo login and project, runs uvicorn and a Celery worker, then
+launches real torchrun CPU jobs with the agent that provoke every divergence the CPU can, and
+prints each alert as it fires. Ctrl-C stops it all; the data folder is reused on the next start.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from dashboard.detection.models import Alert, Baseline
+from dashboard.devstack import embedded
+from dashboard.devstack.processes import kill_tree, stop_groups
+from dashboard.tenancy.models import Project, ProjectToken, Run
+
+DEMO_USER, DEMO_PASSWORD = "demo", "lockstep-demo"
+
+
+@dataclass
+class DemoJob:
+    """One torchrun job of the demo; `baseline` names an earlier job this one is compared with."""
+
+    name: str
+    what: str
+    script: str
+    args: list[str]
+    env: dict = field(default_factory=dict)
+    max_seconds: float = 240
+    baseline: str | None = None
+    before: list[str] | None = None  # a command run first (e.g. warming a cache), without the agent
+    before_env: dict = field(default_factory=dict)
+    via_agent_cli: bool = True  # False: the script attaches the agent itself
+
+
+def demo_jobs(data: str) -> list[DemoJob]:
+    warm, cold, shared = (f"{data}/demo-cache-{name}" for name in ("warm", "cold", "shared"))
+    return [
+        DemoJob("reference", "a clean run of the job, kept as the baseline of the next one", "demo/ddp_job.py",
+                ["--steps", "20", "--sleep", "0.1"]),
+        DemoJob("divergence", "rank 1 recompiles alone (a 17-row batch at step 5), rank 2's gradient is nudged at step 12",
+                "demo/ddp_job.py", ["--steps", "30", "--sleep", "0.3", "--shape-rank", "1", "--shape-step", "5",
+                                    "--perturb-rank", "2", "--perturb-step", "12"], baseline="reference"),
+        DemoJob("compile-trouble", "rank 1 traces another graph, rank 2 gets NaN, a recompile storm, rank 0 compiles slowly",
+                "demo/scenarios.py", ["--steps", "10", "--branch-rank", "1", "--nan-rank", "2", "--nan-step", "4",
+                                      "--storm", "--slow-rank", "0", "--slow-seconds", "4"]),
+        DemoJob("cold-cache", "rank 1 starts with a cold Inductor cache, the others with a warm one",
+                "demo/per_rank_env.py", ["demo/ddp_job.py", "--steps", "6"],
+                env={"PER_RANK_ENV": json.dumps({"0": {"TORCHINDUCTOR_CACHE_DIR": warm},
+                                                 "1": {"TORCHINDUCTOR_CACHE_DIR": cold},
+                                                 "2": {"TORCHINDUCTOR_CACHE_DIR": warm}})},
+                before=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port",
+                        "29400", "demo/ddp_job.py", "--steps", "1"], before_env={"TORCHINDUCTOR_CACHE_DIR": warm},
+                via_agent_cli=False),
+        DemoJob("shared-cache", "ranks share one cache directory but rank 1 runs other Inductor settings; "
+                "rank 2 folds an extra all_reduce into a compiled graph",
+                "demo/per_rank_env.py", ["demo/scenarios.py", "--steps", "6", "--collective-rank", "2"],
+                env={"TORCHINDUCTOR_CACHE_DIR": shared,
+                     "PER_RANK_ENV": json.dumps({"1": {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}})},
+                via_agent_cli=False),
+        DemoJob("killed-rank", "rank 1's compiler fails, rank 0's weights are nudged, rank 2 is SIGKILLed at step 8",
+                "demo/scenarios.py", ["--steps", "30", "--sleep", "0.2", "--fail-rank", "1", "--nudge-weight-rank", "0",
+                                      "--nudge-weight-step", "4", "--kill-rank", "2", "--kill-step", "8"],
+                env={"LOCKSTEP_PARAM_EVERY": "4"}),
+        DemoJob("hung-rank", "torch.compile(DDP(model)) compiles empty graphs; rank 2 freezes at step 5",
+                "demo/scenarios.py", ["--steps", "200", "--sleep", "0.2", "--compile-ddp", "--freeze-rank", "2",
+                                      "--freeze-step", "5"], max_seconds=60),
+    ]
+
+
+class Command(BaseCommand):
+    help = "Start Lockstep (server, Celery worker, embedded services) and live demo jobs."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--port", type=int, default=settings.LOCKSTEP_PORT)
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--no-demo", action="store_true", help="start the stack only")
+        parser.add_argument("--ranks", type=int, default=3, help="ranks of each demo job")
+
+    def handle(self, *args, port: int, host: str, no_demo: bool, ranks: int, **options) -> None:
+        self.children: list[subprocess.Popen] = []
+        self.stopping = threading.Event()
+        # Ctrl-C and SIGTERM set a flag the watch loop checks: no exception landing mid-query, and
+        # it works where SIGINT arrives ignored (a shell's background jobs start with SIG_IGN,
+        # which Python keeps, so `up &` never saw Ctrl-C: found when the test hung in CI).
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: self.stopping.set())
+        self.say(f"data folder {settings.DATA_DIR}; database and Redis ready")
+        call_command("migrate", interactive=False, verbosity=0)
+        token = self.demo_login()
+        # The children's environment: ours, the services' URLs, and a quicker rank_silent for the demo.
+        env = {"LOCKSTEP_SILENT_AFTER": "15", **os.environ, "DATABASE_URL": settings.DATABASE_URL,
+               "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
+        self.url = f"http://{host}:{port}"
+        try:
+            services = [
+                self.start("server", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", host,
+                                      "--port", str(port), "--log-level", "warning"], env),
+                self.start("worker", [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency",
+                                      "1", "--loglevel", "warning", "--schedule",
+                                      str(settings.DATA_DIR / "celerybeat-schedule")], env),
+            ]
+            self.say(f"Lockstep is up: {self.url}/   login: {DEMO_USER} / {DEMO_PASSWORD}")
+            self.say(f"ingest token for project 'demo': {token}")
+            if not no_demo:
+                threading.Thread(target=self.run_demo, args=(env, token, ranks), daemon=True).start()
+            self.say("press Ctrl-C to stop")
+            self.watch(services)
+        finally:
+            self.stopping.set()
+            self.stop_children()
+            self.stop_embedded()
+
+    def say(self, text: str) -> None:
+        self.stdout.write(f"[lockstep] {text}")
+        self.stdout.flush()
+
+    def demo_login(self) -> str:
+        project, _ = Project.objects.get_or_create(name="demo")
+        user = User.objects.filter(username=DEMO_USER).first()
+        if user is None:
+            user = User.objects.create_user(DEMO_USER, password=DEMO_PASSWORD, is_staff=True, is_superuser=True)
+        project.members.add(user)
+        return ProjectToken.issue(project)
+
+    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
+        log = open(settings.DATA_DIR / f"{name}.log", "ab")
+        child = subprocess.Popen(args, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        self.children.append(child)
+        return child
+
+    def watch(self, services: list[subprocess.Popen]) -> None:
+        """Print every alert of the demo project as it fires; stop if a service dies."""
+        seen: set[tuple[int, int]] = set(Alert.objects.values_list("id", "revision"))
+        while all(service.poll() is None for service in services):
+            for alert in Alert.objects.select_related("run").filter(run__project__name="demo").order_by("id"):
+                if (alert.id, alert.revision) not in seen:
+                    seen.add((alert.id, alert.revision))
+                    ranks = ",".join(map(str, alert.ranks)) or "-"
+                    self.say(f"ALERT {alert.state:<8} {alert.kind:<31} run {alert.run.key} ranks {ranks}: {alert.message[:160]}")
+            if self.stopping.wait(1):
+                self.say("stopping")
+                return
+        self.say("a stack process exited (see the logs in the data folder); stopping")
+
+    def run_demo(self, env: dict, token: str, ranks: int) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        data = str(settings.DATA_DIR)
+        for name in ("cold", "shared"):
+            shutil.rmtree(f"{data}/demo-cache-{name}", ignore_errors=True)
+        for job in demo_jobs(data):
+            if self.stopping.is_set():
+                return
+            key = f"demo-{job.name}-{stamp}"
+            self.say(f"demo job '{job.name}': {job.what}  ->  {self.url}/runs/{key}/")
+            if job.baseline:
+                self.link_baseline(key, f"demo-{job.baseline}-{stamp}")
+            job_env = dict(env, LOCKSTEP_URL=self.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=key,
+                           LOCKSTEP_RUN_NAME=f"demo {job.name}", LOCKSTEP_SPOOL_DIR=f"{data}/spool",
+                           LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", **job.env)
+            if job.before:
+                subprocess.run(job.before, cwd=settings.BASE_DIR, env={**job_env, **job.before_env, "LOCKSTEP_DISABLE": "1"},
+                               capture_output=True)
+            agent = ["-m", "agents", "run"] if job.via_agent_cli else []
+            args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
+                    str(29500 + os.getpid() % 1000), *agent, job.script, *job.args]
+            child = self.start(f"demo-{job.name}", args, job_env)
+            try:
+                child.wait(job.max_seconds)
+            except subprocess.TimeoutExpired:
+                kill_tree(child)
+            self.say(f"demo job '{job.name}' ended")
+        self.say("all demo jobs done; compare the first two runs on the compare page")
+
+    def link_baseline(self, key: str, baseline_key: str) -> None:
+        """Mark the earlier run as the baseline of this one (the run row appears with its first batch)."""
+        def link() -> None:
+            for _ in range(120):
+                run, base = Run.objects.filter(key=key).first(), Run.objects.filter(key=baseline_key).first()
+                if run and base:
+                    Baseline.objects.get_or_create(run=run, defaults={"baseline": base})
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=link, daemon=True).start()
+
+    def stop_children(self) -> None:
+        stop_groups(self.children)
+        self.say("stopped")
+
+    def stop_embedded(self) -> None:
+        """Embedded servers were started for this stack: stop them too (their data stays)."""
+        if not settings.LOCKSTEP_EMBEDDED:
+            return
+        embedded.stop(settings.DATA_DIR)
+        self.say(f"embedded PostgreSQL and Redis stopped; data kept in {settings.DATA_DIR}")

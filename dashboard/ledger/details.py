@@ -1,0 +1,47 @@
+"""Detail requests: the server wants one rank's per-parameter fingerprints of one step.
+
+Detection asks (`ask`) when a gradient divergence needs its parameters named; ingest hands the
+requests out inside a rank's next batch statement (`handout_cte`, so a resent batch rolls the
+hand-out back); a rank's `detail` events answer them (`answered`). Only this module writes them.
+"""
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard.ledger.models import DetailRequest
+
+DETAIL = DetailRequest._meta.db_table
+
+
+def ask(run_id: int, ranks: set[int], step: int, group: str, alert_id: int) -> None:
+    """Idempotent per (run, rank, step, group)."""
+    for rank in sorted(ranks):
+        DetailRequest.objects.get_or_create(run_id=run_id, rank=rank, step=step, group=group,
+                                            defaults={"alert_id": alert_id})
+
+
+def handout_cte() -> str:
+    """CTE `asked`: the unasked requests of the claim's ranks (%(run)s, %(rank)s), marked asked; returns (rank, step)."""
+    return f"""
+            asked AS (
+              UPDATE {DETAIL} SET asked_at = now()
+              WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) AND asked_at IS NULL
+              RETURNING rank, step
+            )"""
+
+
+def askers(run_id: int, rank: int, steps: set[int]) -> set[int]:
+    """Ids of the alerts that asked this rank for any of these steps."""
+    return set(DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps).values_list("alert_id", flat=True))
+
+
+def answered(run_id: int, rank: int, steps: set[int], alert_ids: set[int]) -> list[int]:
+    """Record a rank's answers (in the caller's transaction); the alerts of `alert_ids` whose requests are now all answered."""
+    assert transaction.get_connection().in_atomic_block
+    DetailRequest.objects.filter(run_id=run_id, rank=rank, step__in=steps, answered_at__isnull=True).update(answered_at=timezone.now())
+    return [a for a in alert_ids if not DetailRequest.objects.filter(alert_id=a, answered_at__isnull=True).exists()]
+
+
+def of_alert(alert_id: int) -> list[DetailRequest]:
+    return list(DetailRequest.objects.filter(alert_id=alert_id))

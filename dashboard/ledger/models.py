@@ -1,0 +1,103 @@
+"""The ledger: what every rank must report once (slots), how far each rank got (watermarks), and
+what the server asked ranks for (detail requests).
+
+Ingest records reports here inside its batch transaction; detection settles what is ready. Only
+this app writes these tables or names them in SQL (`dashboard.ledger.slots`). Tables keep the
+names they had before the apps were split (`db_table`).
+"""
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+
+from dashboard.tenancy.models import Run
+
+
+class Slot(models.Model):
+    """Something every rank must report once; settles when all did or the settle timeout passed.
+
+    `reported` counts rank reports; the slot is pending while it was never settled or more
+    reports arrived since (`reported > settled_n`), so late reports re-run the rules.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    reported = models.PositiveIntegerField(default=0)
+    first_seen = models.DateTimeField()
+    settled_at = models.DateTimeField(null=True)
+    settled_n = models.PositiveIntegerField(default=0)
+    dissenters = ArrayField(models.PositiveIntegerField(), default=list)
+    consensus = models.JSONField(default=dict)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def pending(self) -> bool:
+        return self.settled_at is None or self.reported > self.settled_n
+
+
+class CompileSlot(Slot):
+    """(run, normalized frame key, n-th compile of that frame)."""
+
+    frame = models.CharField(max_length=512)
+    index = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "dashboard_compileslot"
+        constraints = [models.UniqueConstraint(fields=["run", "frame", "index"], name="compile_slot_once")]
+        indexes = [models.Index(fields=["settled_at", "first_seen"], name="compile_slot_sweep")]
+
+
+class GradSlot(Slot):
+    """(run, step, comparison group); the buckets are compared inside one slot."""
+
+    step = models.BigIntegerField()
+    group = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "dashboard_gradslot"
+        constraints = [models.UniqueConstraint(fields=["run", "step", "group"], name="grad_slot_once")]
+        indexes = [
+            models.Index(fields=["settled_at", "first_seen"], name="grad_slot_sweep"),
+            # a batch's late reports (`slots.grad_reports_ctes`): one descent finds no settled slot
+            # among its steps, where probing each step by grad_slot_once cost ~2 us per rank-step
+            models.Index(fields=["run", "group", "step"], name="grad_slot_settled", condition=Q(settled_at__isnull=False)),
+        ]
+
+
+class GradWatermark(models.Model):
+    """The highest step each rank reported for one comparison group: one row per rank, not per step.
+
+    A grad slot is complete once every rank's watermark passed it, so ingest updates one row per
+    batch instead of a counter per rank-step (1024 ranks would otherwise rewrite each slot row
+    1024 times). See dashboard.ledger.slots.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    group = models.CharField(max_length=64)
+    rank = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+
+    class Meta:
+        db_table = "ingest_gradwatermark"
+        constraints = [models.UniqueConstraint(fields=["run", "group", "rank"], name="watermark_per_rank")]
+        indexes = [models.Index(fields=["run", "group", "step"], name="watermark_min_max")]
+
+
+class DetailRequest(models.Model):
+    """The server wants one rank's per-parameter fingerprints of one step (to name the parameters
+    behind a grad divergence). Handed to the rank in its next ingest reply, answered by `detail` events."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    rank = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    group = models.CharField(max_length=64)
+    alert_id = models.BigIntegerField(db_index=True)  # the alert that asked (detection's; no foreign key: the ledger sits below it)
+    asked_at = models.DateTimeField(null=True)
+    answered_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "dashboard_detailrequest"
+        constraints = [models.UniqueConstraint(fields=["run", "rank", "step", "group"], name="detail_once")]
+        indexes = [models.Index(fields=["run", "rank"], condition=models.Q(asked_at__isnull=True), name="detail_unasked")]

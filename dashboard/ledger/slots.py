@@ -1,0 +1,180 @@
+"""Slots: what every rank must report once. Ingest touches them; Celery settles them.
+
+A slot is ready the moment every rank reported it; otherwise the sweep settles it once the
+settle timeout has passed since its first report. State lives in PostgreSQL, so nothing is
+lost when a worker or the broker restarts.
+
+Compile slots count reports per slot. Grad slots do not: at 1024 ranks that is 1024 updates
+of every slot row (the ingest bottleneck). Instead each rank has a watermark (highest step
+reported, `ingest.models.GradWatermark`), the first rank to reach a step creates its slot, and
+`grads_ready_sql` (after the batch commits, so the last committer always sees every report) marks
+the slots below the lowest watermark complete (`reported = world_size`). Reports for a slot that
+already settled still count one by one, so a late report reopens it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from agents import protocol
+from dashboard.ledger.models import CompileSlot, GradSlot, GradWatermark
+from dashboard.tenancy.models import Run
+
+COMPILE, GRAD = "compile", "grad"
+COMPILE_SLOT, GRAD_SLOT = CompileSlot._meta.db_table, GradSlot._meta.db_table
+WATERMARK = GradWatermark._meta.db_table
+PARAM_PREFIX = "param:"  # weight fingerprints are stored as grad slots of group "param:<group>"
+
+
+def replicated(group: str) -> bool:
+    """Only groups the agent saw evidence of replication for are compared across ranks."""
+    return not group.removeprefix(PARAM_PREFIX).startswith("local")
+
+
+def touch(run: Run, compiles: list[protocol.Compile]) -> list[tuple[str, int]]:
+    """Record a batch's compile reports (inside its transaction); return the compile slots it completed.
+
+    Grad reports are part of ingest's claim statement (`grad_reports_ctes`); their completion by
+    watermark is decided after commit (`grads_ready_sql`).
+    """
+    compile_keys = sorted({(e.frame, e.index) for e in compiles})
+    return [(COMPILE, i) for i in _upsert(COMPILE_SLOT, ("frame", "index"), ("text", "int"), compile_keys, run)]
+
+
+def _array_literal(values: list[int]) -> str:
+    """A `bigint[]` literal: one string parameter instead of a list psycopg adapts element by element."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def grad_reports_ctes() -> str:
+    """The grad part of a claim statement for the batches of several ranks (distinct, one run):
+    advance each rank's watermarks, open the slots no rank reported before, count late reports of
+    settled slots (CTE `late` returns (id, reported)).
+
+    Binds %(run)s and `grad_reports_params`. All CTEs of a statement read the snapshot from
+    before it, so `top` is the highest step any rank had reported and the new slots are exactly
+    the reported steps above it. Steps travel once per group, not once per rank (with how many
+    of the batches reported each), and late reports are looked for by one range scan per group
+    of the partial index of settled slots (grad_slot_settled), which usually finds none.
+    """
+    return f"""
+            top AS MATERIALIZED (
+              SELECT t.g, t.steps::bigint[] AS steps, t.counts::int[] AS counts,
+                     (SELECT COALESCE(max(w.step), -1) FROM {WATERMARK} w
+                      WHERE w.run_id = %(run)s::bigint AND w."group" = t.g) AS step
+              FROM unnest(%(t_group)s::text[], %(t_steps)s::text[], %(t_counts)s::text[]) AS t(g, steps, counts)
+            ), mark AS (
+              INSERT INTO {WATERMARK} (run_id, "group", rank, step)
+              SELECT %(run)s::bigint, m.g, m.rank, m.step
+              FROM unnest(%(r_group)s::text[], %(r_rank)s::int[], %(r_last)s::bigint[]) AS m(g, rank, step)
+              ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST({WATERMARK}.step, EXCLUDED.step)
+            ), opened AS (
+              INSERT INTO {GRAD_SLOT} (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
+              SELECT %(run)s::bigint, s.step, top.g, 1, now(), 0, '{{}}', '{{}}'
+              FROM top CROSS JOIN LATERAL unnest(top.steps) AS s(step) WHERE s.step > top.step
+              ORDER BY top.g, s.step
+              ON CONFLICT (run_id, step, "group") DO NOTHING
+            ), settled AS (
+              SELECT s.id, r.n FROM top
+              CROSS JOIN LATERAL (SELECT id, step FROM {GRAD_SLOT}
+                                  WHERE run_id = %(run)s::bigint AND "group" = top.g
+                                    AND step BETWEEN top.steps[1] AND top.step AND settled_at IS NOT NULL) s
+              CROSS JOIN LATERAL unnest(top.steps, top.counts) AS r(step, n)
+              WHERE r.step = s.step
+            ), late AS (
+              UPDATE {GRAD_SLOT} SET reported = reported + settled.n FROM settled
+              WHERE {GRAD_SLOT}.id = settled.id
+              RETURNING {GRAD_SLOT}.id, {GRAD_SLOT}.reported
+            )"""
+
+
+def watermarks_of_ranks() -> str:
+    """A select expression: {rank: {group: step}} of the claim's ranks (%(run)s, %(rank)s), as the
+    statement's snapshot saw them (before its own watermark updates)."""
+    return f"""(SELECT COALESCE(json_object_agg(rank, marks), '{{}}') FROM (
+                      SELECT rank, json_object_agg("group", step) AS marks FROM {WATERMARK}
+                      WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) GROUP BY rank) w)"""
+
+
+def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
+    """`reports`: (rank, group, its sorted distinct steps) per rank and replicated group."""
+    by_group: dict[str, list[list[int]]] = {}
+    for _, group, steps in reports:
+        by_group.setdefault(group, []).append(steps)
+    union, counts = [], []
+    for lists in by_group.values():
+        tally = Counter(step for steps in lists for step in steps)
+        union.append(sorted(tally))
+        counts.append([tally[step] for step in union[-1]])
+    return {"r_rank": [rank for rank, _, _ in reports], "r_group": [group for _, group, _ in reports],
+            "r_last": [steps[-1] for _, _, steps in reports], "t_group": list(by_group),
+            "t_steps": [_array_literal(steps) for steps in union], "t_counts": [_array_literal(n) for n in counts]}
+
+
+def grads_ready_sql(groups: int) -> str:
+    """CTEs finding the grad slots that every rank's watermark has passed, for `groups` groups
+    (after the batches commit): binds %(run)s, %(ws)s, g{i}/floor{i}; CTE `done` returns slot ids.
+
+    A slot can only have become complete if one of the reporting ranks was the lowest, so only
+    steps above their lowest old watermark (the floor) are looked at; the watermark count is only
+    read when the lowest watermark moved past the floor (the rare case: another rank is behind).
+    """
+    values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint)" for i in range(groups))
+    return f"""
+            lows AS MATERIALIZED (
+              SELECT v.g, v.floor, m.lowest FROM (VALUES {values}) AS v(g, floor)
+              CROSS JOIN LATERAL (SELECT min(step) AS lowest FROM {WATERMARK} w
+                                  WHERE w.run_id = %(run)s::bigint AND w."group" = v.g) m
+            ), due AS MATERIALIZED (
+              SELECT g, floor, lowest FROM lows
+              WHERE CASE WHEN lowest > floor THEN (SELECT count(*) FROM {WATERMARK} w
+                                                   WHERE w.run_id = %(run)s::bigint AND w."group" = lows.g) >= %(ws)s::int
+                         ELSE false END
+            ), done AS (
+              UPDATE {GRAD_SLOT} s SET reported = %(ws)s::int FROM due
+              WHERE s.run_id = %(run)s::bigint AND s."group" = due.g AND s.step > due.floor AND s.step <= due.lowest
+                AND s.reported < %(ws)s::int
+              RETURNING s.id
+            )"""
+
+
+def grads_ready_params(before: dict[str, int], groups: list[str]) -> dict:
+    params = {}
+    for i, group in enumerate(groups):
+        params[f"g{i}"] = group
+        params[f"floor{i}"] = before.get(group, -1)
+    return params
+
+
+def _upsert(table: str, cols: tuple[str, str], types: tuple[str, str], keys: list[tuple], run: Run) -> list[int]:
+    if not keys:
+        return []
+    a, b = cols
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            INSERT INTO {table} (run_id, "{a}", "{b}", reported, first_seen, settled_n, dissenters, consensus)
+            SELECT %s, k.a, k.b, 1, now(), 0, '{{}}', '{{}}'
+            FROM unnest(%s::{types[0]}[], %s::{types[1]}[]) AS k(a, b)
+            ON CONFLICT (run_id, "{a}", "{b}") DO UPDATE SET reported = {table}.reported + 1
+            RETURNING id, reported
+            """,
+            [run.id, [k[0] for k in keys], [k[1] for k in keys]],
+        )
+        return [slot_id for slot_id, reported in cur.fetchall() if reported >= run.world_size]
+
+
+def overdue(model, now: datetime | None = None) -> list[int]:
+    """Pending slots whose settle timeout has passed."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.LOCKSTEP_SETTLE_TIMEOUT)
+    table = model._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT id FROM {table} WHERE first_seen < %s AND (settled_at IS NULL OR reported > settled_n) LIMIT 5000",
+            [cutoff],
+        )
+        return [row[0] for row in cur.fetchall()]

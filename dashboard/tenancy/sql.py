@@ -1,0 +1,44 @@
+"""The statements that write ranks and runs on ingest's behalf.
+
+Ingest runs them inside its batch transaction (as server-side prepared statements, composed into
+its claim statement where a round trip matters), but only this module names these tables.
+"""
+from __future__ import annotations
+
+from dashboard.tenancy.models import Rank, Run
+
+RANK = Rank._meta.db_table
+RUN = Run._meta.db_table
+
+
+def ranks_seen_cte(source: str) -> str:
+    """CTE `ranked`: upsert each batch's rank facts from CTE `source` (run is %(run)s; columns rank, host,
+    pid, info, step): a rank_start's facts replace the old ones, progress only moves forward."""
+    return f"""
+            ranked AS (
+              INSERT INTO {RANK} (run_id, rank, host, pid, info, status, exit_code, last_step, last_seen)
+              SELECT %(run)s::bigint, rank, host, pid, COALESCE(info::jsonb, '{{}}'::jsonb), 'running', NULL, step, now()
+              FROM {source} ORDER BY rank
+              ON CONFLICT (run_id, rank) DO UPDATE SET
+                host = COALESCE(NULLIF(EXCLUDED.host, ''), {RANK}.host),
+                pid = COALESCE(EXCLUDED.pid, {RANK}.pid),
+                info = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.info ELSE EXCLUDED.info END,
+                last_step = GREATEST({RANK}.last_step, EXCLUDED.last_step),
+                last_seen = now()
+            )"""
+
+
+RANK_ENDS = f"""
+        UPDATE {RANK} r SET status = e.status, exit_code = COALESCE(e.exit_code, r.exit_code)
+        FROM unnest(%(rank)s::int[], %(status)s::text[], %(exit)s::int[]) AS e(rank, status, exit_code)
+        WHERE r.run_id = %(run)s::bigint AND r.rank = e.rank
+        """
+
+# Run liveness stays out of the batch transaction (every rank's batch touches this one row) and is
+# skipped when nothing changes.
+RUN_LIVENESS = f"""
+        UPDATE {RUN} SET last_seen = now(), last_step = GREATEST(last_step, %(step)s::bigint),
+          torch_version = COALESCE(NULLIF(%(torch)s::text, ''), torch_version)
+        WHERE id = %(run)s::bigint AND (last_seen < now() - interval '1 second' OR last_step IS NULL
+                                        OR last_step < %(step)s::bigint OR %(torch)s::text <> '')
+        """
