@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported lazily: the server imports agents.protocol without torch
-    from agents import protocol
+    from agents import crash, protocol
 
 __all__ = ["attach", "fingerprint", "Agent", "NoopAgent"]
 
@@ -40,6 +40,9 @@ class NoopAgent:
     def step(self, n: int) -> None:
         pass
 
+    def mark_crash(self, exc: BaseException, exit_code: int = 1) -> None:
+        pass
+
     def close(self, timeout: float = 10, status: str = "ok", exit_code: int | None = None,
               reason: str | None = None) -> None:
         pass
@@ -60,6 +63,7 @@ class Agent:
         self._closed = False
         self._ended = False
         self._end: tuple[str, int | None, str | None] = ("ok", None, None)
+        self._crash: "crash.Crash | None" = None
         self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every, on_layout=self._layout_known)
         start = self._rank_start()  # before the sender starts, so rank_start is the first event
         texts = GraphTexts()  # filled by the capture, asked for by the server through the transport
@@ -92,7 +96,8 @@ class Agent:
         return protocol.RankStart(
             ts=time.time(), host=socket.gethostname()[:512], pid=os.getpid(), local_rank=self.cfg.local_rank,
             device=env.device(self.cfg.local_rank), versions=env.versions(), config_hash=env.config_hash(),
-            env=env.filtered_env(), cache_dirs=env.cache_dirs(), collective_timeout_s=env.collective_timeout_s(),
+            env=env.filtered_env(), cache_dirs=(dirs := env.cache_dirs()), cache_fs=env.cache_locations(dirs),
+            codegen=env.codegen(), collective_timeout_s=env.collective_timeout_s(),
             params=params or [], buckets=buckets or [], fp_algo=ALGO,
         )
 
@@ -109,6 +114,13 @@ class Agent:
     def mark_end(self, status: str, exit_code: int | None = None, reason: str | None = None) -> None:
         """Remember how the process is ending; `close` reports it in rank_end."""
         self._end = (status, exit_code, reason)
+
+    def mark_crash(self, exc: BaseException, exit_code: int = 1) -> None:
+        """The process is ending with this exception: rank_end names its type, message and frame."""
+        from agents.crash import describe
+
+        self._crash = describe(exc)
+        self._end = ("error", exit_code, self._crash.reason)
 
     def close(self, timeout: float = 10, status: str | None = None, exit_code: int | None = None,
               reason: str | None = None) -> None:
@@ -130,8 +142,11 @@ class Agent:
             from agents import protocol
 
             st, code, why = self._end
+            crash = self._crash if st == "error" else None
             self.transport.put(protocol.RankEnd(ts=time.time(), status=st, exit_code=code,
-                                                reason=why[:16_384] if why else None))
+                                                reason=why[:16_384] if why else None,
+                                                exc_type=crash.exc_type[:512] if crash else None,
+                                                where=crash.where[:512] if crash and crash.where else None))
             self._ended = True
         self.transport.close(timeout)
 
@@ -142,7 +157,7 @@ def _install_process_hooks(agent: Agent) -> None:
     previous_hook = sys.excepthook
 
     def excepthook(tp, value, tb):
-        agent.mark_end("error", 1, f"{tp.__name__}: {value}")
+        agent.mark_crash(value.with_traceback(tb) if tb is not None else value)
         agent.close()
         previous_hook(tp, value, tb)
 

@@ -75,7 +75,9 @@ def run_script(script: str, args: list[str]) -> int:
         code, status, reason = 130, "signal", "KeyboardInterrupt"
     except BaseException as e:
         traceback.print_exc()
-        code, status, reason = 1, "error", f"{type(e).__name__}: {e}"
+        agent.mark_crash(e)
+        agent.close()
+        return 1
     agent.close(status=status, exit_code=code, reason=reason)
     return code
 

@@ -74,6 +74,59 @@ def filtered_env() -> dict[str, str]:
             for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
+NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "fuse.ceph", "glusterfs",
+                        "fuse.glusterfs", "9p", "fuse.sshfs", "wekafs", "fuse.juicefs", "fuse.s3fs", "afs"})
+
+
+def cache_locations(dirs: dict[str, str]) -> dict[str, dict]:
+    """Per cache dir: resolved path, filesystem type and id, and whether other hosts can mount it."""
+    mounts = _mounts()
+    out = {}
+    for name, path in dirs.items():
+        try:
+            real = os.path.realpath(path)
+            fs = _fs_type(real, mounts)
+            fsid = format(os.statvfs(_existing(real)).f_fsid, "x")
+            out[name] = {"path": real, "fs": fs, "fsid": fsid, "shared": fs in NETWORK_FS}
+        except OSError:
+            continue
+    return out
+
+
+def _existing(path: str) -> str:
+    """The deepest existing directory of `path` (a cache dir may not exist before the first compile)."""
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path or "/"
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, fs type), longest mount point first."""
+    try:
+        with open("/proc/mounts") as f:
+            rows = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return []
+    return sorted(((point.replace("\\040", " "), kind) for point, kind in rows), key=lambda r: -len(r[0]))
+
+
+def _fs_type(path: str, mounts: list[tuple[str, str]]) -> str:
+    for point, kind in mounts:
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            return kind
+    return ""
+
+
+def codegen() -> dict[str, str]:
+    """Facts that change the code Inductor generates but not its cache keys: the CPU vector ISA
+    (`ATEN_CPU_CAPABILITY`, or the node's CPU) picks the vector width of C++ kernels, and a cached
+    kernel built for another width computes garbage (reproduced on torch 2.13)."""
+    try:
+        return {"cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+    except Exception:
+        return {}
+
+
 def cache_dirs() -> dict[str, str]:
     out = {}
     try:

@@ -44,6 +44,17 @@ class Event(msgspec.Struct, tag_field="t", kw_only=True, omit_defaults=True):
     ts: float = 0.0
 
 
+class CacheLocation(msgspec.Struct, omit_defaults=True):
+    """Where a cache directory really is, so the server can tell a shared cache from two local ones
+    that happen to have the same path: the resolved path, the filesystem type and id, and whether
+    that filesystem is one that other hosts mount too (NFS, Lustre, ...)."""
+
+    path: Text = ""
+    fs: Short = ""
+    fsid: Short = ""
+    shared: bool = False
+
+
 class RankStart(Event, tag="rank_start"):
     host: Short = ""
     pid: NonNeg = 0
@@ -53,6 +64,8 @@ class RankStart(Event, tag="rank_start"):
     config_hash: Short = ""
     env: dict[Short, Text] = {}
     cache_dirs: dict[Short, Text] = {}
+    cache_fs: dict[Short, CacheLocation] = {}  # per cache_dirs entry
+    codegen: dict[Short, Short] = {}  # what shapes generated code but not cache keys (cpu_capability)
     collective_timeout_s: Seconds | None = None
     params: list[Short] = []
     buckets: list[list[NonNeg]] = []
@@ -209,7 +222,9 @@ class Detail(Event, tag="detail"):
 class RankEnd(Event, tag="rank_end"):
     status: Short = "ok"  # ok | error | signal | abort
     exit_code: int | None = None
-    reason: Text | None = None
+    reason: Text | None = None  # "ExceptionType: message", or the signal
+    exc_type: Short | None = None
+    where: Short | None = None  # innermost frame of the exception: "file.py:line function"
 
 
 class Dropped(Event, tag="dropped"):

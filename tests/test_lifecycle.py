@@ -11,9 +11,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from dashboard.delivery import notify, webhooks
+from dashboard.delivery import notifications, notify
 from dashboard.detection import lifecycle, runs, settle
 from dashboard.delivery.models import Notification, Webhook
+from dashboard.delivery.transports import TransportError
 from dashboard.detection.models import Alert, Baseline, Silence
 from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Rank, Run
@@ -97,10 +98,11 @@ def test_webhook_gets_each_revision_once_even_when_retried(post, project, receiv
     notes = deliver_all()
     assert len(notes) == 1 and deliver_all() == []  # delivered revisions are not re-queued
     fail_first["n"] = 1
-    with pytest.raises(Exception):
-        webhooks.send(notes[0])
-    assert Notification.objects.get().state == "pending" and Notification.objects.get().attempts == 1
-    assert webhooks.send(notes[0]) and webhooks.send(notes[0])  # retry delivers; a redelivered task is a no-op
+    with pytest.raises(TransportError):
+        notifications.send(notes[0])
+    failed = Notification.objects.get()
+    assert failed.state == "pending" and failed.attempts == 1 and "503" in failed.last_error
+    assert notifications.send(notes[0]) and notifications.send(notes[0])  # retry delivers; a redelivered task is a no-op
     assert len(received) == 1
     assert received[0]["text"].startswith("[CRITICAL] grad_divergence")
     assert received[0]["lockstep"]["alert"]["ranks"] == [1]

@@ -11,9 +11,14 @@ BEFORE_RANKS = ("ingest", "0003_grad_watermark")
 RANKS = ("ingest", "0004_grad_report_ranks")
 
 
-def _migrate(target: tuple[str, str]) -> None:
+def _migrate(*targets: tuple[str, str | None]) -> None:
     executor = MigrationExecutor(connection)
-    executor.migrate([target])
+    executor.migrate(list(targets))
+
+
+def _latest() -> None:
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 def _query(sql: str, params: list | None = None) -> list[tuple]:
@@ -38,6 +43,65 @@ def test_grad_rows_keep_their_ranks_both_ways_across_0004():
 
         _migrate(BEFORE_RANKS)  # a shared row becomes one row per rank
         assert sorted(_query("SELECT rank, step, fps FROM ingest_gradreport")) == [(0, 6, [9]), (1, 5, [7, 8]), (2, 6, [9])]
-    finally:
         _migrate(RANKS)
+    finally:
+        _latest()
     assert sorted(_query("SELECT ranks, step FROM ingest_gradreport")) == [([0], 6), ([1], 5), ([2], 6)]
+
+
+BEFORE_SPLIT = [("ingest", "0004_grad_report_ranks"), ("dashboard", "0004_settled_slot_index"),
+                ("tenancy", None), ("ledger", None), ("detection", None), ("delivery", None)]
+MOVED = {"project": ("ingest", "tenancy"), "run": ("ingest", "tenancy"), "gradwatermark": ("ingest", "ledger"),
+         "alert": ("dashboard", "detection"), "detailrequest": ("dashboard", "ledger"), "webhook": ("dashboard", "delivery")}
+
+
+def _detail_alert_fk() -> int:
+    return _query("SELECT count(*) FROM pg_constraint WHERE conrelid = 'dashboard_detailrequest'::regclass"
+                  " AND confrelid = 'dashboard_alert'::regclass AND contype = 'f'")[0][0]
+
+
+def _labels() -> dict[str, str]:
+    rows = _query("SELECT model, app_label FROM django_content_type WHERE model = ANY(%s)", [list(MOVED)])
+    return dict(rows)
+
+
+def test_the_split_into_apps_keeps_every_row_both_ways():
+    """0005 of `dashboard` and `ingest` hand their models to tenancy, ledger, detection and delivery
+    without touching a row; the one schema change (a detail request's alert id loses its foreign
+    key) and the content types go back too."""
+    from dashboard.detection.models import Alert
+    from dashboard.ledger.models import DetailRequest, GradWatermark
+    from dashboard.tenancy.models import Project
+
+    _migrate(*BEFORE_SPLIT)
+    try:
+        _query("INSERT INTO django_content_type (app_label, model) VALUES " + ", ".join(
+            f"('{old}', '{model}')" for model, (old, _) in MOVED.items()) + " ON CONFLICT DO NOTHING")
+        _query("DELETE FROM django_content_type WHERE app_label IN ('tenancy', 'ledger', 'detection', 'delivery')")
+        _query("INSERT INTO ingest_project (name, created_at) VALUES ('split', now())")
+        _query("INSERT INTO ingest_run (key, name, world_size, meta, torch_version, started_at, last_seen, project_id)"
+               " SELECT 'split-run', 'split', 2, '{}', '2.13', now(), now(), id FROM ingest_project")
+        _query("INSERT INTO ingest_gradwatermark (run_id, \"group\", rank, step) SELECT id, 'ddp', 1, 41 FROM ingest_run")
+        _query("INSERT INTO dashboard_alert (run_id, kind, subject, severity, state, ranks, message, details, count,"
+               " first_seen, last_seen, revision, notified_revision) SELECT id, 'grad_divergence', 'group:ddp', 'critical',"
+               " 'firing', '{1}', 'm', '{}', 1, now(), now(), 1, 0 FROM ingest_run")
+        _query("INSERT INTO dashboard_detailrequest (run_id, rank, step, \"group\", alert_id)"
+               " SELECT run_id, 1, 41, 'ddp', id FROM dashboard_alert")
+        assert _detail_alert_fk() == 1
+
+        _latest()
+        assert _detail_alert_fk() == 0
+        assert _labels() == {model: new for model, (_, new) in MOVED.items()}
+        run = Project.objects.get(name="split").runs.get()
+        alert = Alert.objects.get(run=run)
+        assert (alert.kind, alert.ranks) == ("grad_divergence", [1])
+        assert DetailRequest.objects.get(run=run).alert_id == alert.id
+        assert GradWatermark.objects.get(run=run).step == 41
+
+        _migrate(*BEFORE_SPLIT)
+        assert _detail_alert_fk() == 1
+        assert _labels() == {model: old for model, (old, _) in MOVED.items()}
+        assert _query("SELECT r.key, a.kind, d.step FROM ingest_run r JOIN dashboard_alert a ON a.run_id = r.id"
+                      " JOIN dashboard_detailrequest d ON d.alert_id = a.id") == [("split-run", "grad_divergence", 41)]
+    finally:
+        _latest()

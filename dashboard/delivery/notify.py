@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from dashboard.delivery import webhooks
+from dashboard.delivery import notifications
 from dashboard.detection import lifecycle, silences
 from dashboard.detection.models import Alert
 
@@ -63,7 +63,7 @@ def deliver(alert_id: int) -> list[int]:
             return []
         push([alert])
         mute = silences.mute_state(alert)
-        notes = [] if mute["silenced"] or mute["inhibited"] else webhooks.queue(alert)
+        notes = [] if mute["silenced"] or mute["inhibited"] else notifications.queue(alert)
         lifecycle.mark_notified(alert)
     return notes
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from dashboard.delivery import notify, webhooks
+from dashboard.delivery import notifications, notify
 from dashboard.detection import runs
 
 RETRY_BACKOFF_MAX_S = 300
@@ -26,7 +26,7 @@ def deliver(alert_id: int) -> int:
 @shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=10)
 def send_webhook(self, notification_id: int) -> None:
     try:
-        webhooks.send(notification_id)
+        notifications.send(notification_id)
     except Exception as exc:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, RETRY_BACKOFF_MAX_S))
 

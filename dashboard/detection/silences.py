@@ -1,23 +1,50 @@
 """Which alerts are muted: by a silence (matchers + expiry) or inhibited by their rank going silent.
 
-Muted alerts are still stored and shown (marked); they only skip notifications.
+Muted alerts are still stored and shown (marked); they only skip notifications. `covers` is the
+one matcher: notifications (`matching`) and the alerts page (`first_covering`) both ask it.
 """
 from __future__ import annotations
 
-from django.db.models import Q
+from collections.abc import Collection, Iterable
+from datetime import datetime
+
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard.detection.models import Alert, Silence
+from dashboard.tenancy.models import Run
 
 
-def active(project_id: int):
-    return Silence.objects.filter(project_id=project_id, expires_at__gt=timezone.now())
+def active(project_ids: Collection[int]) -> QuerySet[Silence]:
+    return Silence.objects.filter(project_id__in=project_ids, expires_at__gt=timezone.now())
+
+
+def covers(silence: Silence, alert: Alert) -> bool:
+    """Alertmanager-style matchers: a blank run, kind or rank matches anything; rank is one of the alert's."""
+    return (silence.project_id == alert.run.project_id
+            and (silence.run_id is None or silence.run_id == alert.run_id)
+            and (not silence.kind or silence.kind == alert.kind)
+            and (silence.rank is None or silence.rank in alert.ranks))
 
 
 def matching(alert: Alert) -> list[Silence]:
-    candidates = active(alert.run.project_id).filter(Q(run__isnull=True) | Q(run_id=alert.run_id))
-    candidates = candidates.filter(Q(kind="") | Q(kind=alert.kind))
-    return [s for s in candidates if s.rank is None or s.rank in alert.ranks]
+    return [s for s in active([alert.run.project_id]) if covers(s, alert)]
+
+
+def first_covering(alert: Alert, silences: Iterable[Silence]) -> Silence | None:
+    """For a page of alerts: match in memory against active silences fetched once."""
+    return next((s for s in silences if covers(s, alert)), None)
+
+
+def create(project_id: int, run: Run | None, kind: str, rank: int | None, until: datetime, comment: str,
+           author) -> Silence:
+    return Silence.objects.create(project_id=project_id, run=run, kind=kind, rank=rank, expires_at=until,
+                                  comment=comment, author=author)
+
+
+def expire(silence: Silence) -> None:
+    silence.expires_at = timezone.now()
+    silence.save(update_fields=["expires_at"])
 
 
 def silent_ranks(run_id: int) -> set[int]:

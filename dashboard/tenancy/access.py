@@ -1,20 +1,19 @@
-"""Which runs a logged-in user may see: every page goes through here, so a run of another
-project is a 404 (pages do not confirm that it exists)."""
+"""Which runs a caller may see: the runs of their projects, nothing else.
+
+The read API (token or session) and the pages (session) both resolve runs through here, so one
+rule decides what either door shows.
+"""
 from __future__ import annotations
 
-from django.db.models import QuerySet
-from django.http import Http404, HttpRequest
-
-from dashboard.tenancy.auth import user_project_ids
+from dashboard.tenancy.auth import Principal, user_project_ids
 from dashboard.tenancy.models import Run
 
 
-def visible_runs(request: HttpRequest) -> QuerySet[Run]:
-    return Run.objects.filter(project_id__in=user_project_ids(request.user))
+def principal_for(user) -> Principal:
+    """A logged-in page user as the same kind of caller the API sees (never a bearer token)."""
+    return Principal(user_project_ids(user), user)
 
 
-def visible_run(request: HttpRequest, key: str) -> Run:
-    found = visible_runs(request).select_related("project").filter(key=key).first()
-    if found is None:
-        raise Http404("no such run")
-    return found
+def visible_run(caller: Principal, key: str) -> Run | None:
+    """The caller's run of that key; None when it is missing or belongs to another project."""
+    return caller.runs().select_related("project").filter(key=key).first()

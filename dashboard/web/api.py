@@ -1,41 +1,117 @@
-"""Read API v1 (DESIGN 3.3): JSON for bearer tokens (one project) and session users (their projects)."""
+"""Read API v1 (DESIGN 3.3) and its few actions: the JSON door over `services`.
+
+Each view parses the request, calls one service and renders the result. The decorators name the
+caller (bearer token or session) or refuse; any `Problem` raised on the way is answered as
+`{"error": message}` (plus `"path"` naming the input at fault) with the problem's status.
+"""
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from functools import wraps
 
-from django.db.models import Count, Q
 from django.http import HttpRequest, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
 
-from dashboard.detection.models import Alert
+from dashboard.detection.models import Silence
 from dashboard.tenancy import auth
-from dashboard.tenancy.models import Run
+from dashboard.tenancy.auth import Principal
+from dashboard.tenancy.models import Rank, Run
+from dashboard.web import services
+from dashboard.web.forms import SilenceForm
+from dashboard.web.problems import Problem
+
+RUNS_LISTED = 500
+
+Gate = Callable[[HttpRequest], Principal]
+View = Callable[..., JsonResponse]
 
 
-def api_view(fn):
-    """Authenticate (bearer or session) and pass the principal; 401 JSON otherwise, GET only."""
-
-    @wraps(fn)
-    def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
-        if request.method != "GET":
-            return JsonResponse({"error": "method not allowed"}, status=405)
-        who = auth.principal(request)
-        if who is None:
-            return JsonResponse({"error": "authentication required (bearer token or session)"}, status=401)
-        return fn(request, who, *args, **kwargs)
-
-    return wrapper
+def problem_response(problem: Problem) -> JsonResponse:
+    body = {"error": problem.message}
+    if problem.path is not None:
+        body["path"] = problem.path
+    return JsonResponse(body, status=problem.status)
 
 
-def _visible_run(who: auth.Principal, key: str) -> Run | JsonResponse:
-    run = Run.objects.select_related("project").filter(key=key).first()
-    if run is None:
-        return JsonResponse({"error": f"no run {key!r}"}, status=404)
-    if not who.can_see(run):
-        return JsonResponse({"error": f"run {key!r} belongs to another project"}, status=403)
-    return run
+def _json_door(gate: Gate) -> Callable[[View], View]:
+    """Views get the caller `gate` names; Problems raised by the gate or the view become JSON errors."""
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+            try:
+                return view(request, gate(request), *args, **kwargs)
+            except Problem as problem:
+                return problem_response(problem)
+
+        return wrapper
+
+    return decorate
 
 
-def run_summary(run: Run, critical: int, warning: int) -> dict:
+def _reader(request: HttpRequest) -> Principal:
+    """GET by a bearer token or a session user."""
+    if request.method != "GET":
+        raise Problem(405, "method not allowed")
+    who = auth.principal(request)
+    if who is None:
+        raise Problem(401, "authentication required (bearer token or session)")
+    return who
+
+
+def _poster(request: HttpRequest, tokens: bool) -> Principal:
+    """POST by a logged-in user with a valid CSRF token, or, where `tokens`, by a bearer token.
+
+    Bearer tokens name a project, not a person, so they cannot acknowledge or silence; automation
+    (e.g. CI choosing a baseline) may use them. A token carries no cookie, so it needs no CSRF check.
+    """
+    if request.method != "POST":
+        raise Problem(405, "method not allowed")
+    bearer = auth.bearer_token(request) is not None
+    if bearer and not tokens:
+        raise Problem(403, "acknowledging and silencing need a user session, not a project token")
+    who = auth.principal(request)
+    if who is None:
+        raise Problem(401, "authentication required")
+    if not bearer and CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None:
+        raise Problem(403, "CSRF check failed")
+    return who
+
+
+def _person(request: HttpRequest) -> Principal:
+    return _poster(request, tokens=False)
+
+
+def _person_or_token(request: HttpRequest) -> Principal:
+    return _poster(request, tokens=True)
+
+
+api_view = _json_door(_reader)
+
+
+def api_action(view: View) -> View:
+    """An action a person takes (their name goes on it)."""
+    return csrf_exempt(_json_door(_person)(view))
+
+
+def api_automation(view: View) -> View:
+    """An action a person or a project token may take."""
+    return csrf_exempt(_json_door(_person_or_token)(view))
+
+
+def _json_body(request: HttpRequest, message: str) -> object:
+    try:
+        return json.loads(request.body or b"{}")
+    except ValueError:
+        raise Problem(400, message) from None
+
+
+# --- JSON shapes (DESIGN 3.3) ------------------------------------------------------------
+
+def run_json(run: Run) -> dict:
+    """A runs-list row; `run` carries the alert counts `services.runs_list` annotates."""
     return {
         "key": run.key,
         "name": run.name,
@@ -45,168 +121,77 @@ def run_summary(run: Run, critical: int, warning: int) -> dict:
         "torch_version": run.torch_version,
         "started_at": run.started_at.isoformat(),
         "last_step": run.last_step,
-        "alerts": {"critical": critical, "warning": warning},
+        "alerts": {"critical": run.critical, "warning": run.warning},
     }
 
 
-def with_alert_counts(runs):
-    firing = Q(alerts__state=Alert.State.FIRING)
-    return runs.annotate(
-        critical=Count("alerts", filter=firing & Q(alerts__severity="critical"), distinct=True),
-        warning=Count("alerts", filter=firing & Q(alerts__severity="warning"), distinct=True),
-        ended=Count("ranks", filter=~Q(ranks__status="running"), distinct=True),
-    )
+def rank_json(rank: Rank) -> dict:
+    return {"rank": rank.rank, "host": rank.host, "last_step": rank.last_step, "last_seen": rank.last_seen.isoformat(),
+            "status": rank.status}
 
 
-@api_view
-def runs(request: HttpRequest, who: auth.Principal) -> JsonResponse:
-    rows = with_alert_counts(who.runs().select_related("project")).order_by("-started_at")[:500]
-    return JsonResponse({"runs": [run_summary(r, r.critical, r.warning) for r in rows]})
-
-
-@api_view
-def run_detail(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
-    run = _visible_run(who, key)
-    if isinstance(run, JsonResponse):
-        return run
-    run = with_alert_counts(Run.objects.filter(id=run.id).select_related("project")).get()
-    body = run_summary(run, run.critical, run.warning)
-    body["ranks"] = [
-        {"rank": r.rank, "host": r.host, "last_step": r.last_step, "last_seen": r.last_seen.isoformat(), "status": r.status}
-        for r in run.ranks.all()
-    ]
-    body["summary"] = {
-        "ranks_reporting": len(body["ranks"]),
-        "compile_slots": run.compileslot_set.count(),
-        "grad_slots": run.gradslot_set.count(),
+def silence_json(s: Silence) -> dict:
+    return {
+        "id": s.id, "project": s.project.name, "run": s.run.key if s.run else None, "kind": s.kind or None,
+        "rank": s.rank, "expires_at": s.expires_at.isoformat(), "comment": s.comment,
+        "author": s.author.get_username() if s.author else None, "created_at": s.created_at.isoformat(),
     }
-    return JsonResponse(body)
+
+
+# --- reads -------------------------------------------------------------------------------
+
+@api_view
+def runs(request: HttpRequest, who: Principal) -> JsonResponse:
+    return JsonResponse({"runs": [run_json(r) for r in services.runs_list(who)[:RUNS_LISTED]]})
 
 
 @api_view
-def run_alerts(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
-    run = _visible_run(who, key)
-    if isinstance(run, JsonResponse):
-        return run
-    alerts = run.alerts.select_related("acked_by", "run")
-    return JsonResponse({"alerts": [a.as_json() for a in alerts]})
+def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
+    run = services.run_with_alert_counts(who, key)
+    ranks = [rank_json(r) for r in run.ranks.all()]
+    summary = {"ranks_reporting": len(ranks), "compile_slots": run.compileslot_set.count(),
+               "grad_slots": run.gradslot_set.count()}
+    return JsonResponse({**run_json(run), "ranks": ranks, "summary": summary})
 
-
-# --- timeline and compare (DESIGN 3.3) -----------------------------------------------------
 
 @api_view
-def run_timeline(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
+def run_alerts(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
+    return JsonResponse({"alerts": [a.as_json() for a in services.run_alerts(who, key)]})
+
+
+@api_view
+def run_timeline(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
     """Ranks x time compile spans and markers, ranks x steps agreement: aggregated server-side."""
-    from dashboard.web.pages import timeline
-
-    run = _visible_run(who, key)
-    if isinstance(run, JsonResponse):
-        return run
-    return JsonResponse(timeline.timeline(run))
+    return JsonResponse(services.run_timeline(who, key))
 
 
 @api_view
-def compare(request: HttpRequest, who: auth.Principal) -> JsonResponse:
-    from dashboard.web.pages import compare as comparing
-
-    keys = list(dict.fromkeys(k for k in request.GET.get("runs", "").split(",") if k))
-    if not 2 <= len(keys) <= 8:
-        return JsonResponse({"error": "pass 2 to 8 run keys: ?runs=<key>,<key>[,...]"}, status=400)
-    runs = []
-    for key in keys:
-        run = _visible_run(who, key)
-        if isinstance(run, JsonResponse):
-            return run
-        runs.append(run)
-    return JsonResponse(comparing.compare(runs))
+def compare(request: HttpRequest, who: Principal) -> JsonResponse:
+    return JsonResponse(services.compare(who, request.GET.get("runs", "").split(",")))
 
 
-# --- acknowledge and silence (session users only: an ack names a person) -----------------
+# --- actions -----------------------------------------------------------------------------
 
-def api_action(fn=None, *, tokens: bool = False):
-    """POST by a logged-in user with a valid CSRF token; JSON errors (401/403/405) otherwise.
-
-    Bearer tokens name a project, not a person, so they cannot acknowledge or silence; actions
-    made with `tokens=True` (automation, e.g. CI choosing a baseline) accept them too.
-    """
-    if fn is None:
-        return lambda f: api_action(f, tokens=tokens)
-    from django.middleware.csrf import CsrfViewMiddleware
-    from django.views.decorators.csrf import csrf_exempt
-
-    @csrf_exempt
-    @wraps(fn)
-    def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
-        if request.method != "POST":
-            return JsonResponse({"error": "method not allowed"}, status=405)
-        bearer = auth.bearer_token(request) is not None
-        if bearer and not tokens:
-            return JsonResponse({"error": "acknowledging and silencing need a user session, not a project token"}, status=403)
-        who = auth.principal(request)
-        if who is None:
-            return JsonResponse({"error": "authentication required"}, status=401)
-        if bearer:
-            return fn(request, who, *args, **kwargs)
-        rejected = CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
-        if rejected is not None:
-            return JsonResponse({"error": "CSRF check failed"}, status=403)
-        return fn(request, who, *args, **kwargs)
-
-    return wrapper
+@api_action
+def alert_ack(request: HttpRequest, who: Principal, alert_id: int) -> JsonResponse:
+    return JsonResponse(services.acknowledge(who, alert_id).as_json())
 
 
 @api_action
-def alert_ack(request: HttpRequest, who: auth.Principal, alert_id: int) -> JsonResponse:
-    from dashboard.web.pages import alerting
-
-    alert = Alert.objects.select_related("run", "acked_by").filter(id=alert_id).first()
-    if alert is None:
-        return JsonResponse({"error": f"no alert {alert_id}"}, status=404)
-    if not who.can_see(alert.run):
-        return JsonResponse({"error": "alert belongs to another project"}, status=403)
-    return JsonResponse(alerting.acknowledge(alert, who.user).as_json())
-
-
-@api_action
-def silences(request: HttpRequest, who: auth.Principal) -> JsonResponse:
-    import json
-
-    from dashboard.web.pages import alerting
-
-    try:
-        data = json.loads(request.body or b"{}")
-    except ValueError:
-        return JsonResponse({"error": "body must be JSON"}, status=400)
-    form = alerting.SilenceForm(data if isinstance(data, dict) else {})
+def silences(request: HttpRequest, who: Principal) -> JsonResponse:
+    data = _json_body(request, "body must be JSON")
+    form = SilenceForm(data if isinstance(data, dict) else {})
     if not form.is_valid():
         return JsonResponse({"error": "invalid silence", "fields": form.errors.get_json_data()}, status=400)
-    made = alerting.create_silence(form.cleaned_data, who.user, who.project_ids)
-    if isinstance(made, str):
-        return JsonResponse({"error": made}, status=400)
-    return JsonResponse(alerting.silence_json(made), status=201)
+    return JsonResponse(silence_json(services.create_silence(who, form.cleaned_data)), status=201)
 
 
-@api_action(tokens=True)
-def run_baseline(request: HttpRequest, who: auth.Principal, key: str) -> JsonResponse:
+@api_automation
+def run_baseline(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
     """`{"baseline": "<run key>"}`: compare this run step by step with that one (baseline_divergence)."""
-    import json
-
-    from dashboard.detection import tasks as detection_tasks
-
-    run = _visible_run(who, key)
-    if isinstance(run, JsonResponse):
-        return run
-    try:
-        base_key = json.loads(request.body or b"{}").get("baseline")
-    except (ValueError, AttributeError):
-        return JsonResponse({"error": "body must be a JSON object"}, status=400)
-    if not isinstance(base_key, str) or not base_key:
-        return JsonResponse({"error": "baseline must be a run key", "path": "baseline"}, status=400)
-    base = _visible_run(who, base_key)
-    if isinstance(base, JsonResponse):
-        return base
-    try:
-        detection_tasks.choose_baseline(run, base, who.user)
-    except ValueError as exc:
-        return JsonResponse({"error": str(exc), "path": "baseline"}, status=400)
-    return JsonResponse({"run": run.key, "baseline": base.key}, status=201)
+    run = services.run_for(who, key)
+    body = _json_body(request, "body must be a JSON object")
+    if not isinstance(body, dict):
+        raise Problem(400, "body must be a JSON object")
+    link = services.choose_baseline(who, run, body.get("baseline"))
+    return JsonResponse({"run": run.key, "baseline": link.baseline.key}, status=201)

@@ -52,6 +52,22 @@ def test_run_reports_script_failure_in_rank_end(tmp_path):
     events = events_of(read_spool(str(tmp_path / "spool"))[0])
     assert isinstance(events[0], protocol.RankStart) and isinstance(events[-1], protocol.RankEnd)
     assert events[-1].status == "error" and events[-1].exit_code == 1 and "boom" in events[-1].reason
+    assert events[-1].exc_type == "ValueError" and events[-1].where.endswith("boom.py:3 <module>")
+
+
+def test_rank_start_says_where_the_cache_is_and_what_code_it_builds(tmp_path):
+    """rank_start carries the cache dir's real location and the CPU ISA that shapes generated code
+    (ATEN_CPU_CAPABILITY: the setting Inductor's cache keys leave out)."""
+    script = tmp_path / "quiet.py"
+    script.write_text("print('ok')\n")
+    cache = tmp_path / "cache"
+    rc, out = _run([sys.executable, "-m", "agents", "run", str(script)],
+                   _env(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(cache), ATEN_CPU_CAPABILITY="default"))
+    assert rc == 0, out
+    start = events_of(read_spool(str(tmp_path / "spool"))[0])[0]
+    assert start.codegen == {"cpu_capability": "DEFAULT"}
+    location = start.cache_fs["inductor"]
+    assert location.path == str(cache.resolve()) and location.fs and location.fsid and not location.shared
 
 
 def _free_port() -> int:

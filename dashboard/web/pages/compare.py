@@ -5,19 +5,13 @@ numbers (library frames move between torch versions, the code they compile does 
 """
 from __future__ import annotations
 
-from django.db import connection
-
 from dashboard.web.pages.timeline import OUTCOME_SQL
 from dashboard.tenancy.models import Rank, Run
+from dashboard.web import sql
 
 CURVE_BINS = 200
 ENV_SECTIONS = ("versions", "config_hash", "device", "collective_timeout_s", "fp_algo", "norm_v", "env", "cache_dirs")
 
-
-def _rows(sql: str, params) -> list[tuple]:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
 
 
 def frame_key(frame: str) -> str:
@@ -65,16 +59,16 @@ def environment_diff(runs: list[Run]) -> list[dict]:
 # --- compile summary ---------------------------------------------------------------------
 
 def compile_summary(run: Run) -> dict:
-    compiles, graphs, ranks, time_s, recompiles, failures, hits = _rows(
+    compiles, graphs, ranks, time_s, recompiles, failures, hits = sql.rows(
         f"""
         SELECT count(*), count(DISTINCT (frame, index)), count(DISTINCT rank), coalesce(sum(compile_time), 0),
                count(*) FILTER (WHERE index > 0), count(*) FILTER (WHERE status <> 'ok'),
                count(*) FILTER (WHERE ({OUTCOME_SQL}) = 'hit')
-        FROM ingest_compileevent WHERE run_id = %s
+        FROM {{compile_events}} WHERE run_id = %s
         """,
         [run.id],
     )[0]
-    breaks = _rows("SELECT count(*) FROM ingest_graphbreakevent WHERE run_id = %s", [run.id])[0][0]
+    breaks = sql.rows("SELECT count(*) FROM {graph_breaks} WHERE run_id = %s", [run.id])[0][0]
     per_rank = max(ranks, 1)
     return {
         "compile_time_s": round(time_s / per_rank, 3),  # per rank: what each rank spent compiling
@@ -91,11 +85,11 @@ def compile_summary(run: Run) -> dict:
 # --- frames ------------------------------------------------------------------------------
 
 def run_frames(run: Run) -> dict[str, dict]:
-    rows = _rows(
+    rows = sql.rows(
         """
         SELECT frame, count(DISTINCT index), count(DISTINCT rank), coalesce(sum(compile_time), 0),
                max((detail->'counts'->>'graph_op_count')::bigint), array_agg(DISTINCT graph_norm ORDER BY graph_norm)
-        FROM ingest_compileevent WHERE run_id = %s GROUP BY frame
+        FROM {compile_events} WHERE run_id = %s GROUP BY frame
         """,
         [run.id],
     )
@@ -125,12 +119,12 @@ def frame_alignment(runs: list[Run]) -> list[dict]:
 
 def first_fingerprint_difference(base: Run, other: Run) -> dict:
     """First step whose consensus gradient fingerprints differ between the runs (same group)."""
-    step, group, compared = _rows(
+    step, group, compared = sql.rows(
         """
         SELECT min(a.step) FILTER (WHERE a.consensus->'reference' IS DISTINCT FROM b.consensus->'reference'),
                (array_agg(a."group" ORDER BY a.step) FILTER (WHERE a.consensus->'reference' IS DISTINCT FROM b.consensus->'reference'))[1],
                count(*)
-        FROM dashboard_gradslot a JOIN dashboard_gradslot b ON a.step = b.step AND a."group" = b."group"
+        FROM {grad_slots} a JOIN {grad_slots} b ON a.step = b.step AND a."group" = b."group"
         WHERE a.run_id = %s AND b.run_id = %s AND a.consensus <> '{}'::jsonb AND b.consensus <> '{}'::jsonb
         """,
         [base.id, other.id],
@@ -140,13 +134,13 @@ def first_fingerprint_difference(base: Run, other: Run) -> dict:
 
 def step_curve(run: Run, bins: int = CURVE_BINS) -> list[list]:
     """[step, mean step time, max step time] per step bin, over all ranks."""
-    lo, hi = _rows("SELECT min(step), max(step) FROM ingest_stepreport WHERE run_id = %s", [run.id])[0]
+    lo, hi = sql.rows("SELECT min(step), max(step) FROM {step_reports} WHERE run_id = %s", [run.id])[0]
     if lo is None:
         return []
     width = max(1, -(-(hi - lo + 1) // bins))
-    rows = _rows(
+    rows = sql.rows(
         """
-        SELECT min(step), avg(step_time), max(step_time) FROM ingest_stepreport
+        SELECT min(step), avg(step_time), max(step_time) FROM {step_reports}
         WHERE run_id = %s AND step_time IS NOT NULL GROUP BY (step - %s) / %s ORDER BY 1
         """,
         [run.id, lo, width],

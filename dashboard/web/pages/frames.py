@@ -11,10 +11,9 @@ import difflib
 import json
 from dataclasses import dataclass
 
-from django.db import connection
-
 from dashboard.ledger.models import CompileSlot
 from dashboard.tenancy.models import Run
+from dashboard.web import sql
 from ingest.models import CompileEvent, GraphBreakEvent
 
 
@@ -87,17 +86,16 @@ def slots(run: Run, frame: str) -> list[CompileSlot]:
 
 def reasons(run: Run, frame: str) -> list[dict]:
     """Distinct recompile / failure reasons with the ranks that gave them (ranks listed compactly)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT index, coalesce(recompile_reason, ''), coalesce(fail_reason, ''), array_agg(DISTINCT rank ORDER BY rank)
-            FROM ingest_compileevent WHERE run_id = %s AND frame = %s
-              AND (recompile_reason IS NOT NULL OR fail_reason IS NOT NULL)
-            GROUP BY 1, 2, 3 ORDER BY 1 LIMIT 500
-            """,
-            [run.id, frame],
-        )
-        return [{"index": i, "reason": r, "failure": f, "ranks": rank_ranges(ranks)} for i, r, f, ranks in cur.fetchall()]
+    found = sql.rows(
+        """
+        SELECT index, coalesce(recompile_reason, ''), coalesce(fail_reason, ''), array_agg(DISTINCT rank ORDER BY rank)
+        FROM {compile_events} WHERE run_id = %s AND frame = %s
+          AND (recompile_reason IS NOT NULL OR fail_reason IS NOT NULL)
+        GROUP BY 1, 2, 3 ORDER BY 1 LIMIT 500
+        """,
+        [run.id, frame],
+    )
+    return [{"index": i, "reason": r, "failure": f, "ranks": rank_ranges(ranks)} for i, r, f, ranks in found]
 
 
 def graph_breaks(run: Run, frame: str) -> list[dict]:

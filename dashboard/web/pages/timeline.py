@@ -8,9 +8,8 @@ cells where a rank dissented. The payload is bounded by rows x bins whatever the
 """
 from __future__ import annotations
 
-from django.db import connection
-
 from dashboard.tenancy.models import Run
+from dashboard.web import sql
 
 TIME_BINS = 240
 MAX_ROWS = 128  # timeline rows; more ranks are merged into contiguous blocks
@@ -26,21 +25,16 @@ CASE WHEN status <> 'ok' THEN 'failed'
 """
 
 
-def _rows(sql: str, params: list) -> list[tuple]:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
-
 
 def time_bounds(run: Run) -> tuple[float, float] | None:
     """Earliest compile start and latest compile end / graph break, as unix seconds."""
-    row = _rows(
+    row = sql.rows(
         """
         SELECT min(t0), max(t1) FROM (
           SELECT min(extract(epoch FROM ts)::float8 - coalesce(compile_time, 0)) t0, max(extract(epoch FROM ts)::float8) t1
-          FROM ingest_compileevent WHERE run_id = %s
+          FROM {compile_events} WHERE run_id = %s
           UNION ALL
-          SELECT min(extract(epoch FROM ts)::float8), max(extract(epoch FROM ts)::float8) FROM ingest_graphbreakevent WHERE run_id = %s
+          SELECT min(extract(epoch FROM ts)::float8), max(extract(epoch FROM ts)::float8) FROM {graph_breaks} WHERE run_id = %s
         ) b
         """,
         [run.id, run.id],
@@ -61,14 +55,14 @@ def compile_spans(run: Run, t0: float, width: float, group: int) -> tuple[list[l
     Returns spans [row, start_s, end_s, outcome, compiles, recompiles] and recompile markers
     [row, time_s, count], seconds from t0; the worst outcome colours a span.
     """
-    rows = _rows(
+    rows = sql.rows(
         f"""
         SELECT rank / %(g)s, outcome, min(t_start) - %(t0)s, max(t_end) - %(t0)s, count(*),
                count(*) FILTER (WHERE index > 0), avg(t_end) FILTER (WHERE index > 0) - %(t0)s
         FROM (
           SELECT rank, index, {OUTCOME_SQL} AS outcome,
                  extract(epoch FROM ts)::float8 - coalesce(compile_time, 0) AS t_start, extract(epoch FROM ts)::float8 AS t_end
-          FROM ingest_compileevent WHERE run_id = %(run)s
+          FROM {{compile_events}} WHERE run_id = %(run)s
         ) e
         GROUP BY 1, floor((t_start - %(t0)s) / %(w)s), outcome
         ORDER BY 1
@@ -82,9 +76,9 @@ def compile_spans(run: Run, t0: float, width: float, group: int) -> tuple[list[l
 
 def graph_breaks(run: Run, t0: float, width: float, group: int) -> list[list]:
     """[row, time_s, count] per (row of ranks, time bin)."""
-    rows = _rows(
+    rows = sql.rows(
         """
-        SELECT rank / %(g)s, avg(extract(epoch FROM ts)::float8) - %(t0)s, count(*) FROM ingest_graphbreakevent
+        SELECT rank / %(g)s, avg(extract(epoch FROM ts)::float8) - %(t0)s, count(*) FROM {graph_breaks}
         WHERE run_id = %(run)s
         GROUP BY 1, floor((extract(epoch FROM ts)::float8 - %(t0)s) / %(w)s) ORDER BY 1
         """,
@@ -95,22 +89,22 @@ def graph_breaks(run: Run, t0: float, width: float, group: int) -> list[list]:
 
 def heatmap(run: Run, bins: int = STEP_BINS) -> dict:
     """Ranks x step bins: how many settled grad slots each rank dissented on (only non-zero cells)."""
-    lo, hi = _rows("SELECT min(step), max(step) FROM dashboard_gradslot WHERE run_id = %s", [run.id])[0]
+    lo, hi = sql.rows("SELECT min(step), max(step) FROM {grad_slots} WHERE run_id = %s", [run.id])[0]
     if lo is None:
         return {"step_lo": None, "step_width": 1, "bins": 0, "slots": [], "cells": []}
     width = max(1, -(-(hi - lo + 1) // bins))
     n_bins = (hi - lo) // width + 1
-    slots = _rows(
+    slots = sql.rows(
         """
         SELECT (step - %(lo)s) / %(w)s, count(*), count(*) FILTER (WHERE settled_at IS NULL OR reported > settled_n)
-        FROM dashboard_gradslot WHERE run_id = %(run)s GROUP BY 1 ORDER BY 1
+        FROM {grad_slots} WHERE run_id = %(run)s GROUP BY 1 ORDER BY 1
         """,
         {"run": run.id, "lo": lo, "w": width},
     )
-    cells = _rows(
+    cells = sql.rows(
         """
         SELECT (s.step - %(lo)s) / %(w)s, d.rank, count(*)
-        FROM dashboard_gradslot s, unnest(s.dissenters) AS d(rank)
+        FROM {grad_slots} s, unnest(s.dissenters) AS d(rank)
         WHERE s.run_id = %(run)s AND cardinality(s.dissenters) > 0
         GROUP BY 1, 2 ORDER BY 1, 2
         """,

@@ -1,0 +1,180 @@
+"""What the read API and the pages both do, written once.
+
+Every operation takes the caller (a `Principal`: a project token, or a user with their projects)
+and resolves what it names through the same visibility rule (`tenancy.access`), so neither door
+can show or change more than the other. Failures are raised as `Problem`; the doors render them.
+Alert writes go through `detection.lifecycle`, silence writes through `detection.silences`.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from dashboard.delivery import notify
+from dashboard.detection import lifecycle, silences
+from dashboard.detection import tasks as detection_tasks
+from dashboard.detection.models import Alert, Baseline, Silence
+from dashboard.tenancy import access
+from dashboard.tenancy.auth import Principal
+from dashboard.tenancy.models import Project, Run
+from dashboard.web.pages import compare as comparing
+from dashboard.web.pages import timeline
+from dashboard.web.problems import Problem
+
+log = logging.getLogger(__name__)
+MAX_COMPARED = 8
+
+
+# --- runs --------------------------------------------------------------------------------
+
+def run_for(caller: Principal, key: str) -> Run:
+    """The caller's run of that key. A missing run is a 404; another project's is a 403 (the API's
+    answer since v1; pages show both as a 404, so they never confirm that it exists)."""
+    found = access.visible_run(caller, key)
+    if found is not None:
+        return found
+    if Run.objects.filter(key=key).exists():
+        raise Problem(403, f"run {key!r} belongs to another project")
+    raise Problem(404, f"no run {key!r}")
+
+
+def runs_for(caller: Principal, keys: Iterable[str]) -> list[Run]:
+    """Each distinct key resolved with `run_for`, in the order given."""
+    return [run_for(caller, key) for key in dict.fromkeys(keys)]
+
+
+def runs_list(caller: Principal) -> QuerySet[Run]:
+    """The caller's runs, newest first, annotated with firing alert counts (`critical`, `warning`)
+    and ranks that ended (`ended`, so `Run.status` needs no query per run)."""
+    return _with_alert_counts(caller.runs().select_related("project")).order_by("-started_at")
+
+
+def run_with_alert_counts(caller: Principal, key: str) -> Run:
+    """One run annotated like `runs_list` rows."""
+    found = run_for(caller, key)
+    return _with_alert_counts(Run.objects.filter(id=found.id).select_related("project")).get()
+
+
+def run_timeline(caller: Principal, key: str) -> dict:
+    return timeline.timeline(run_for(caller, key))
+
+
+def compare(caller: Principal, keys: Iterable[str]) -> dict:
+    """The comparison of 2 to MAX_COMPARED distinct runs (blank keys ignored); the first is the reference."""
+    distinct = list(dict.fromkeys(k for k in keys if k))
+    if not 2 <= len(distinct) <= MAX_COMPARED:
+        raise Problem(400, "pass 2 to 8 run keys: ?runs=<key>,<key>[,...]")
+    return comparing.compare(runs_for(caller, distinct))
+
+
+def _with_alert_counts(runs: QuerySet[Run]) -> QuerySet[Run]:
+    firing = Q(alerts__state=Alert.State.FIRING)
+    return runs.annotate(
+        critical=Count("alerts", filter=firing & Q(alerts__severity="critical"), distinct=True),
+        warning=Count("alerts", filter=firing & Q(alerts__severity="warning"), distinct=True),
+        ended=Count("ranks", filter=~Q(ranks__status="running"), distinct=True),
+    )
+
+
+# --- baselines ---------------------------------------------------------------------------
+
+def baseline_candidates(caller: Principal, run: Run) -> QuerySet[Run]:
+    """Runs `run` may be held against: the other runs of its project that the caller sees."""
+    return caller.runs().filter(project_id=run.project_id).exclude(id=run.id)
+
+
+def choose_baseline(caller: Principal, run: Run, base_key: object) -> Baseline:
+    """Hold `run` against the run keyed `base_key`, which must be another run of the same project
+    (fingerprints of different jobs are not comparable); the comparison is queued after commit."""
+    if not isinstance(base_key, str) or not base_key:
+        raise Problem(400, "baseline must be a run key", path="baseline")
+    base = run_for(caller, base_key)
+    if base.project_id != run.project_id:
+        raise Problem(400, f"baseline {base_key!r} is not a run of project {run.project.name!r}", path="baseline")
+    try:
+        return detection_tasks.choose_baseline(run, base, caller.user)
+    except ValueError as exc:
+        raise Problem(400, str(exc), path="baseline") from None
+
+
+# --- alerts ------------------------------------------------------------------------------
+
+def run_alerts(caller: Principal, key: str) -> QuerySet[Alert]:
+    return run_for(caller, key).alerts.select_related("acked_by", "run")
+
+
+def alert_for(caller: Principal, alert_id: int) -> Alert:
+    """The alert if it is on one of the caller's runs (404 when missing, 403 when another project's)."""
+    alert = Alert.objects.select_related("run", "acked_by").filter(id=alert_id).first()
+    if alert is None:
+        raise Problem(404, f"no alert {alert_id}")
+    if not caller.can_see(alert.run):
+        raise Problem(403, "alert belongs to another project")
+    return alert
+
+
+def acknowledge(caller: Principal, alert_id: int) -> Alert:
+    """The caller's user is on it; open pages see it live."""
+    alert = alert_for(caller, alert_id)
+    with transaction.atomic():
+        lifecycle.acknowledge(alert, caller.user)
+        transaction.on_commit(lambda: _push(alert))
+    return alert
+
+
+def unacknowledge(caller: Principal, alert_id: int) -> Alert:
+    alert = alert_for(caller, alert_id)
+    with transaction.atomic():
+        lifecycle.unacknowledge(alert)
+        transaction.on_commit(lambda: _push(alert))
+    return alert
+
+
+def _push(alert: Alert) -> None:
+    """Best effort: open run pages show the new ack state live; the stored state is what counts."""
+    try:
+        notify.push([alert])
+    except Exception:
+        log.warning("websocket push of alert %s failed", alert.id, exc_info=True)
+
+
+# --- silences ----------------------------------------------------------------------------
+
+def create_silence(caller: Principal, data: Mapping) -> Silence:
+    """A silence from a valid SilenceForm's cleaned data, by the caller's user, in one of their projects."""
+    project_id, run = _silence_scope(caller, data)
+    return silences.create(project_id, run, kind=data.get("kind") or "", rank=data.get("rank"),
+                           until=timezone.now() + timedelta(hours=data["hours"]), comment=data["comment"],
+                           author=caller.user)
+
+
+def _silence_scope(caller: Principal, data: Mapping) -> tuple[int, Run | None]:
+    """The project (and run) a silence applies to: the named run's, else the named project, else the
+    caller's only project."""
+    if data.get("run"):
+        run = access.visible_run(caller, data["run"])
+        if run is None:
+            raise Problem(400, f"no run {data['run']!r} in your projects")
+        return run.project_id, run
+    project_id = None
+    if data.get("project"):
+        named = Project.objects.filter(name=data["project"], id__in=caller.project_ids)
+        project_id = named.values_list("id", flat=True).first()
+    if project_id is None and len(caller.project_ids) == 1:
+        project_id = next(iter(caller.project_ids))
+    if project_id is None:
+        raise Problem(400, "choose a run or a project of yours")
+    return project_id, None
+
+
+def expire_silence(caller: Principal, silence_id: int) -> Silence:
+    silence = Silence.objects.filter(id=silence_id, project_id__in=caller.project_ids).first()
+    if silence is None:
+        raise Problem(404, f"no silence {silence_id}")
+    silences.expire(silence)
+    return silence

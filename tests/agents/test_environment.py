@@ -1,0 +1,37 @@
+"""Where a cache directory really is: the facts the server uses to tell a shared cache from two local
+directories that only share a path."""
+from __future__ import annotations
+
+import os
+
+from agents import environment
+from agents.crash import describe
+
+
+def test_locations_resolve_links_and_name_the_filesystem(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    found = environment.cache_locations({"inductor": str(tmp_path / "link"), "triton": str(real / "not-yet")})
+    assert found["inductor"]["path"] == str(real)
+    assert found["triton"]["path"] == str(real / "not-yet")  # created by the first compile; its fs is the parent's
+    assert found["inductor"]["fsid"] == found["triton"]["fsid"] == format(os.statvfs(real).f_fsid, "x")
+    assert found["inductor"]["fs"] and found["inductor"]["shared"] is False
+
+
+def test_a_network_filesystem_counts_as_shared(monkeypatch, tmp_path):
+    monkeypatch.setattr(environment, "_mounts", lambda: [(str(tmp_path), "nfs4"), ("/", "ext4")])
+    assert environment.cache_locations({"inductor": str(tmp_path)})["inductor"]["shared"] is True
+
+
+def _inner():
+    raise RuntimeError("bad shape")
+
+
+def test_a_crash_names_type_message_and_innermost_frame():
+    try:
+        _inner()
+    except RuntimeError as exc:
+        crash = describe(exc)
+    assert (crash.exc_type, crash.reason) == ("RuntimeError", "RuntimeError: bad shape")
+    assert crash.where.startswith("agents/test_environment.py:") and crash.where.endswith(" _inner")
