@@ -17,6 +17,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported lazily: the server imports agents.protocol without torch
+    import torch
+
     from agents import crash, protocol
 
 __all__ = ["attach", "fingerprint", "Agent", "NoopAgent"]
@@ -25,11 +27,13 @@ _lock = threading.RLock()
 _agent: "Agent | NoopAgent | None" = None
 
 
-def fingerprint(tensor) -> int:
-    """Public 64-bit fingerprint of the exact bits of `tensor` (see agents.fingerprint)."""
-    from agents.fingerprint import fingerprint as _fingerprint
+def fingerprint(tensor: torch.Tensor) -> int:
+    """Public 64-bit fingerprint of the exact bits of `tensor` (DESIGN 3.1; the algorithm: agents.fingerprinting).
 
-    return _fingerprint(tensor)
+    Defined here rather than imported, so that `import agents` does not import torch."""
+    from agents import fingerprinting
+
+    return fingerprinting.fingerprint(tensor)
 
 
 class NoopAgent:
@@ -91,7 +95,7 @@ class Agent:
     def _rank_start(self, params: list[str] | None = None, buckets: list[list[int]] | None = None) -> "protocol.RankStart":
         from agents import environment as env
         from agents import protocol
-        from agents.fingerprint import ALGO
+        from agents.fingerprinting import ALGO
 
         return protocol.RankStart(
             ts=time.time(), host=socket.gethostname()[:512], pid=os.getpid(), local_rank=self.cfg.local_rank,

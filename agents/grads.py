@@ -26,7 +26,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from agents import protocol
-from agents.fingerprint import Pending, balanced_buckets, bucket_fingerprints, host_pending
+from agents.fingerprinting import Pending, balanced_buckets, bucket_fingerprints, host_pending
 
 RING_STEPS = 128
 NBUCKETS = 16

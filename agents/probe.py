@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from agents.fingerprint import ALGO, fingerprint
+from agents.fingerprinting import ALGO, fingerprint
 
 SIZES = {"f32_1m": (1 << 20) + 3, "bf16_small": 1001, "f32_3rows": 3 * 4096 + 5}
 

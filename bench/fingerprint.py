@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-import agents.fingerprint as F  # noqa: E402
+import agents.fingerprinting as F  # noqa: E402
 
 
 def _timer(device: torch.device):

@@ -1,8 +1,8 @@
 """ASGI entry point (`dashboard.asgi:application`): HTTP through Django, websockets through Channels.
 
-`POST /api/v1/ingest` (the hot path: every agent's batches) takes a lean route in front of
-Django (`ingest.fastpath`): same view code, answers and errors, without the middleware stack
-and per-request thread hops. LOCKSTEP_INGEST_FASTPATH=0 turns it off.
+The routes dashboard/urls.py marks `lean(...)` (ingest: every agent's batches) are served by
+Django's synchronous handler on a persistent thread pool (`ingest.fastpath`, which says why);
+LOCKSTEP_INGEST_FASTPATH=0 serves them through Django's ASGI handler like every other route.
 """
 import os
 
@@ -14,13 +14,14 @@ django_application = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from dashboard.delivery.routing import websocket_urlpatterns  # noqa: E402
-from ingest.fastpath import IngestRoute  # noqa: E402
+from ingest.fastpath import LeanRoutes  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": IngestRoute(django_application),
+        "http": LeanRoutes(django_application) if settings.LOCKSTEP_INGEST_FASTPATH else django_application,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

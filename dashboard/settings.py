@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
+from agents import protocol
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("LOCKSTEP_DATA_DIR", BASE_DIR / "var"))
 
@@ -73,6 +75,7 @@ INSTALLED_APPS = [
     "dashboard.detection",
     "dashboard.delivery",
     "dashboard.web",
+    "dashboard.devstack",
     "dashboard",
 ]
 
@@ -109,9 +112,10 @@ DATABASES = {"default": _database(DATABASE_URL)}
 # ASGI runs each request's sync view in a fresh thread, and Django's connections are per thread: with
 # persistent connections, many concurrent ingest requests exhaust max_connections. LOCKSTEP_DB_POOL=N
 # gives every server process one psycopg pool of at most N connections instead (set it in production).
-if int(os.environ.get("LOCKSTEP_DB_POOL", "0")) > 0:
+LOCKSTEP_DB_POOL = int(os.environ.get("LOCKSTEP_DB_POOL", "0"))
+if LOCKSTEP_DB_POOL > 0:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": int(os.environ["LOCKSTEP_DB_POOL"]), "timeout": 10}
+    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": LOCKSTEP_DB_POOL, "timeout": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = {
@@ -131,9 +135,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+CELERY_IMPORTS = ("ingest.tasks",)
 CELERY_BEAT_SCHEDULE = {
     "settle-overdue-slots": {"task": "dashboard.detection.tasks.sweep", "schedule": 2.0},
     "deliver-pending-alerts": {"task": "dashboard.delivery.tasks.sweep", "schedule": 2.0},
+    "prune-raw-partitions": {"task": "ingest.tasks.prune_raw", "schedule": 3600.0},
 }
 
 LOGIN_URL = "/login/"
@@ -157,7 +163,7 @@ LANGUAGE_CODE = "en-us"
 LOCKSTEP_SETTLE_TIMEOUT = float(os.environ.get("LOCKSTEP_SETTLE_TIMEOUT", "10"))
 LOCKSTEP_SILENT_AFTER = float(os.environ.get("LOCKSTEP_SILENT_AFTER", "60"))
 LOCKSTEP_PUBLIC_URL = os.environ.get("LOCKSTEP_PUBLIC_URL", "").rstrip("/")
-LOCKSTEP_MAX_BODY = int(os.environ.get("LOCKSTEP_MAX_BODY", str(8 * 1024 * 1024)))
+LOCKSTEP_MAX_BODY = int(os.environ.get("LOCKSTEP_MAX_BODY", protocol.MAX_BODY_BYTES))  # bytes, compressed or not; 413 past it
 
 # Ingest at scale (ingest/): raw retention, load shedding, outage answers, blob leases, metrics.
 LOCKSTEP_RAW_RETENTION_DAYS = float(os.environ.get("LOCKSTEP_RAW_RETENTION_DAYS", "14"))
@@ -165,8 +171,11 @@ LOCKSTEP_RATE_LIMIT = int(os.environ.get("LOCKSTEP_RATE_LIMIT", "5000"))  # batc
 LOCKSTEP_RETRY_AFTER = int(os.environ.get("LOCKSTEP_RETRY_AFTER", "5"))  # seconds, on 503
 LOCKSTEP_BLOB_LEASE = float(os.environ.get("LOCKSTEP_BLOB_LEASE", "60"))  # seconds one agent has to upload a wanted blob
 LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # when set, /metrics needs it as bearer token
-CELERY_IMPORTS = ("ingest.tasks",)
-CELERY_BEAT_SCHEDULE["prune-raw-partitions"] = {"task": "ingest.tasks.prune_raw", "schedule": 3600.0}
+# prometheus_client reads it too (at import, to pick per-process files); /metrics sums those files when set.
+PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+# The lean route of ingest (ingest/fastpath.py): off with 0/false/no/off; its threads (default: one per pooled connection, else 4).
+LOCKSTEP_INGEST_FASTPATH = os.environ.get("LOCKSTEP_INGEST_FASTPATH", "1").lower() not in {"0", "false", "no", "off"}
+LOCKSTEP_INGEST_THREADS = int(os.environ.get("LOCKSTEP_INGEST_THREADS", "0")) or LOCKSTEP_DB_POOL or 4
 
 LOGGING = {
     "version": 1,

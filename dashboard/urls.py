@@ -1,3 +1,4 @@
+"""The one route table, for Django's handlers and for the lean route alike (`lean(...)`: ingest.fastpath)."""
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
@@ -5,10 +6,11 @@ from django.urls import path
 from dashboard.web import api
 from dashboard.web.pages import views as pages
 from ingest import views as ingest
+from ingest.fastpath import lean
 
 urlpatterns = [
-    path("api/v1/ingest", ingest.ingest, name="ingest"),
-    path("api/v1/ingest/bulk", ingest.ingest_bulk, name="ingest-bulk"),
+    path("api/v1/ingest", lean(ingest.ingest), name="ingest"),
+    path("api/v1/ingest/bulk", lean(ingest.ingest_bulk), name="ingest-bulk"),
     path("api/v1/blobs", ingest.upload_blobs, name="blobs"),
     path("api/v1/schema", ingest.openapi, name="api-schema"),
     path("metrics", ingest.prometheus, name="metrics"),

@@ -17,6 +17,15 @@ Each flag adds one failure on top of demo/ddp_job.py's training loop:
   --collective-rank R    rank R folds a second all_reduce into a compiled helper that the other ranks
                          issue eagerly: the same traffic at run time, but another collective schedule
                          in that graph (collective_schedule_divergence), one reordering away from a hang
+  --elementwise-check    every step, a compiled elementwise helper (sin(x) * y + 1 on 1000 floats, the same
+                         input on every rank) is checked against eager and its result feeds the batch. Run
+                         with ranks that share one Inductor cache dir while one has another CPU ISA
+                         (ATEN_CPU_CAPABILITY=avx2): the FX-graph cache keys are the same, the C++ code is
+                         not, and a rank that loads the other ISA's entry computes garbage
+                         (rank_specific_artifact); each rank prints "rank R: compiled != eager in N of 1000
+                         elements" when it does, and a summary line at the end
+  --raise-rank R --raise-step S  rank R raises a RuntimeError in the training step at step S (rank_crashed);
+                         torchrun then stops the other ranks
 """
 from __future__ import annotations
 
@@ -56,6 +65,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--nudge-weight-step", type=int)
     p.add_argument("--kill-rank", type=int)
     p.add_argument("--kill-step", type=int)
+    p.add_argument("--elementwise-check", action="store_true")
+    p.add_argument("--raise-rank", type=int)
+    p.add_argument("--raise-step", type=int)
     return p.parse_args()
 
 
@@ -95,6 +107,31 @@ def pulse(x: torch.Tensor, fold: bool) -> torch.Tensor:
     return y
 
 
+def elementwise(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A vectorized C++ kernel under Inductor: its vector width follows the rank's CPU ISA."""
+    return torch.sin(x) * y + 1.0
+
+
+ELEMENTS = 1000
+
+
+def elementwise_inputs(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same input on every rank, so compiled and eager results can be compared across ranks too."""
+    g = torch.Generator().manual_seed(7 + step)
+    return torch.randn(ELEMENTS, generator=g), torch.randn(ELEMENTS, generator=g)
+
+
+def checked_elementwise(compiled, rank: int, step: int, mismatches: list[int]) -> torch.Tensor:
+    """Run the compiled helper and the eager one on the same input; print where they differ."""
+    a, b = elementwise_inputs(step)
+    out = compiled(a, b)
+    wrong = int(((out - elementwise(a, b)).abs() > 1e-4).sum())
+    if wrong:
+        mismatches.append(step)
+        print(f"rank {rank}: compiled != eager in {wrong} of {ELEMENTS} elements (step {step})", flush=True)
+    return out
+
+
 def slow_backend(seconds: float):
     def backend(gm: torch.fx.GraphModule, example_inputs):
         time.sleep(seconds)
@@ -117,6 +154,8 @@ def main() -> None:
     if args.fail_rank is not None:
         torch._dynamo.config.suppress_errors = True  # a failed compile runs the frame eagerly
     breakable = torch.compile(fragile, backend=failing_backend(rank == args.fail_rank))
+    checked = torch.compile(elementwise)
+    mismatches: list[int] = []
     for step in range(args.steps):
         if (rank, step) == (args.freeze_rank, args.freeze_step):
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -136,8 +175,13 @@ def main() -> None:
             y_pulse = collective(torch.ones(4), folded)
             if not folded:
                 dist.all_reduce(y_pulse + 1)
+        if args.elementwise_check:
+            x = x + 0.01 * checked_elementwise(checked, rank, step, mismatches)[: x.shape[1]]
         opt.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(model(x), y).backward()
+        loss = nn.functional.mse_loss(model(x), y)
+        if (rank, step) == (args.raise_rank, args.raise_step):
+            raise RuntimeError(f"rank {rank} hit a bad batch at step {step}")
+        loss.backward()
         if (rank, step) == (args.nan_rank, args.nan_step):
             with torch.no_grad():
                 next(model.parameters()).grad.view(-1)[0] = float("nan")
@@ -147,6 +191,10 @@ def main() -> None:
         opt.step()
         if args.sleep:
             time.sleep(args.sleep)
+    if args.elementwise_check:
+        isa = torch.backends.cpu.get_cpu_capability()
+        verdict = f"compiled != eager at steps {mismatches}" if mismatches else "compiled == eager at every step"
+        print(f"rank {rank}: elementwise check ({isa}, {args.steps} steps): {verdict}", flush=True)
     end_distributed()
 
 

@@ -1,137 +1,141 @@
-"""A lean ASGI route for `POST /api/v1/ingest` (and `/bulk`): the same view code, without Django's request machinery.
+"""The lean route: Django's synchronous handler for the routes `lean(...)` marks in dashboard/urls.py.
 
-Under Django's ASGI handler every ingest batch crossed the whole middleware stack (sessions,
-auth, CSRF, messages: none applies to a bearer-token API that the view exempts anyway), several
-async<->sync thread hops, and a new thread per request. At hundreds of batches per second per
-process that was most of the server's CPU (py-spy, bench/ingest.py). Here the body is read on
-the event loop, and `views.handle_ingest` (token, rate limit, 415/413 checks, validation,
-writers: the code the Django view runs) runs on a small persistent thread pool; the answer
-carries the same status, JSON body and headers the Django view gives.
+Why it exists: Django's ASGI handler starts a thread per request (`ThreadSensitiveContext`) and
+crosses into it for every middleware method and for the view. At the agents' real cadence (a
+batch of a few steps per request) that was most of an ingest process's CPU: `python
+bench/ingest.py --steps-per-batch 8 --steps 96 --ranks-per-request 1` accepted 1.8k rank-steps/s
+through Django's ASGI handler and 4.7k/s through a lean route (2026-12-01, 2-core machine). This
+route runs Django's own request and middleware code rather than copies of it; that costs about
+12% more server CPU per request than the hand-built route it replaced did at that cadence (half of
+it the session, auth, messages, CSRF and static-file middlewares, which these views never use),
+a fixed cost per request that matters less the more a request carries (a relay's bulk).
 
-Only exactly `POST /api/v1/ingest` or `POST /api/v1/ingest/bulk` with a Host that ALLOWED_HOSTS admits takes this route;
-everything else (other methods, other paths, a bad Host) goes to Django unchanged.
-Set LOCKSTEP_INGEST_FASTPATH=0 to send ingest through Django as well; LOCKSTEP_INGEST_THREADS sets
-the thread pool (default: LOCKSTEP_DB_POOL, else 4). An unexpected exception (a bug) is a 500 from
-uvicorn here rather than Django's 500 page.
+What it reuses, so nothing of Django is copied: the route table (Django's URL resolver over
+ROOT_URLCONF, dashboard/urls.py), the request (`ASGIRequest`, built by `ASGIHandler.create_request`),
+settings.MIDDLEWARE loaded by `BaseHandler.load_middleware` in synchronous mode (as under WSGI),
+`BaseHandler.get_response` (resolving, middleware, the view, error pages, request logging) and
+`ASGIHandler.send_response`. What differs from Django's ASGI handler:
+
+- the synchronous chain runs on a small persistent thread pool: one thread hop per request;
+- `request_started` and `request_finished` (database connection upkeep) fire on that pool thread,
+  as under WSGI, so the response is closed there before it is sent: a lean view must answer in
+  full (no streaming response);
+- the body is kept up to LOCKSTEP_MAX_BODY + 1 bytes and the rest drained: the lean views refuse
+  longer bodies (413), and Django would spool all of it to disk first;
+- no task watches for a client disconnect while the view runs (a synchronous view cannot be
+  cancelled anyway).
+
+LOCKSTEP_INGEST_FASTPATH=0 serves the lean routes through Django's ASGI handler too (dashboard/asgi.py);
+LOCKSTEP_INGEST_THREADS sizes the pool.
 """
 from __future__ import annotations
 
 import asyncio
-import os
+import io
 import threading
+from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache, wraps
+from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core import signals
-from django.http.request import split_domain_port, validate_host
-from django.middleware.clickjacking import XFrameOptionsMiddleware
-from django.middleware.security import SecurityMiddleware
-from django.utils.http import parse_header_parameters
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.base import BaseHandler
+from django.db import connections
+from django.http import HttpRequest, HttpResponseBase
+from django.urls import Resolver404, URLResolver, get_resolver, get_urlconf, set_script_prefix
 
-PATHS = {"/api/v1/ingest": "handle_ingest", "/api/v1/ingest/bulk": "handle_bulk"}  # path -> view in ingest.views
-
-
-class Headers(dict):
-    """Request headers as Django's `request.headers` answers them: case-insensitive, repeats joined by ','."""
-
-    def get(self, key, default=None):
-        return dict.get(self, key.lower(), default)
-
-    def __getitem__(self, key):
-        return dict.__getitem__(self, key.lower())
-
-    def __contains__(self, key):
-        return dict.__contains__(self, key.lower())
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+View = Callable[..., HttpResponseBase]
 
 
-class LeanRequest:
-    """What the ingest view reads of a request: headers, content type, the body, whether it is HTTPS."""
+def lean(view: View) -> View:
+    """Mark a route of dashboard/urls.py for the lean route: a synchronous view that answers in
+    full and needs nothing per request from the async stack (the middleware chain still runs)."""
+    if iscoroutinefunction(view):
+        raise TypeError(f"{view.__qualname__}: the lean route runs synchronous views only")
 
-    __slots__ = ("headers", "content_type", "_body", "_pos", "_secure")
+    @wraps(view)  # keeps the view's own marks, such as csrf_exempt
+    def marked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return view(request, *args, **kwargs)
 
-    def __init__(self, headers: Headers, body: bytes, secure: bool):
-        self.headers = headers
-        self.content_type = parse_header_parameters(headers.get("content-type", ""))[0]
-        self._body = body
-        self._pos = 0
-        self._secure = secure
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._body) if size is None or size < 0 else self._pos + size
-        data = self._body[self._pos:end]
-        self._pos += len(data)
-        return data
-
-    def is_secure(self) -> bool:
-        return self._secure
+    marked.lean_route = True
+    return marked
 
 
-def _headers(scope) -> Headers:
-    """As Django's ASGIRequest builds META: names with '_' are dropped (spoofing), repeats joined."""
-    headers = Headers()
-    for raw_name, raw_value in scope.get("headers", ()):
-        name = raw_name.decode("latin1").lower()
-        if "_" in name:
-            continue
-        value = raw_value.decode("latin1")
-        headers[name] = headers[name] + "," + value if name in headers else value
-    return headers
+def is_lean(scope: Scope) -> bool:
+    """Whether Django's resolver maps this request's path (less the script prefix, as ASGIRequest
+    takes it) to a view marked `lean`."""
+    return _resolves_to_lean(get_resolver(get_urlconf()), scope["path"].removeprefix(get_script_prefix(scope)))
 
 
-def _allowed_hosts() -> list[str]:
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
-        return [".localhost", "127.0.0.1", "[::1]"]
-    return allowed
+@lru_cache(maxsize=1024)
+def _resolves_to_lean(resolver: URLResolver, path_info: str) -> bool:
+    """Remembered per resolver (a changed ROOT_URLCONF or cleared URL caches give a new one): the
+    answer is asked for on the event loop before every request."""
+    try:
+        match = resolver.resolve(path_info)
+    except Resolver404:
+        return False
+    return getattr(match.func, "lean_route", False)
 
 
-class IngestRoute:
-    """ASGI middleware: serve `POST /api/v1/ingest` here, pass everything else to `app` (Django)."""
+class LeanHandler(ASGIHandler):
+    """Django's ASGI handler, with the middleware chain loaded synchronously and run on a thread pool."""
 
-    def __init__(self, app, threads: int | None = None):
-        self.app = app
-        # as many threads as the process may hold connections (LOCKSTEP_DB_POOL), else 4 persistent ones
-        pool = int(os.environ.get("LOCKSTEP_DB_POOL", "0"))
-        self.threads = threads or int(os.environ.get("LOCKSTEP_INGEST_THREADS", "0")) or pool or 4
-        self.enabled = os.environ.get("LOCKSTEP_INGEST_FASTPATH", "1").lower() not in {"0", "false", "no", "off"}
-        self._executor: ThreadPoolExecutor | None = None
-        self._post = None  # response post-processing, built on first use (settings are loaded by then)
+    def __init__(self, threads: int) -> None:
+        BaseHandler.__init__(self)  # not ASGIHandler.__init__: it loads the chain in async mode
+        self.load_middleware(is_async=False)
+        self.threads = threads
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="lockstep-lean")
 
-    def _takes(self, scope, headers: Headers) -> bool:
-        if not (self.enabled and scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PATHS):
-            return False
-        if settings.USE_X_FORWARDED_HOST and "x-forwarded-host" in headers:
-            return False  # Django's get_host() rules for proxies: let Django decide
-        host = headers.get("host")
-        if not host:
-            return False
-        domain, _ = split_domain_port(host)
-        return bool(domain) and validate_host(domain, _allowed_hosts())
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") not in PATHS or scope.get("method") != "POST" or not self.enabled:
-            return await self.app(scope, receive, send)
-        headers = _headers(scope)
-        if not self._takes(scope, headers):
-            return await self.app(scope, receive, send)
-        body = await self._read_body(receive)
-        if body is None:  # client went away
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            body = await self.read_body(receive)
+        except RequestAborted:
             return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="lockstep-ingest")
-        request = LeanRequest(headers, body, scope.get("scheme") == "https")
-        status, out_headers, content = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._respond, scope, request)
-        await send({"type": "http.response.start", "status": status, "headers": out_headers})
-        await send({"type": "http.response.body", "body": content})
+        response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body)
+        await self.send_response(response, send)
+
+    async def read_body(self, receive: Receive) -> io.BytesIO:
+        """The body as Django's handler reads it, keeping LOCKSTEP_MAX_BODY + 1 bytes at most (enough
+        for the view to answer 413) and draining the rest."""
+        keep = settings.LOCKSTEP_MAX_BODY + 1
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            chunk = message.get("body", b"")
+            if size < keep and chunk:
+                chunks.append(chunk[:keep - size])
+                size += len(chunks[-1])
+            if not message.get("more_body", False):
+                return io.BytesIO(b"".join(chunks))
+
+    def _respond(self, scope: Scope, body: io.BytesIO) -> HttpResponseBase:
+        """On a pool thread, what WSGIHandler.__call__ does: the request signals around the chain, and
+        the response closed (request_finished: this thread's connections go back) once rendered."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body)
+        if request is None:
+            body.close()
+        else:
+            response = self.get_response(request)
+        response._handler_class = self.__class__  # the sender of request_finished, as Django's handlers set it
+        response.close()
+        return response
 
     def shutdown(self) -> None:
-        """Close every pool thread's database connection, then stop the threads (tests; process exit)."""
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        from django.db import connections
-
+        """Close every pool thread's database connections, then stop the threads (tests)."""
         barrier = threading.Barrier(self.threads)
 
         def close() -> None:
@@ -141,43 +145,23 @@ class IngestRoute:
                 pass
             connections.close_all()
 
-        for future in [executor.submit(close) for _ in range(self.threads)]:
+        for future in [self._executor.submit(close) for _ in range(self.threads)]:
             future.result()
-        executor.shutdown(wait=True)
+        self._executor.shutdown(wait=True)
 
-    @staticmethod
-    async def _read_body(receive) -> bytes | None:
-        """The whole body, as Django reads it first; past LOCKSTEP_MAX_BODY + 1 bytes the rest is drained, not kept."""
-        keep = settings.LOCKSTEP_MAX_BODY + 1
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            if size < keep and chunk:
-                chunks.append(chunk[:keep - size])
-                size += len(chunks[-1])
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    def _respond(self, scope, request: LeanRequest):
-        """On a pool thread: Django's request signals (connection reuse/close), the view, its response headers."""
-        from ingest import views
+class LeanRoutes:
+    """The HTTP application: requests to a lean route go to a `LeanHandler`, all others to `app` (Django's ASGI handler)."""
 
-        signals.request_started.send(sender=self.__class__, scope=scope)
-        try:
-            response = getattr(views, PATHS[scope["path"]])(request)
-            if self._post is None:
-                security = SecurityMiddleware(lambda r: None)
-                frames = XFrameOptionsMiddleware(lambda r: None)
-                self._post = (security.process_response, frames.process_response)
-            for process in self._post:
-                response = process(request, response)
-            content = response.content
-            if not response.has_header("Content-Length"):
-                response["Content-Length"] = str(len(content))
-            headers = [(k.encode("latin1"), v.encode("latin1")) for k, v in response.items()]
-            return response.status_code, headers, content
-        finally:
-            signals.request_finished.send(sender=self.__class__)
+    def __init__(self, app: ASGIApp, threads: int | None = None) -> None:
+        self.app = app
+        self.handler = LeanHandler(threads or settings.LOCKSTEP_INGEST_THREADS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and is_lean(scope):
+            await self.handler(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    def shutdown(self) -> None:
+        self.handler.shutdown()

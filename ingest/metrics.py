@@ -9,14 +9,16 @@ Events per second is `rate(lockstep_ingest_events_total[1m])`.
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Iterator
 
 import redis
+from django.conf import settings
 from django.db import connection
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
+from dashboard.ledger.models import CompileSlot, GradSlot
 from ingest import ratelimit
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ LATENCY_WINDOW_S = 300
 class DetectionState:
     """Cluster-wide gauges computed at scrape time."""
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         depth = GaugeMetricFamily("lockstep_settle_queue_depth", "Tasks waiting in the Celery queue (Redis list length)")
         try:
             depth.add_metric([], ratelimit.client().llen(SETTLE_QUEUE))
@@ -47,9 +49,9 @@ class DetectionState:
                                     f"First report -> settled, slots settled in the last {LATENCY_WINDOW_S} s",
                                     labels=["kind", "quantile"])
         with connection.cursor() as cur:
-            for kind, table in (("compile", "dashboard_compileslot"), ("grad", "dashboard_gradslot")):
-                cur.execute(f"SELECT count(*) FROM {table} WHERE settled_at IS NULL")
-                pending.add_metric([kind], cur.fetchone()[0])
+            for kind, model in (("compile", CompileSlot), ("grad", GradSlot)):
+                pending.add_metric([kind], model.objects.filter(settled_at__isnull=True).count())
+                table = model._meta.db_table  # the ledger's table, by its model's name
                 cur.execute(
                     f"SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP"
                     f" (ORDER BY extract(epoch FROM settled_at - first_seen))"
@@ -64,9 +66,10 @@ class DetectionState:
 
 
 def render() -> bytes:
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    """This process's request counters (every process's, summed, under PROMETHEUS_MULTIPROC_DIR), then the cluster gauges."""
+    if settings.PROMETHEUS_MULTIPROC_DIR:
         counters = CollectorRegistry()
-        multiprocess.MultiProcessCollector(counters)
+        multiprocess.MultiProcessCollector(counters, path=settings.PROMETHEUS_MULTIPROC_DIR)
     else:
         counters = REGISTRY
     state = CollectorRegistry()

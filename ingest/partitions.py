@@ -33,6 +33,7 @@ def ensure(days: list[date]) -> None:
 
 
 def ensure_around(now: datetime, ahead: int = 1) -> None:
+    """Today's partitions and the next `ahead` days': a batch arriving just after midnight finds its day ready."""
     today = now.date()
     ensure([today + timedelta(days=i) for i in range(ahead + 1)])
 
@@ -50,5 +51,6 @@ def existing(table: str) -> list[tuple[str, date]]:
 
 
 def drop(name: str) -> None:
+    """Drop one raw partition: O(1), no dead tuples (retention; the name comes from `existing`, never from input)."""
     with connection.cursor() as cur:
         cur.execute(f'DROP TABLE IF EXISTS "{name}"')

@@ -21,6 +21,7 @@ _client: redis.Redis | None = None
 
 
 def client() -> redis.Redis:
+    """The process's Redis client for rate windows and queue depth, made on first use."""
     global _client
     if _client is None:
         # no retries: with Redis down every request would otherwise wait out redis-py's backoff

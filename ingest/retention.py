@@ -1,7 +1,7 @@
 """Raw data retention: whole partitions older than LOCKSTEP_RAW_RETENTION_DAYS are dropped.
 
 Dropping a partition is O(1) and leaves no dead tuples, unlike DELETE. What stays is O(slots):
-runs, ranks, and the settled slots (consensus + dissenters, dashboard.models) that detection
+runs, ranks, and the settled slots (consensus + dissenters, dashboard.ledger.models) that detection
 keeps once raw per-rank rows are gone. The (session, seq) dedupe records expire with the raw
 rows: an agent never resends a batch that old (its spool is drained long before).
 """
@@ -22,6 +22,8 @@ PREPARE_DAYS = 7  # partitions made ahead, so ingest finds them ready
 
 @dataclass
 class Pruned:
+    """What one prune removed (`manage.py prune_raw` prints it)."""
+
     partitions: list[str] = field(default_factory=list)
     batches: int = 0
 

@@ -113,17 +113,8 @@ def _project_for(token: str) -> Project | None:
 @csrf_exempt
 @require_POST
 def ingest(request: HttpRequest) -> JsonResponse:
-    return handle_ingest(request)
-
-
-def handle_ingest(request) -> JsonResponse:
-    """The whole ingest answer; also called by the lean ASGI route (`ingest.fastpath`) with a `LeanRequest`."""
+    """`POST /api/v1/ingest`: one agent's batch."""
     return _guarded(_ingest, request, "ingest")
-
-
-def handle_bulk(request) -> JsonResponse:
-    """`POST /api/v1/ingest/bulk`: a node relay's batches of several ranks, one transaction (`protocol.Bulk`)."""
-    return _guarded(_ingest_bulk, request, "bulk")
 
 
 def _ingest(request: HttpRequest) -> JsonResponse:
@@ -176,7 +167,8 @@ def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
 @csrf_exempt
 @require_POST
 def ingest_bulk(request: HttpRequest) -> JsonResponse:
-    return handle_bulk(request)
+    """`POST /api/v1/ingest/bulk`: a node relay's batches of several ranks, one transaction (`protocol.Bulk`)."""
+    return _guarded(_ingest_bulk, request, "bulk")
 
 
 @csrf_exempt

@@ -511,7 +511,8 @@ def _write_log(run: Run, rank: int, events: list[protocol.Event], now: datetime)
 
 
 def _skip(run: Run, rank: int, events: list, now: datetime) -> None:
-    """Facts already folded into the rank row (start, end, heartbeat)."""
+    """Facts already folded into the rank row (start, heartbeat). A rank_end is kept verbatim as well:
+    the row holds its status, the log its exception (type, message, frame) for rank_crashed."""
 
 
 WRITERS = {
@@ -519,6 +520,5 @@ WRITERS = {
     protocol.Step: _write_steps,
     protocol.GraphBreak: _write_breaks,
     protocol.RankStart: _skip,
-    protocol.RankEnd: _skip,
     protocol.Heartbeat: _skip,
 }

@@ -1,4 +1,4 @@
-"""The lean ASGI route for POST /api/v1/ingest (ingest.fastpath) answers exactly as the Django view does."""
+"""The lean route (ingest.fastpath) answers exactly as Django does, from the one route table in dashboard/urls.py."""
 from __future__ import annotations
 
 import gzip
@@ -8,9 +8,10 @@ import pytest
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
+from django.urls import URLPattern, get_resolver, resolve, reverse
 
 from agents import protocol
-from ingest.fastpath import IngestRoute
+from ingest.fastpath import LeanRoutes, is_lean
 from ingest.models import GradReport, IngestBatch
 from tests.conftest import make_batch, per_rank
 
@@ -19,9 +20,24 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def route():
-    app = IngestRoute(get_asgi_application(), threads=2)
+    app = LeanRoutes(get_asgi_application(), threads=2)
+    handler = app.handler  # a test may wrap it
     yield app
-    app.shutdown()  # its threads' connections to the test database
+    handler.shutdown()  # its threads' connections to the test database
+
+
+@pytest.fixture
+def lean_served(route, monkeypatch) -> list[str]:
+    """Paths the lean handler served (the rest went to Django's ASGI handler)."""
+    served: list[str] = []
+    handler = route.handler
+
+    async def spy(scope, receive, send):
+        served.append(scope["path"])
+        await handler(scope, receive, send)
+
+    monkeypatch.setattr(route, "handler", spy)
+    return served
 
 
 def call(app, body: bytes, headers: dict[str, str], method: str = "POST", path: str = "/api/v1/ingest",
@@ -123,9 +139,48 @@ def test_rate_limit_keeps_retry_after(route, token, settings):
     assert limited and limited[0][1]["retry-after"] == "1"
 
 
-def test_other_requests_go_to_django(route, token):
+def test_other_methods_and_bad_hosts_get_djangos_answers(route, lean_served, token):
     status, headers, _ = call(route, b"", headers_for(token), method="GET")
     assert status == 405 and "POST" in headers["allow"]
     status, _, _ = call(route, json.dumps(make_batch()).encode(), headers_for(token, Host="evil.example"))
-    assert status == 400  # Django's DisallowedHost answer: the lean route only serves allowed hosts
-    assert not IngestBatch.objects.exists()
+    assert status == 400  # DisallowedHost, from the same middleware chain Django runs
+    assert lean_served == ["/api/v1/ingest"] * 2 and not IngestBatch.objects.exists()
+
+
+def test_other_routes_go_to_djangos_asgi_handler(route, lean_served, token):
+    status, _, content = call(route, b"", headers_for(token), method="GET", path="/api/v1/schema")
+    assert status == 200 and json.loads(content)["openapi"]
+    status, _, _ = call(route, b"{}", headers_for(token), path="/api/v1/blobs")
+    assert status == 400
+    status, _, _ = call(route, b"", headers_for(token), method="GET", path="/no/such/route")
+    assert status == 404
+    assert lean_served == []
+
+
+def _scope(path: str, root_path: str = "") -> dict:
+    return {"type": "http", "path": path, "root_path": root_path}
+
+
+def test_lean_routes_are_the_marked_routes_of_dashboard_urls():
+    marked = {p.name for p in get_resolver().url_patterns
+              if isinstance(p, URLPattern) and getattr(p.callback, "lean_route", False)}
+    assert marked == {"ingest", "ingest-bulk"}
+    for name in marked:
+        path = reverse(name)
+        assert is_lean(_scope(path)) and is_lean(_scope("/prefix" + path, root_path="/prefix"))
+        assert resolve(path).url_name == name  # what Django's handler runs is what the lean route runs
+    for path in (reverse("blobs"), reverse("api-runs"), reverse("metrics"), "/", "/api/v1/ingest/", "/no/such/route"):
+        assert not is_lean(_scope(path))
+
+
+def test_a_route_removed_from_urls_is_gone_from_both_paths(route, lean_served, client, token, settings):
+    settings.ROOT_URLCONF = "tests.urls_without_ingest"
+    body = json.dumps(make_batch()).encode()
+    status, _, _ = call(route, body, headers_for(token))
+    assert status == 404 and lean_served == []
+    assert client.generic("POST", "/api/v1/ingest", body, content_type="application/json",
+                          HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404
+    bulk = protocol.bulk_body([body])
+    status, _, content = call(route, bulk, headers_for(token), path="/api/v1/ingest/bulk")
+    assert status == 200 and json.loads(content)["results"][0]["accepted"] == 1
+    assert lean_served == ["/api/v1/ingest/bulk"]

@@ -1,25 +1,38 @@
-"""Run-level checks the periodic sweep makes: silent ranks and the share of time spent compiling."""
+"""Run-level checks the periodic sweep makes: silent ranks, crashed ranks and the share of time
+spent compiling."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from dashboard.detection import lifecycle
 from dashboard.detection.rules import RunView, clean_subjects, evaluate
 from dashboard.tenancy.models import Rank, Run
-from ingest.models import CompileEvent
+from ingest.models import CompileEvent, EventLog
 
 ACTIVE_WINDOW = timedelta(hours=1)
+CRASH_WINDOW = timedelta(minutes=10)
+FAILED = ("error", "signal", "abort")  # rank_end statuses of a rank that did not finish its work
+
+
+def crashed(via: str = "") -> Q:
+    """Ranks that ended badly (a failure status, or a non-zero exit code); `via`: the path to `Rank`."""
+    return (Q(**{f"{via}status__in": FAILED}) | Q(**{f"{via}exit_code__gt": 0})
+            | Q(**{f"{via}exit_code__lt": 0}))
 
 
 def active_runs() -> list[Run]:
-    """Runs that reported recently and still have a rank that has not ended."""
-    recent = Run.objects.filter(last_seen__gte=timezone.now() - ACTIVE_WINDOW)
-    return list(recent.filter(ranks__status="running").distinct())
+    """Runs that reported recently and still have a rank that has not ended, or that ended with a
+    crashed rank a moment ago: torchrun stops the others within seconds of a crash, often before
+    the next sweep, and rank_crashed must still see it."""
+    now = timezone.now()
+    recent = Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW)
+    just_crashed = Q(last_seen__gte=now - CRASH_WINDOW) & crashed("ranks__")
+    return list(recent.filter(Q(ranks__status="running") | just_crashed).distinct())
 
 
 def rank_rows(run: Run) -> list[dict]:
@@ -38,7 +51,53 @@ def view_of(run: Run) -> RunView:
         silent_after=settings.LOCKSTEP_SILENT_AFTER,
         compile_seconds=compile_total / max(len(ranks), 1),
         wall_seconds=(now - run.started_at).total_seconds(),
+        crashes=crash_facts(run),
     )
+
+
+def crash_facts(run: Run) -> dict[int, dict]:
+    """rank -> how it ended (status, exit code, the exception and where) and its last compile before."""
+    rows = list(Rank.objects.filter(run=run).filter(crashed()).values("rank", "status", "exit_code", "last_step",
+                                                                       "last_seen"))
+    if not rows:
+        return {}
+    ranks = [row["rank"] for row in rows]
+    ends = last_ends(run, ranks)
+    compiles = last_compiles(run, ranks)
+    return {row["rank"]: _crash(row, ends.get(row["rank"], {}), compiles.get(row["rank"])) for row in rows}
+
+
+def _crash(row: dict, end: dict, compiled: CompileEvent | None) -> dict:
+    """One crashed rank's facts as plain values. Status and exit code are the rank row's (ingest keeps
+    them there); the exception comes from the rank_end body, absent where ingest kept none."""
+    ended_at = end.get("ts") or row["last_seen"].timestamp()
+    return {
+        "status": row["status"], "exit_code": row["exit_code"],
+        "reason": end.get("reason"), "exc_type": end.get("exc_type"), "where": end.get("where"),
+        "ended_at": ended_at, "last_step": row["last_step"],
+        "last_compile": _compile_facts(compiled, ended_at) if compiled else None,
+    }
+
+
+def _compile_facts(event: CompileEvent, ended_at: float) -> dict:
+    keys = (event.detail or {}).get("cache_keys") or {}
+    return {
+        "frame": event.frame, "index": event.index, "step": event.step, "status": event.status,
+        "cache": event.cache or {}, "cache_keys": keys, "seconds_before_end": round(ended_at - event.ts.timestamp(), 3),
+    }
+
+
+def last_ends(run: Run, ranks: list[int]) -> dict[int, dict]:
+    """Each rank's latest rank_end event body, where ingest kept one."""
+    rows = (EventLog.objects.filter(run=run, t="rank_end", rank__in=ranks)
+            .order_by("rank", "-ts", "-id").distinct("rank").values_list("rank", "body"))
+    return dict(rows)
+
+
+def last_compiles(run: Run, ranks: list[int]) -> dict[int, CompileEvent]:
+    """Each rank's last compile (by its own clock): what the rank did just before it ended."""
+    events = CompileEvent.objects.filter(run=run, rank__in=ranks).order_by("rank", "-ts", "-id").distinct("rank")
+    return {e.rank: e for e in events}
 
 
 def check(run: Run) -> list[int]:
@@ -46,3 +105,4 @@ def check(run: Run) -> list[int]:
         view = view_of(run)
         findings = evaluate(view)
         return lifecycle.apply(run, findings, clean_subjects(view, findings), None)
+

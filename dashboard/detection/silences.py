@@ -1,4 +1,4 @@
-"""Which alerts are muted: by a silence (matchers + expiry) or inhibited by their rank going silent.
+"""Which alerts are muted: by a silence (matchers + expiry) or inhibited by their rank going silent or crashing.
 
 Muted alerts are still stored and shown (marked); they only skip notifications. `covers` is the
 one matcher: notifications (`matching`) and the alerts page (`first_covering`) both ask it.
@@ -47,16 +47,20 @@ def expire(silence: Silence) -> None:
     silence.save(update_fields=["expires_at"])
 
 
-def silent_ranks(run_id: int) -> set[int]:
-    firing = Alert.objects.filter(run_id=run_id, kind="rank_silent", state=Alert.State.FIRING)
+INHIBITING = ("rank_silent", "rank_crashed")  # alerts about a whole rank: its other alerts follow from them
+
+
+def inhibiting_ranks(run_id: int) -> set[int]:
+    """Ranks that went silent or crashed (a firing alert of an inhibiting kind names them)."""
+    firing = Alert.objects.filter(run_id=run_id, kind__in=INHIBITING, state=Alert.State.FIRING)
     return {rank for ranks in firing.values_list("ranks", flat=True) for rank in ranks}
 
 
 def inhibited(alert: Alert) -> bool:
-    """rank_silent inhibits alerts that are only about silent ranks."""
-    if alert.kind == "rank_silent" or not alert.ranks:
+    """rank_silent and rank_crashed inhibit alerts that are only about ranks that went silent or crashed."""
+    if alert.kind in INHIBITING or not alert.ranks:
         return False
-    return set(alert.ranks) <= silent_ranks(alert.run_id)
+    return set(alert.ranks) <= inhibiting_ranks(alert.run_id)
 
 
 def mute_state(alert: Alert) -> dict:

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Case, Count, F, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+RUN_STATUSES = ("running", "finished", "failed", "stalled")
 
 
 class Project(models.Model):
@@ -66,11 +72,11 @@ class Run(models.Model):
 
     @property
     def status(self) -> str:
-        """finished once every rank sent rank_end (querysets may annotate `ended` to save a query)."""
-        ended = getattr(self, "ended", None)
-        if ended is None:
-            ended = self.ranks.exclude(status="running").count()
-        return "finished" if ended >= self.world_size else "running"
+        """One of RUN_STATUSES (see `with_status`); querysets built by `with_status` save the query."""
+        derived = getattr(self, "run_status", None)
+        if derived is None:
+            derived = with_status(Run.objects.filter(pk=self.pk)).values_list("run_status", flat=True).get()
+        return derived
 
 
 class Rank(models.Model):
@@ -88,3 +94,37 @@ class Rank(models.Model):
         db_table = "ingest_rank"
         constraints = [models.UniqueConstraint(fields=["run", "rank"], name="rank_per_run")]
         ordering = ["rank"]
+
+
+# A rank failed when its rank_end said error/signal/abort or its process exited non-zero.
+_RANK_FAILED = ~Q(status__in=("ok", "running")) | Q(exit_code__lt=0) | Q(exit_code__gt=0)
+
+
+def with_status(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """`runs` annotated with `ended` (ranks that sent rank_end) and `run_status`, the one place a run's
+    status is decided, in SQL so that a list of runs (and a filter on status) stays one query.
+
+    failed: a rank failed. finished: world_size ranks ended, none failed. stalled: a rank that has not
+    ended is silent longer than LOCKSTEP_SILENT_AFTER, or ranks are missing and the run itself is
+    that silent (killed or frozen ranks never send rank_end). running: otherwise.
+    """
+    quiet_since = timezone.now() - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER)
+    runs = runs.annotate(ended=_ranks_where(~Q(status="running"))).alias(
+        reporting=_ranks_where(Q()),
+        failed=_ranks_where(_RANK_FAILED),
+        silent=_ranks_where(Q(status="running", last_seen__lt=quiet_since)),
+    )
+    return runs.annotate(run_status=Case(
+        When(failed__gt=0, then=Value("failed")),
+        When(ended__gte=F("world_size"), then=Value("finished")),
+        When(Q(silent__gt=0) | Q(reporting__lt=F("world_size"), last_seen__lt=quiet_since), then=Value("stalled")),
+        default=Value("running"),
+    ))
+
+
+def _ranks_where(condition: Q) -> Coalesce:
+    """How many of the outer run's ranks meet `condition`: a correlated subquery, so it multiplies no
+    other join the caller adds and needs no GROUP BY over the runs."""
+    counted = (Rank.objects.filter(condition, run=OuterRef("pk")).order_by().values("run")
+               .annotate(n=Count("pk")).values("n"))
+    return Coalesce(Subquery(counted), 0)

@@ -111,7 +111,7 @@ def _json_body(request: HttpRequest, message: str) -> object:
 # --- JSON shapes (DESIGN 3.3) ------------------------------------------------------------
 
 def run_json(run: Run) -> dict:
-    """A runs-list row; `run` carries the alert counts `services.runs_list` annotates."""
+    """A runs-list row; `run` carries the alert counts and status `services.runs_list` annotates."""
     return {
         "key": run.key,
         "name": run.name,
@@ -142,7 +142,9 @@ def silence_json(s: Silence) -> dict:
 
 @api_view
 def runs(request: HttpRequest, who: Principal) -> JsonResponse:
-    return JsonResponse({"runs": [run_json(r) for r in services.runs_list(who)[:RUNS_LISTED]]})
+    """`?status=running|finished|failed|stalled` narrows the list; any other status is a 400."""
+    listed = services.runs_list(who, request.GET.get("status", "").strip())
+    return JsonResponse({"runs": [run_json(r) for r in listed[:RUNS_LISTED]]})
 
 
 @api_view

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard.delivery import notify
@@ -21,7 +22,7 @@ from dashboard.detection import tasks as detection_tasks
 from dashboard.detection.models import Alert, Baseline, Silence
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import Principal
-from dashboard.tenancy.models import Project, Run
+from dashboard.tenancy.models import RUN_STATUSES, Project, Run, with_status
 from dashboard.web.pages import compare as comparing
 from dashboard.web.pages import timeline
 from dashboard.web.problems import Problem
@@ -48,10 +49,16 @@ def runs_for(caller: Principal, keys: Iterable[str]) -> list[Run]:
     return [run_for(caller, key) for key in dict.fromkeys(keys)]
 
 
-def runs_list(caller: Principal) -> QuerySet[Run]:
-    """The caller's runs, newest first, annotated with firing alert counts (`critical`, `warning`)
-    and ranks that ended (`ended`, so `Run.status` needs no query per run)."""
-    return _with_alert_counts(caller.runs().select_related("project")).order_by("-started_at")
+def runs_list(caller: Principal, status: str = "") -> QuerySet[Run]:
+    """The caller's runs, newest first, annotated with firing alert counts (`critical`, `warning`),
+    ranks that ended (`ended`) and their status (so `Run.status` needs no query per run); only those
+    of `status` when one is given (an unknown one is a 400, not an empty list)."""
+    runs = _with_alert_counts(caller.runs().select_related("project")).order_by("-started_at")
+    if not status:
+        return runs
+    if status not in RUN_STATUSES:
+        raise Problem(400, f"unknown status {status!r}: use one of {', '.join(RUN_STATUSES)}", path="status")
+    return runs.filter(run_status=status)
 
 
 def run_with_alert_counts(caller: Principal, key: str) -> Run:
@@ -73,12 +80,14 @@ def compare(caller: Principal, keys: Iterable[str]) -> dict:
 
 
 def _with_alert_counts(runs: QuerySet[Run]) -> QuerySet[Run]:
-    firing = Q(alerts__state=Alert.State.FIRING)
-    return runs.annotate(
-        critical=Count("alerts", filter=firing & Q(alerts__severity="critical"), distinct=True),
-        warning=Count("alerts", filter=firing & Q(alerts__severity="warning"), distinct=True),
-        ended=Count("ranks", filter=~Q(ranks__status="running"), distinct=True),
-    )
+    return with_status(runs).annotate(critical=_firing("critical"), warning=_firing("warning"))
+
+
+def _firing(severity: str) -> Coalesce:
+    """The outer run's firing alerts of `severity`, as a subquery: a join would multiply the rows
+    `with_status` counts over and force a GROUP BY over every run."""
+    alerts = Alert.objects.filter(run=OuterRef("pk"), state=Alert.State.FIRING, severity=severity)
+    return Coalesce(Subquery(alerts.order_by().values("run").annotate(n=Count("pk")).values("n")), 0)
 
 
 # --- baselines ---------------------------------------------------------------------------

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from agents import fingerprint
-from agents.fingerprint import balanced_buckets, bucket_fingerprints, fold
+from agents.fingerprinting import balanced_buckets, bucket_fingerprints, fold
 
 MASK = (1 << 64) - 1
 
 
 def test_known_value_regression():
-    # Changing the algorithm changes every stored fingerprint: bump agents.fingerprint.ALGO if this fails.
+    # Changing the algorithm changes every stored fingerprint: bump agents.fingerprinting.ALGO if this fails.
     assert fingerprint(torch.arange(10, dtype=torch.float32)) == 13012803974516118967
     assert fingerprint(torch.arange(5000, dtype=torch.float32)) == 972587530987246311  # more than one row
 
@@ -89,7 +89,7 @@ def _words(n, seed=0):
 
 
 def test_compiled_and_segmented_paths_equal_the_reference():
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
 
     for n in (4096 * 3 + 17, 4096 * 5):
         x = _words(n, n)
@@ -103,7 +103,7 @@ def test_compiled_and_segmented_paths_equal_the_reference():
 def test_native_kernel_equals_the_reference_for_every_layout(monkeypatch):
     """Full row pairs, a single full row, partial rows, empty tensors, odd byte counts, copies of
     non-contiguous views, and big tensors split by rows over threads."""
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
     from agents import fingerprint_native
 
     assert fingerprint_native.available()
@@ -121,7 +121,7 @@ def test_native_kernel_equals_the_reference_for_every_layout(monkeypatch):
 def test_native_builds_share_torchs_openmp_runtime_or_fall_back(monkeypatch, tmp_path):
     """The OpenMP build links the runtime file torch loaded (no second libgomp in the process);
     without one (or when it fails to build) the one-thread build gives the same sums."""
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
     from agents import fingerprint_native
 
     runtime = fingerprint_native._openmp_runtime()
@@ -145,7 +145,7 @@ def test_native_pass_gives_the_gradient_statistics_of_the_torch_ops():
     that finite values whose float32 norm overflows are not miscounted as non-finite."""
     import struct
 
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
     from agents.grads import _grad_stats
 
     g = torch.Generator().manual_seed(3)
@@ -170,7 +170,7 @@ def test_native_pass_gives_the_gradient_statistics_of_the_torch_ops():
 
 
 def test_without_the_native_kernel_the_values_do_not_change(monkeypatch):
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
     from agents import fingerprint_native
 
     tensors = [torch.randn(n) for n in (5, 5000, 70000)] + [None]
@@ -183,7 +183,7 @@ def test_without_the_native_kernel_the_values_do_not_change(monkeypatch):
 
 
 def test_big_tensor_uses_fast_path_and_agrees(monkeypatch):
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
 
     monkeypatch.setitem(F.BIG_WORDS, "cpu", 1 << 14)
     t = torch.randn(3 * 4096 * 2 + 5)
@@ -193,7 +193,7 @@ def test_big_tensor_uses_fast_path_and_agrees(monkeypatch):
 
 
 def test_agent_kernels_never_show_up_as_user_compiles(monkeypatch):
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
     from agents import protocol
     from agents.capture import CompileCapture, install, uninstall
 
@@ -217,7 +217,7 @@ def test_cpu_and_h200_give_the_same_values():
     import json
     import os
 
-    from agents.fingerprint import ALGO
+    from agents.fingerprinting import ALGO
     from agents.probe import fingerprints
 
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "fingerprint_probe_h200.json")
@@ -233,7 +233,7 @@ def test_host_pending_equals_the_general_path():
     per-tensor fingerprints and statistics of the general path; it declines what it cannot take."""
     import struct
 
-    import agents.fingerprint as F
+    import agents.fingerprinting as F
 
     g = torch.Generator().manual_seed(5)
     tensors = [torch.randn(n, generator=g) for n in (5, 4096 * 3 + 1, 300)]

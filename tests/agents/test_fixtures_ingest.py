@@ -120,3 +120,39 @@ def test_replay_cli_into_spool_then_ingest(post, tmp_path):
     run = Run.objects.get(key="replay-cli")
     assert CompileEvent.objects.filter(run=run, rank=1, index=1).exists()
     assert not CompileEvent.objects.filter(run=run, rank=0, index__gt=0).exists()
+
+
+def _settle_everything(run) -> None:
+    """What the Celery worker does once every rank has reported or ended: settle each slot, then the
+    run-level checks of the sweep."""
+    from dashboard.detection import runs, settle
+    from dashboard.ledger.models import CompileSlot, GradSlot
+
+    for slot_id in CompileSlot.objects.filter(run=run).order_by("id").values_list("id", flat=True):
+        settle.settle_compile(slot_id)
+    for slot_id in GradSlot.objects.filter(run=run).order_by("step", "id").values_list("id", flat=True):
+        settle.settle_grad(slot_id)
+    runs.check(run)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fixture,key", [("ddp_h200_spool.tgz", "h200-ddp-nccl"),
+                                         ("ddp_cpu213_spool.tgz", "cpu213-ddp-gloo")])
+def test_real_spool_raises_no_rank_specific_artifact(post, tmp_path, fixture, key):
+    """Both recorded jobs ran their 2 ranks on one host with the default Inductor cache dir
+    (/tmp/torchinductor_root), so the ranks truly shared it. On the H200 the FX-graph cache keys
+    differ per rank (cuda:0 / cuda:1 is in the key): each rank compiled its own entry, which is
+    harmless. On the CPU both ranks loaded the same entry under the same key, with the same ISA
+    (no codegen fact differs). Neither is a rank-specific artifact. The one alert due is rank 1's
+    recompile for its 17-row batch at step 3."""
+    from dashboard.detection.models import Alert
+    from dashboard.tenancy.models import Run
+
+    _upload(post, _unpack(fixture, tmp_path))
+    run = Run.objects.get(key=key)
+    _settle_everything(run)
+    alerts = {a.kind: a for a in Alert.objects.filter(run=run)}
+    assert "rank_specific_artifact" not in alerts, alerts["rank_specific_artifact"].message
+    assert set(alerts) == {"recompile_divergence"}, {k: a.message for k, a in alerts.items()}
+    recompile = alerts["recompile_divergence"]
+    assert (recompile.ranks, recompile.step, recompile.severity) == ([1], 3, "critical")

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from agents import protocol
-from agents.fingerprint import bucket_fingerprints
+from agents.fingerprinting import bucket_fingerprints
 from agents.grads import GradTracker, _dtensor_group
 
 

@@ -3,6 +3,7 @@ the real stack; each job provokes several failures at once to keep the suite sho
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -128,8 +129,10 @@ def test_cold_cache_on_one_rank(stack, team, tmp_path):
 
 
 def test_shared_cache_with_rank_specific_settings_and_another_collective_schedule(stack, team, tmp_path):
-    """Ranks share one Inductor cache directory but rank 1 runs with other Inductor settings, so its
-    cache keys are its own; rank 2 folds an extra all_reduce into a compiled graph."""
+    """Ranks share one Inductor cache directory but rank 1 runs with other Inductor settings
+    (TORCHINDUCTOR_SIZE_ASSERTS=0), so its FX-graph cache keys are its own: it never looks up the
+    others' entries, nothing rank-specific is shared, no rank_specific_artifact. Rank 2 folds an
+    extra all_reduce into a compiled graph (collective_schedule_divergence)."""
     token, feed = team
     key = f"sc-shared-{uuid.uuid4().hex[:6]}"
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "shared-cache"),
@@ -138,9 +141,50 @@ def test_shared_cache_with_rank_specific_settings_and_another_collective_schedul
     with running(torchrun(stack, token, key, str(WRAPPER), args, tmp_path / "spool", extra_env=env,
                           via_agent_cli=False)) as job:
         finish(job)
-    alerts = feed.wait_for({"rank_specific_artifact", "collective_schedule_divergence"}, 60, run=key)
-    artifact = alerts["rank_specific_artifact"]
-    assert artifact["ranks"] == [1] and artifact["details"]["shared_cache_dirs"] == [str(tmp_path / "shared-cache")]
+    alerts = feed.wait_for({"collective_schedule_divergence"}, 60, run=key)
     schedule = alerts["collective_schedule_divergence"]
     assert schedule["ranks"] == [2] and "pulse" in schedule["frame"]
+    time.sleep(1)  # the model's slots settle with the same batches as pulse's
+    assert "rank_specific_artifact" not in feed.latest(key)
+    stored = {a["kind"] for a in api(stack, token, f"/runs/{key}/alerts").json()["alerts"]}
+    assert "rank_specific_artifact" not in stored
     assert "grad_divergence" not in feed.latest(key)
+
+
+def run_status(stack, token: str, key: str, want: str, timeout: float = 30) -> str:
+    """The run's derived status, polled until it is `want` or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = api(stack, token, f"/runs/{key}").json()["status"]
+        if status == want or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
+def test_a_rank_that_raises_in_the_step_crashed(stack, team, tmp_path):
+    """Rank 1 raises a RuntimeError in its training step at step 2 (after the forward, before the
+    backward): its rank_end names the exception and the scenarios.py frame; torchrun then stops rank 0
+    (which by then usually has its own error: gloo's "Connection closed by peer" in the backward's
+    all-reduce, or a SIGTERM while between collectives)."""
+    token, feed = team
+    key = f"sc-raise-{uuid.uuid4().hex[:6]}"
+    args = ["--steps", "6", "--raise-rank", "1", "--raise-step", "2"]
+    with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool", ranks=2)) as job:
+        output, _ = job.communicate(timeout=180)
+    assert job.returncode != 0 and "rank 1 hit a bad batch at step 2" in output.decode(errors="replace")
+    feed.wait_for({"rank_crashed"}, 60, run=key)
+    time.sleep(1)
+    crashed = [a for a in api(stack, token, f"/runs/{key}/alerts").json()["alerts"] if a["kind"] == "rank_crashed"]
+    first = next((a for a in crashed if 1 in a["ranks"]), None)
+    shown = json.dumps(crashed, indent=1)
+    assert first is not None, shown
+    assert first["ranks"] == [1] and first["severity"] == "critical", shown
+    text = first["message"]
+    assert "RuntimeError" in text and "rank 1 hit a bad batch at step 2" in text, shown
+    assert re.search(r"demo/scenarios\.py:\d+ main", text), shown  # the frame that raised
+    assert first["details"]["exc_type"] == "RuntimeError", shown
+    # The step it died in: step 2 (its last optimizer step was 1), however the message words it.
+    assert re.search(r"\bstep 2\b|after step 1\b", text.replace("rank 1 hit a bad batch at step 2", "")), shown
+    # The compile just before: the model's forward, loaded from the cache or compiled.
+    assert first["details"]["last_compile"]["frame"] == "torch/_dynamo/external_utils.py:67:inner", shown
+    assert run_status(stack, token, key, "failed") == "failed"

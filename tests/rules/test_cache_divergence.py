@@ -1,4 +1,4 @@
-from dashboard.detection.rules.cache_divergence import outcome
+from dashboard.detection.rules import cache_outcome
 from tests.rules import compile_view, findings_of
 
 
@@ -18,6 +18,6 @@ def test_bypass_and_agreement_are_quiet():
 
 
 def test_outcome_of_several_lookups():
-    assert outcome({"inductor": "hit,miss"}, "inductor") == "miss"
-    assert outcome({"inductor": "hit,hit"}, "inductor") == "hit"
-    assert outcome({}, "inductor") is None
+    assert cache_outcome({"inductor": "hit,miss"}, "inductor") == "miss"
+    assert cache_outcome({"inductor": "hit,hit"}, "inductor") == "hit"
+    assert cache_outcome({}, "inductor") is None

@@ -70,6 +70,7 @@ class RunView:
     silent_after: float
     compile_seconds: float = 0.0
     wall_seconds: float = 0.0
+    crashes: dict = field(default_factory=dict)  # rank -> how it ended badly (`runs.crash_facts`)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,24 @@ def differing_buckets(view: GradSlotView) -> list[int]:
     reference = view.consensus.reference
     return sorted({i for r in view.consensus.dissenters
                    for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b})
+
+
+def cache_outcome(cache: dict, stage: str) -> str | None:
+    """'hit' only if every lookup of the stage hit; the agent joins several lookups with commas."""
+    values = [v for v in (cache.get(stage) or "").split(",") if v]
+    if not values:
+        return None
+    return "hit" if all(v == "hit" for v in values) else "miss" if "miss" in values else values[0]
+
+
+def cache_key(keys: dict) -> str:
+    """The Inductor (FX graph) cache key of a compile, or AOTAutograd's where Inductor reported none."""
+    return keys.get("inductor") or keys.get("aotautograd") or ""
+
+
+def short_key(key: str) -> str:
+    """Cache keys are 52 characters; 12 tell them apart in a message (each graph's of a joined key)."""
+    return ",".join(part[:12] + ("…" if len(part) > 12 else "") for part in key.split(","))
 
 
 def first_step(reports: dict, ranks: Iterable[int]) -> int | None:

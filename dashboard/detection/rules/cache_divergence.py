@@ -2,21 +2,13 @@
 from __future__ import annotations
 
 from dashboard.detection import subjects
-from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
-
-
-def outcome(cache: dict, stage: str) -> str | None:
-    """'hit' only if every lookup of the stage hit; the agent joins several lookups with commas."""
-    values = [v for v in (cache.get(stage) or "").split(",") if v]
-    if not values:
-        return None
-    return "hit" if all(v == "hit" for v in values) else "miss" if "miss" in values else values[0]
+from dashboard.detection.rules import CompileSlotView, Finding, cache_outcome, first_step, ranks_text, rule
 
 
 @rule("cache_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def cache_divergence(view: CompileSlotView):
     for stage in ("inductor", "aotautograd"):
-        outcomes = {r: outcome(e.cache or {}, stage) for r, e in view.reports.items()}
+        outcomes = {r: cache_outcome(e.cache or {}, stage) for r, e in view.reports.items()}
         outcomes = {r: o for r, o in outcomes.items() if o in ("hit", "miss")}
         hits = {r for r, o in outcomes.items() if o == "hit"}
         misses = set(outcomes) - hits

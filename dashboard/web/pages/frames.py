@@ -4,13 +4,19 @@ a unified diff of what the majority and a dissenting rank compiled.
 The diff is over each rank's compile record (hashes per artifact, counts, cache outcomes,
 reasons: the evidence the alert was raised on) followed by the normalized artifact texts the
 blob store holds (Dynamo graph, Inductor code), so the changed graph lines show up too.
+Slot dissenters are about the Dynamo graph; where the ranks traced one graph, the ranks a firing
+alert of that compile names (cache, failure, artifact) are the dissenters instead. Ranks that
+traced one graph can still differ in the Inductor code (rank_specific_artifact), so the code gets
+its own majority vs minority diff.
 """
 from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dashboard.detection.consensus import consensus
+from dashboard.detection.models import Alert
 from dashboard.ledger.models import CompileSlot
 from dashboard.tenancy.models import Run
 from dashboard.web import sql
@@ -21,6 +27,16 @@ from ingest.models import CompileEvent, GraphBreakEvent
 class DiffLine:
     kind: str  # add | del | hunk | ctx | head
     text: str
+
+
+@dataclass
+class CodeDiff:
+    """The Inductor code of a majority rank against a minority rank of one slot."""
+
+    majority: int
+    minority: list[int]  # every rank whose code differs from the majority's
+    note: str = ""
+    lines: list[DiffLine] = field(default_factory=list)
 
 
 def graph_texts(hashes: list[str]) -> dict[str, str]:
@@ -115,26 +131,67 @@ def rank_ranges(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-def slot_diff(run: Run, slot: CompileSlot) -> tuple[int | None, int | None, list[DiffLine]]:
-    """Majority rank vs the first dissenter of one slot."""
+def slot_diff(run: Run, slot: CompileSlot,
+              alerted: dict[int, list[int]]) -> tuple[int | None, int | None, list[DiffLine], CodeDiff | None]:
+    """Majority rank vs the first dissenter of one slot (where the ranks traced one graph: the first rank
+    an alert of this compile names), and the same for its Inductor code."""
     events = {e.rank: e for e in CompileEvent.objects.filter(run=run, frame=slot.frame, index=slot.index).order_by("id")}
     if not events:
-        return None, None, []
-    dissenters = [r for r in slot.dissenters if r in events]
-    majority = min((r for r in events if r not in slot.dissenters), default=None)
+        return None, None, [], None
+    code = code_diff(events)
+    odd = slot.dissenters or alerted.get(slot.index, [])
+    dissenters = [r for r in odd if r in events]
+    majority = min((r for r in events if r not in odd), default=None)
     if majority is None or not dissenters:
-        return majority, None, []
+        return majority, None, [], code
     minority = dissenters[0]
     diff = unified_diff(compile_record(events[majority]), compile_record(events[minority]),
                         f"rank {majority} (majority)", f"rank {minority} (dissenter)")
-    return majority, minority, diff
+    return majority, minority, diff, code
+
+
+def code_diff(events: dict[int, CompileEvent]) -> CodeDiff | None:
+    """Normalized Inductor code of the majority vs the first minority rank; where the normalized code
+    agrees but the raw code does not, the difference is only rank-specific text, said in words."""
+    norms = {r: e.code_norm for r, e in events.items() if e.code_norm}
+    if len(set(norms.values())) > 1:
+        verdict = consensus(norms)
+        majority = min(r for r in norms if r not in verdict.dissenters)
+        minority = verdict.dissenters[0]
+        texts = graph_texts([norms[majority], norms[minority]])
+        a, b = (texts.get(norms[r], f"(normalized code {norms[r]} not uploaded yet)") for r in (majority, minority))
+        return CodeDiff(majority, list(verdict.dissenters), lines=unified_diff(
+            a, b, f"rank {majority} (majority) Inductor code", f"rank {minority} Inductor code"))
+    raws = {r: e.code_raw for r, e in events.items() if e.code_raw}
+    if len(set(raws.values())) > 1:
+        verdict = consensus(raws)
+        return CodeDiff(min(r for r in raws if r not in verdict.dissenters), list(verdict.dissenters),
+                        note="differs only in rank-specific text (device index / rank) that normalization removes")
+    return None
+
+
+def alerted(run: Run, frame: str) -> dict[int, list[int]]:
+    """Compile index -> the ranks the newest firing alert of this frame about that compile names."""
+    found = (Alert.objects.filter(run=run, frame=frame, state=Alert.State.FIRING).exclude(ranks=[])
+             .order_by("-last_seen").values_list("details", "ranks")[:50])
+    return {d["index"]: ranks for d, ranks in reversed(list(found)) if isinstance(d.get("index"), int)}
+
+
+def choose(found: list[CompileSlot], index: int | None, alerted: dict[int, list[int]]) -> CompileSlot | None:
+    """The slot asked for, else the first with dissenters, else the first an alert names, else the first."""
+    by_index = {s.index: s for s in found}
+    if index is not None and index in by_index:
+        return by_index[index]
+    dissent = next((s for s in found if s.dissenters), None)
+    named = next((by_index[i] for i in sorted(alerted) if i in by_index), None)
+    return dissent or named or (found[0] if found else None)
 
 
 def frame_view(run: Run, frame: str, index: int | None) -> dict:
     found = slots(run, frame)
-    chosen = next((s for s in found if s.index == index), None) if index is not None else None
-    chosen = chosen or next((s for s in found if s.dissenters), found[0] if found else None)
-    majority, minority, diff = slot_diff(run, chosen) if chosen else (None, None, [])
+    flagged = alerted(run, frame)
+    chosen = choose(found, index, flagged)
+    majority, minority, diff, code = slot_diff(run, chosen, flagged) if chosen else (None, None, [], None)
     return {
         "frame": frame,
         "slots": [{"slot": s, "dissenters": rank_ranges(sorted(s.dissenters)),
@@ -143,6 +200,8 @@ def frame_view(run: Run, frame: str, index: int | None) -> dict:
         "majority": majority,
         "minority": minority,
         "diff": diff,
+        "code": code,
+        "code_ranks": (("rank " if len(code.minority) == 1 else "ranks ") + rank_ranges(code.minority)) if code else "",
         "reasons": reasons(run, frame),
         "breaks": graph_breaks(run, frame),
     }

@@ -14,7 +14,7 @@ from functools import wraps
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -24,7 +24,7 @@ from dashboard.detection import silences
 from dashboard.detection.models import Baseline
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import Principal
-from dashboard.tenancy.models import Project, Run
+from dashboard.tenancy.models import RUN_STATUSES, Project, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
 from dashboard.web.pages import alerting, compare as comparing, frames
@@ -57,18 +57,15 @@ def page(view: View) -> View:
 # --- runs --------------------------------------------------------------------------------
 
 def _filtered(runs: QuerySet[Run], params: Mapping[str, str]) -> QuerySet[Run]:
-    """Runs list filters: text, project, torch version, status and health (on `runs_list` annotations)."""
-    q, project, torch, status, health = (params.get(k, "").strip() for k in ("q", "project", "torch", "status", "health"))
+    """Runs list filters: text, project, torch version and health (on `runs_list` annotations);
+    status is `runs_list`'s own filter, shared with the API."""
+    q, project, torch, health = (params.get(k, "").strip() for k in ("q", "project", "torch", "health"))
     if q:
         runs = runs.filter(Q(key__icontains=q) | Q(name__icontains=q))
     if project:
         runs = runs.filter(project__name=project)
     if torch:
         runs = runs.filter(torch_version__startswith=torch)
-    if status == "finished":
-        runs = runs.filter(ended__gte=F("world_size"))
-    elif status == "running":
-        runs = runs.filter(ended__lt=F("world_size"))
     if health == "critical":
         runs = runs.filter(critical__gt=0)
     elif health == "warning":
@@ -80,11 +77,15 @@ def _filtered(runs: QuerySet[Run], params: Mapping[str, str]) -> QuerySet[Run]:
 
 @page
 def runs(request: HttpRequest, caller: Principal) -> HttpResponse:
-    return render(request, "dashboard/runs.html", {
-        "runs": _filtered(services.runs_list(caller), request.GET)[:RUNS_LISTED],
-        "projects": Project.objects.filter(id__in=caller.project_ids).order_by("name"),
-        "filters": request.GET,
-    })
+    """An unknown status is a 400 whose message sits above the filters, so the user can choose again."""
+    context = {"projects": Project.objects.filter(id__in=caller.project_ids).order_by("name"),
+               "filters": request.GET, "statuses": RUN_STATUSES}
+    try:
+        listed = services.runs_list(caller, request.GET.get("status", "").strip())
+    except Problem as problem:
+        messages.error(request, problem.message)
+        return render(request, "dashboard/runs.html", {**context, "runs": []}, status=400)
+    return render(request, "dashboard/runs.html", {**context, "runs": _filtered(listed, request.GET)[:RUNS_LISTED]})
 
 
 def run_headline_counts(run: Run) -> dict:
@@ -102,7 +103,7 @@ def run_headline_counts(run: Run) -> dict:
 
 @page
 def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
-    found = services.run_for(caller, key)
+    found = services.run_with_alert_counts(caller, key)  # annotated: the status badge costs no query
     frames_with_dissent = (found.compileslot_set.exclude(dissenters=[]).values_list("frame", flat=True)
                            .distinct().order_by("frame")[:50])
     return render(request, "dashboard/run.html", {

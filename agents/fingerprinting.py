@@ -33,6 +33,10 @@ Implementations, chosen per tensor and device, all giving the same sums:
 - Triton (CUDA): a hand-written kernel doing 32-bit arithmetic with 64-bit accumulation.
 Each fast path is checked against the reference once per device at first use and disabled if it
 disagrees or fails; failures fall back to eager, never into user code.
+
+The public entry is `agents.fingerprint(tensor)` (DESIGN 3.1), which calls `fingerprint` here. This
+module is not named `agents/fingerprint.py`: importing a submodule binds it as an attribute of its
+package, which would replace that public function with the module.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ import hashlib
 import os
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,8 +56,8 @@ ALGO = protocol.FINGERPRINT_ALGO
 MASK64 = (1 << 64) - 1
 COLS = 4096
 LOG2_COLS = 12
-# (column-mix multiplier 1, column-mix multiplier 2, row multiplier) per lane
 _CPU = torch.device("cpu")
+# (column-mix multiplier 1, column-mix multiplier 2, row multiplier) per lane
 _LANES = ((0x27D4EB2D, 0x165667B1, 0x9E3779B1), (0x3C6EF372, 0x7FEB352D, 0x85EBCA77))
 # Tensors at least this large get their own kernel; smaller ones are batched into one call.
 BIG_WORDS = {"cuda": 1 << 16}
@@ -60,9 +65,11 @@ BIG_WORDS_DEFAULT = 1 << 20
 # Per-row sums inside the compiled kernel: int32 wraps (mod 2^32 is all that counts), int64 is exact.
 ROW_SUM_DTYPE = torch.int32 if os.environ.get("LOCKSTEP_FP_ROW_SUM", "int32") == "int32" else torch.int64
 _lock = threading.Lock()
+LaneSums = Callable[[torch.Tensor], torch.Tensor]  # int32 words -> int64 [2] lane sums
+RowsKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # `_rows_kernel`'s signature
 _col_cache: dict[str, torch.Tensor] = {}
 _layout_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-_compiled: dict[str, object] = {}  # device type -> callable, or False when disabled
+_compiled: dict[str, RowsKernel | bool] = {}  # device type -> compiled kernel, or False when disabled
 _triton: dict[int, object] = {}
 _verified: dict[tuple[str, str], bool] = {}
 
@@ -99,6 +106,7 @@ def _column_weights(device: torch.device) -> torch.Tensor:
 
 
 def _row_mults(device: torch.device) -> torch.Tensor:
+    """int32 [2, 1]: each lane's row multiplier R_l."""
     return torch.tensor([[_s32(r)] for _, _, r in _LANES], dtype=torch.int32, device=device)
 
 
@@ -143,6 +151,7 @@ def _rows_kernel(x2: torch.Tensor, col0: torch.Tensor, col1: torch.Tensor, r: to
 
 
 def _arange_rows(k: int, device: torch.device) -> torch.Tensor:
+    """int32 [k, 1] row numbers 0..k-1, from one cached, growing tensor per device (no arange per step)."""
     key = ("rows", str(device))
     with _lock:
         cached = _col_cache.get(key)
@@ -154,7 +163,8 @@ def _arange_rows(k: int, device: torch.device) -> torch.Tensor:
     return cached[:k]
 
 
-def _compiled_for(device: torch.device):
+def _compiled_for(device: torch.device) -> RowsKernel | None:
+    """The Inductor-compiled `_rows_kernel` for this device type, compiled once (None: disabled or failed)."""
     fn = _compiled.get(device.type)
     if fn is None:
         if os.environ.get("LOCKSTEP_FP_COMPILE", "1") == "0":
@@ -168,7 +178,8 @@ def _compiled_for(device: torch.device):
     return fn or None
 
 
-def _rows_call(fn, x2: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+def _rows_call(fn: RowsKernel, x2: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Run the compiled kernel with dynamic rows (one compile for every size), invisible to the capture."""
     from agents.capture import suppressed
 
     if x2.shape[0] >= 2:
@@ -180,6 +191,7 @@ def _rows_call(fn, x2: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 
 def _lane_sums_compiled(x: torch.Tensor) -> torch.Tensor:
+    """Whole rows through the compiled kernel, the partial last row through the reference."""
     fn = _compiled_for(x.device)
     if fn is None:
         raise RuntimeError("compiled fingerprint disabled")
@@ -195,7 +207,8 @@ _TRITON_ITERS = int(os.environ.get("LOCKSTEP_FP_TRITON_ITERS", "16"))
 _TRITON_WARPS = int(os.environ.get("LOCKSTEP_FP_TRITON_WARPS", "16"))
 
 
-def _triton_kernel():
+def _triton_kernel() -> object | None:
+    """The Triton kernel, built once (None: Triton missing or the build failed)."""
     key = 0
     if key in _triton:
         return _triton[key]
@@ -242,6 +255,7 @@ def _triton_kernel():
 
 
 def _lane_sums_triton(x: torch.Tensor) -> torch.Tensor:
+    """An unmasked launch over whole groups of rows, then a masked one for the rest."""
     kernel = _triton_kernel()
     if kernel is None or x.device.type != "cuda":
         raise RuntimeError("triton fingerprint unavailable")
@@ -283,13 +297,15 @@ def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[list
 
 
 def _lane_sums_native(x: torch.Tensor) -> torch.Tensor:
+    """`_native_many` for one tensor, as a tensor like the other paths return."""
     if x.device.type != "cpu":
         raise RuntimeError("the native fingerprint runs on the CPU")
     return torch.tensor(_native_many([x])[0], dtype=torch.int64)
 
 
 # --- choosing a path ----------------------------------------------------------------------------
-def _fast_paths(device: torch.device) -> list[tuple[str, object]]:
+def _fast_paths(device: torch.device) -> list[tuple[str, LaneSums]]:
+    """The fast paths to try on this device, fastest first."""
     paths = []
     if device.type == "cuda" and os.environ.get("LOCKSTEP_FP_TRITON", "1") != "0":
         paths.append(("triton", _lane_sums_triton))
@@ -299,7 +315,7 @@ def _fast_paths(device: torch.device) -> list[tuple[str, object]]:
     return paths
 
 
-def _verify(name: str, fn, device: torch.device) -> bool:
+def _verify(name: str, fn: LaneSums, device: torch.device) -> bool:
     """Once per (path, device type): the fast path must equal the reference on a probe."""
     key = (name, device.type)
     ok = _verified.get(key)
@@ -375,6 +391,8 @@ def segmented_lane_sums(words: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _layout(sizes: tuple[int, ...], device: torch.device, rows_layout: bool) -> tuple:
+    """What `segmented_lane_sums` caches per layout: the compiled path's padding, row numbers, row ->
+    tensor index and the padding's lane sums; or the eager path's weights and element -> tensor index."""
     if not rows_layout:
         pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in sizes]) if sum(sizes) else \
             torch.zeros(0, dtype=torch.int64)
@@ -393,6 +411,7 @@ def _layout(sizes: tuple[int, ...], device: torch.device, rows_layout: bool) -> 
 
 
 def splitmix64(x: int) -> int:
+    """The splitmix64 finalizer: a bijection of u64 that spreads every input bit over the output."""
     x = (x + 0x9E3779B97F4A7C15) & MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
@@ -401,12 +420,14 @@ def splitmix64(x: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _dtype_code(dtype: torch.dtype | None) -> int:
+    """A u64 per dtype name, stable across torch versions (not torch's own enum values)."""
     name = "none" if dtype is None else str(dtype).removeprefix("torch.")
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
 @functools.lru_cache(maxsize=4096)
 def _mix_seed(numel: int, dtype: torch.dtype | None) -> int:
+    """Where `mix` starts: equal bits of another length or dtype fingerprint differently."""
     return splitmix64(numel ^ _dtype_code(dtype))
 
 
@@ -459,9 +480,11 @@ class Pending:
     buckets: list[list[int]]
 
     def ready(self) -> bool:
+        """The copy has landed: reading now does not wait."""
         return self.event is None or self.event.query()
 
     def words(self) -> list[int]:
+        """The host words (waits for the copy if it has not landed)."""
         if not isinstance(self.host, list):
             if self.event is not None:
                 self.event.synchronize()
@@ -469,6 +492,7 @@ class Pending:
         return self.host
 
     def per_tensor(self) -> list[int]:
+        """Each tensor's fingerprint, as `fingerprint` gives it."""
         sums = self.words()
         return [mix((sums[2 * i], sums[2 * i + 1]), n, d) for i, (n, d) in enumerate(zip(self.numels, self.dtypes))]
 
@@ -499,6 +523,7 @@ def per_tensor_lane_sums(tensors: list[torch.Tensor | None]) -> torch.Tensor:
 
 
 def _native_ok(present: list[torch.Tensor]) -> bool:
+    """The native kernel takes these tensors: all on the CPU, and it passed its check."""
     return bool(present) and all(t.is_cpu for t in present) and _verify("native", _lane_sums_native, _CPU)
 
 
@@ -548,6 +573,9 @@ def _native_words(tensors: list[torch.Tensor | None], stats: bool) -> tuple[list
 
 
 def _per_tensor_generic(tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    """int64 [len(tensors), 2] on any device: big tensors one by one, small ones per device in one segmented pass."""
+    if not tensors:
+        return torch.zeros(0, 2, dtype=torch.int64)
     present = [t for t in tensors if t is not None]
     device = present[0].device if present else torch.device("cpu")
     out: list[torch.Tensor | None] = [None] * len(tensors)
@@ -565,8 +593,6 @@ def _per_tensor_generic(tensors: list[torch.Tensor | None]) -> torch.Tensor:
         for j, (i, _) in enumerate(items):
             out[i] = sums[:, j]
     zero = torch.zeros(2, dtype=torch.int64, device=device)
-    if not tensors:
-        return torch.zeros(0, 2, dtype=torch.int64)
     return torch.stack([o if o is not None else zero for o in out])
 
 
@@ -600,16 +626,3 @@ def bucket_fingerprints(
 
 
 __all__ = ["ALGO", "fingerprint", "bucket_fingerprints", "lane_sums", "balanced_buckets", "fold", "Pending"]
-
-
-class _CallableModule(type(os)):
-    """`agents.fingerprint` names both this module and the public function (DESIGN 3.1): importing
-    the submodule rebinds the package attribute to the module, so the module is callable too."""
-
-    def __call__(self, tensor: torch.Tensor) -> int:
-        return fingerprint(tensor)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,126 @@
+"""rank_crashed: a rank ended with an exception, an abort, a signal or a non-zero exit code. The
+alert names the exception, where it was raised, the step it ended in, and the compile of that step
+(its last compile): a crash right after loading a cached Inductor artifact points at the cache (a
+foreign or stale entry), one right after compiling at the compiler, one with no compile in its step
+at the model or the data.
+
+One alert per crashed rank, and it inhibits the rank's other alerts. A rank stopped by a signal
+while another rank crashed on its own, or went silent (killed outright), was only stopped
+because of it (torchrun stops every rank when one fails): it is named in that alert, not paged
+for itself. When every crashed rank was stopped by a signal (the scheduler, a user), the first
+one stopped carries the alert.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from dashboard.detection import subjects
+from dashboard.detection.rules import Finding, RunView, cache_key, cache_outcome, ranks_text, rule, short_key
+
+RECENT_S = 60.0  # a compile outside the training steps this close before the end is "right before" it
+MAX_REASON = 300  # characters of the exception message in the alert's message (all of it in details)
+
+
+def is_signal(crash: dict) -> bool:
+    return crash["status"] == "signal"
+
+
+def roots(view: RunView) -> list[int]:
+    """Crashed ranks worth an alert of their own (see the module docstring)."""
+    own = sorted(r for r, c in view.crashes.items() if not is_signal(c))
+    if own or _silent(view):
+        return own
+    first = min(view.crashes, key=lambda r: (view.crashes[r]["ended_at"], r), default=None)
+    return [first] if first is not None else []
+
+
+def _silent(view: RunView) -> bool:
+    """A rank that never ended and went quiet: rank_silent's case of a rank killed outright."""
+    return any(age >= view.silent_after for r, age in view.last_seen.items() if r not in view.ended)
+
+
+def how_it_ended(rank: int, crash: dict) -> str:
+    code = f", exit code {crash['exit_code']}" if crash["exit_code"] is not None else ""
+    if is_signal(crash):
+        return f"Rank {rank} was stopped by {crash['reason'] or 'a signal'}{code}"
+    if crash["reason"]:
+        reason = crash["reason"] if len(crash["reason"]) <= MAX_REASON else crash["reason"][:MAX_REASON] + "…"
+        return f"Rank {rank} crashed: {reason}" + (f" at {crash['where']}" if crash["where"] else "")
+    if crash["status"] == "ok":
+        return f"Rank {rank} exited with code {crash['exit_code']}"
+    return f"Rank {rank} ended with status {crash['status']}{code}"
+
+
+def in_progress(crash: dict) -> int | None:
+    """The step the rank ended in: one past its last completed step (its progress events arrive
+    before its rank_end), or its last compile's when it completed none."""
+    if crash["last_step"] is not None:
+        return crash["last_step"] + 1
+    return crash["last_compile"]["step"] if crash["last_compile"] else None
+
+
+def just_before(crash: dict, step: int | None) -> dict | None:
+    """The last compile, with its cache outcome and key, when it happened in the step the rank ended
+    in (for a compile outside the training steps: within RECENT_S of the end); else None."""
+    event = crash["last_compile"]
+    if event is None:
+        return None
+    same_step = event["step"] == step if event["step"] is not None and step is not None else None
+    if not (same_step if same_step is not None else event["seconds_before_end"] <= RECENT_S):
+        return None
+    cache = event["cache"]
+    outcome = cache_outcome(cache, "inductor") or cache_outcome(cache, "aotautograd")
+    return {**event, "outcome": outcome, "key": cache_key(event["cache_keys"])}
+
+
+def doing(event: dict) -> str:
+    """What the rank did right before it ended, in words."""
+    frame, key = event["frame"], short_key(event["key"]) if event["key"] else ""
+    if event["status"] != "ok":
+        return f"while compiling frame {frame} (compile #{event['index']}, {event['status']})"
+    if event["outcome"] == "hit":
+        return f"right after loading cached Inductor artifact {key} of frame {frame}"
+    return f"right after compiling frame {frame}" + (f" (cache {event['outcome']}, key {key})" if event["outcome"] else "")
+
+
+def hint(crash: dict, event: dict | None) -> str:
+    if is_signal(crash):
+        return ("Stopped from outside (torchrun after another rank failed, the scheduler's time limit, or a user): "
+                "read the launcher's log.")
+    if event is None:
+        return ("No compile just before it: read the traceback at the named frame (model code, data, out of memory); "
+                "the other ranks wait in their next collective until the timeout or torchrun stops them.")
+    if event["outcome"] == "hit":
+        return ("It crashed right after loading a cached artifact: if the cache dir is shared across node types, the "
+                "entry may be another rank's (see rank_specific_artifact on this frame). Rerun with a fresh "
+                "TORCHINDUCTOR_CACHE_DIR or TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 to confirm.")
+    return ("It crashed in or right after a fresh compile: rerun with torch.compile(backend='aot_eager') to tell a "
+            "compiler bug from a model bug, and TORCH_LOGS=output_code (or tlparse) to read the generated code.")
+
+
+def _finding(view: RunView, rank: int, collateral: list[int]) -> Finding:
+    crash = view.crashes[rank]
+    step = in_progress(crash)
+    event = just_before(crash, step)
+    stopped = f"; {ranks_text(collateral)} then stopped by a signal" if collateral else ""
+    return Finding(
+        severity="critical",
+        subject=subjects.rank(rank),
+        ranks=(rank,),
+        step=step,
+        frame=event["frame"] if event else None,
+        message=how_it_ended(rank, crash) + (f" (step {step})" if step is not None else "")
+        + (f", {doing(event)}" if event else "") + stopped,
+        details={"status": crash["status"], "exit_code": crash["exit_code"], "reason": (crash["reason"] or "")[:4000] or None,
+                 "exc_type": crash["exc_type"], "where": crash["where"], "ended_at": crash["ended_at"],
+                 "last_step": crash["last_step"], "last_compile": event or crash["last_compile"],
+                 "stopped_after": collateral, "hint": hint(crash, event)},
+    )
+
+
+@rule("rank_crashed", RunView, subject=lambda v: [subjects.rank(r) for r in v.crashes])
+def rank_crashed(view: RunView) -> Iterator[Finding]:
+    chosen = roots(view)
+    collateral = sorted(r for r in view.crashes if r not in chosen and is_signal(view.crashes[r]))
+    for rank in chosen:
+        yield _finding(view, rank, collateral)

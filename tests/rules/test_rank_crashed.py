@@ -1,0 +1,108 @@
+"""rank_crashed: one alert per rank that ended badly, naming the exception and the compile just before."""
+from dashboard.detection.rules import clean_subjects, evaluate
+from tests.rules import findings_of, run_view
+
+KEY = "fxk4gqcsmvwzj3uxt2l5z3c6b5nqzvq3z3jx3a7y2kq5t3gqkq4a"
+
+
+def crash(status="error", exit_code=1, reason="RuntimeError: CUDA error: an illegal memory access",
+          exc_type="RuntimeError", where="model/net.py:88 forward", ended_at=1000.0, last_step=2,
+          compiled: dict | None = None) -> dict:
+    return {"status": status, "exit_code": exit_code, "reason": reason, "exc_type": exc_type, "where": where,
+            "ended_at": ended_at, "last_step": last_step, "last_compile": compiled}
+
+
+def compiled(outcome="hit", seconds_before_end=0.4, status="ok", step=3) -> dict:
+    return {"frame": "model/net.py:40:forward", "index": 0, "step": step, "status": status,
+            "cache": {"aotautograd": outcome, "inductor": outcome}, "cache_keys": {"inductor": KEY},
+            "seconds_before_end": seconds_before_end}
+
+
+def ended(crashes: dict, live: dict | None = None, **kw):
+    """A run view where `crashes` ended badly, the rest of `live` (rank -> age) still reports."""
+    ages = {**{r: 1.0 for r in crashes}, **(live or {})}
+    return run_view(ages, ended=set(crashes), crashes=crashes, **kw)
+
+
+def test_crash_right_after_loading_a_cached_artifact():
+    [f] = findings_of(ended({1: crash(compiled=compiled("hit"))}, live={0: 1.0}), "rank_crashed")
+    assert (f.severity, f.ranks, f.subject, f.step, f.frame) == ("critical", (1,), "rank:1", 3, "model/net.py:40:forward")
+    assert f.message == ("Rank 1 crashed: RuntimeError: CUDA error: an illegal memory access at model/net.py:88 forward "
+                         "(step 3), right after loading cached Inductor artifact fxk4gqcsmvwz… of frame model/net.py:40:forward")
+    assert f.details["exc_type"] == "RuntimeError" and f.details["last_compile"]["key"] == KEY
+    assert "rank_specific_artifact" in f.details["hint"]
+
+
+def test_crash_right_after_compiling_or_while_compiling():
+    [after] = findings_of(ended({1: crash(compiled=compiled("miss"))}), "rank_crashed")
+    assert "right after compiling frame model/net.py:40:forward (cache miss, key fxk4gqcsmvwz…)" in after.message
+    assert "aot_eager" in after.details["hint"]
+    [during] = findings_of(ended({1: crash(compiled=compiled("miss", status="failed"))}), "rank_crashed")
+    assert "while compiling frame model/net.py:40:forward (compile #0, failed)" in during.message
+
+
+def test_a_compile_of_an_earlier_step_is_not_blamed():
+    [f] = findings_of(ended({1: crash(compiled=compiled("hit", step=0))}), "rank_crashed")
+    assert f.message.endswith("at model/net.py:88 forward (step 3)") and f.frame is None and f.step == 3
+    assert f.details["last_compile"]["step"] == 0  # still in the details
+    assert "No compile just before it" in f.details["hint"]
+
+
+def test_a_compile_outside_the_steps_counts_when_it_was_just_before():
+    def outside(seconds: float) -> list:
+        at = compiled("miss", seconds_before_end=seconds, step=None)
+        return findings_of(ended({1: crash(last_step=None, compiled=at)}), "rank_crashed")
+
+    [recent] = outside(0.5)
+    assert recent.step is None and "right after compiling frame" in recent.message
+    [old] = outside(600)
+    assert old.frame is None and "compiling" not in old.message
+
+
+def test_one_alert_per_crashed_rank_and_the_ranks_torchrun_stopped_are_named_not_paged():
+    sigterm = dict(status="signal", exit_code=143, reason="SIGTERM", exc_type=None, where=None)
+    crashes = {1: crash(), 2: crash(reason="ValueError: bad batch", where="data.py:12 load"),
+               0: crash(**sigterm, ended_at=1001.0), 3: crash(**sigterm, ended_at=1001.5)}
+    found = findings_of(ended(crashes), "rank_crashed")
+    assert [f.ranks for f in found] == [(1,), (2,)]
+    assert found[1].details["stopped_after"] == [0, 3] and "ranks 0, 3 then stopped by a signal" in found[1].message
+
+
+def test_a_job_stopped_from_outside_pages_once():
+    sigterm = dict(status="signal", exit_code=143, reason="SIGTERM", exc_type=None, where=None)
+    crashes = {0: crash(**sigterm, ended_at=1000.2), 1: crash(**sigterm, ended_at=1000.1), 2: crash(**sigterm, ended_at=1000.3)}
+    [f] = findings_of(ended(crashes), "rank_crashed")
+    assert f.ranks == (1,) and f.message == ("Rank 1 was stopped by SIGTERM, exit code 143 (step 3); "
+                                   "ranks 0, 2 then stopped by a signal")
+    assert "launcher" in f.details["hint"]
+
+
+def test_ranks_stopped_after_a_rank_was_killed_outright_are_left_to_rank_silent():
+    sigterm = dict(status="signal", exit_code=143, reason="SIGTERM", exc_type=None, where=None)
+    view = ended({0: crash(**sigterm), 1: crash(**sigterm)}, live={2: 90.0}, silent_after=20)
+    assert findings_of(view, "rank_crashed") == []
+    assert [f.ranks for f in findings_of(view, "rank_silent")] == [(2,)]
+
+
+def test_a_non_zero_exit_without_an_exception():
+    [f] = findings_of(ended({0: crash(status="ok", exit_code=3, reason=None, exc_type=None, where=None)}), "rank_crashed")
+    assert f.message == "Rank 0 exited with code 3 (step 3)"
+
+
+def test_an_abort_without_a_reason():
+    [f] = findings_of(ended({0: crash(status="abort", exit_code=None, reason=None, where=None, last_step=None)}),
+                      "rank_crashed")
+    assert f.message == "Rank 0 ended with status abort"
+
+
+def test_a_long_reason_is_cut_in_the_message_only():
+    [f] = findings_of(ended({0: crash(reason="RuntimeError: " + "x" * 1000)}), "rank_crashed")
+    assert len(f.message) < 400 and len(f.details["reason"]) == 1014
+
+
+def test_crashed_ranks_are_not_silent_and_only_crashed_ranks_are_checked():
+    view = ended({1: crash()}, live={0: 1.0})
+    assert findings_of(view, "rank_silent") == []
+    clean = clean_subjects(view, evaluate(view))
+    assert ("rank_crashed", "rank:1") not in clean and ("rank_crashed", "rank:0") not in clean
+    assert findings_of(run_view({0: 1.0, 1: 2.0}), "rank_crashed") == []
