@@ -1,4 +1,4 @@
-/* Lane sums of fingerprint v3 on the CPU (definition: agents/fingerprint.py).
+/* Lane sums of fingerprint v3 on the CPU (definition: agents/fingerprinting.py).
  *
  * Each piece is rows [row_begin, row_end) of one tensor's int32 words, viewed as [rows, 4096];
  * word i of a row with index r (counted from the tensor's start) has the weight

@@ -16,7 +16,7 @@ import msgspec
 
 PROTOCOL_VERSION = 1
 NORM_VERSION = 1
-FINGERPRINT_ALGO = "lockstep-fp64-v3"  # agents/fingerprint.py ALGO; baselines compare only equal algorithms
+FINGERPRINT_ALGO = "lockstep-fp64-v3"  # agents/fingerprinting.py ALGO; baselines compare only equal algorithms
 
 # Bounds the server enforces; the agent batches below them.
 MAX_BODY_BYTES = 8 * 1024 * 1024
