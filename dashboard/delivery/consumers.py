@@ -9,8 +9,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard.delivery.notify import project_group, run_group
+from dashboard.tenancy import access
 from dashboard.tenancy.auth import user_project_ids
-from dashboard.tenancy.models import Run
 
 
 class _Feed(AsyncJsonWebsocketConsumer):
@@ -41,10 +41,8 @@ class _Feed(AsyncJsonWebsocketConsumer):
 class RunFeed(_Feed):
     @database_sync_to_async
     def groups_for(self, user) -> list[str] | None:
-        run = Run.objects.filter(key=self.scope["url_route"]["kwargs"]["key"]).first()
-        if run is None or run.project_id not in user_project_ids(user):
-            return None
-        return [run_group(run.id)]
+        run = access.visible_run(access.principal_for(user), self.scope["url_route"]["kwargs"]["key"])
+        return [run_group(run.id)] if run is not None else None
 
 
 class AlertFeed(_Feed):

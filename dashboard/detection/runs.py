@@ -11,27 +11,18 @@ from django.utils import timezone
 
 from dashboard.detection import lifecycle
 from dashboard.detection.rules import RunView, clean_subjects, evaluate
-from dashboard.tenancy.models import Rank, Run
+from dashboard.tenancy.models import Rank, Run, rank_failed
 from ingest.models import CompileEvent, EventLog
 
 ACTIVE_WINDOW = timedelta(hours=1)
 CRASH_WINDOW = timedelta(minutes=10)
-FAILED = ("error", "signal", "abort")  # rank_end statuses of a rank that did not finish its work
-
-
-def crashed(via: str = "") -> Q:
-    """Ranks that ended badly (a failure status, or a non-zero exit code); `via`: the path to `Rank`."""
-    return (Q(**{f"{via}status__in": FAILED}) | Q(**{f"{via}exit_code__gt": 0})
-            | Q(**{f"{via}exit_code__lt": 0}))
-
-
 def active_runs() -> list[Run]:
     """Runs that reported recently and still have a rank that has not ended, or that ended with a
     crashed rank a moment ago: torchrun stops the others within seconds of a crash, often before
     the next sweep, and rank_crashed must still see it."""
     now = timezone.now()
     recent = Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW)
-    just_crashed = Q(last_seen__gte=now - CRASH_WINDOW) & crashed("ranks__")
+    just_crashed = Q(last_seen__gte=now - CRASH_WINDOW) & rank_failed("ranks__")
     return list(recent.filter(Q(ranks__status="running") | just_crashed).distinct())
 
 
@@ -57,7 +48,7 @@ def view_of(run: Run) -> RunView:
 
 def crash_facts(run: Run) -> dict[int, dict]:
     """rank -> how it ended (status, exit code, the exception and where) and its last compile before."""
-    rows = list(Rank.objects.filter(run=run).filter(crashed()).values("rank", "status", "exit_code", "last_step",
+    rows = list(Rank.objects.filter(run=run).filter(rank_failed()).values("rank", "status", "exit_code", "last_step",
                                                                        "last_seen"))
     if not rows:
         return {}

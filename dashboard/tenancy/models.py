@@ -96,8 +96,11 @@ class Rank(models.Model):
         ordering = ["rank"]
 
 
-# A rank failed when its rank_end said error/signal/abort or its process exited non-zero.
-_RANK_FAILED = ~Q(status__in=("ok", "running")) | Q(exit_code__lt=0) | Q(exit_code__gt=0)
+def rank_failed(via: str = "") -> Q:
+    """A rank failed when its rank_end said error/signal/abort or its process exited non-zero;
+    `via`: the path from the queried model to `Rank` (e.g. "ranks__" from Run)."""
+    return (~Q(**{f"{via}status__in": ("ok", "running")}) | Q(**{f"{via}exit_code__lt": 0})
+            | Q(**{f"{via}exit_code__gt": 0}))
 
 
 def with_status(runs: QuerySet[Run]) -> QuerySet[Run]:
@@ -111,7 +114,7 @@ def with_status(runs: QuerySet[Run]) -> QuerySet[Run]:
     quiet_since = timezone.now() - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER)
     runs = runs.annotate(ended=_ranks_where(~Q(status="running"))).alias(
         reporting=_ranks_where(Q()),
-        failed=_ranks_where(_RANK_FAILED),
+        failed=_ranks_where(rank_failed()),
         silent=_ranks_where(Q(status="running", last_seen__lt=quiet_since)),
     )
     return runs.annotate(run_status=Case(

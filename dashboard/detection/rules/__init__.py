@@ -150,6 +150,11 @@ def cache_outcome(cache: dict, stage: str) -> str | None:
     return "hit" if all(v == "hit" for v in values) else "miss" if "miss" in values else values[0]
 
 
+def compile_outcome(cache: dict) -> str | None:
+    """The Inductor (FX graph) cache outcome of a compile, or AOTAutograd's where Inductor reported none."""
+    return cache_outcome(cache, "inductor") or cache_outcome(cache, "aotautograd")
+
+
 def cache_key(keys: dict) -> str:
     """The Inductor (FX graph) cache key of a compile, or AOTAutograd's where Inductor reported none."""
     return keys.get("inductor") or keys.get("aotautograd") or ""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from dashboard.detection import subjects
-from dashboard.detection.rules import Finding, RunView, cache_key, cache_outcome, ranks_text, rule, short_key
+from dashboard.detection.rules import Finding, RunView, cache_key, compile_outcome, ranks_text, rule, short_key
 
 RECENT_S = 60.0  # a compile outside the training steps this close before the end is "right before" it
 MAX_REASON = 300  # characters of the exception message in the alert's message (all of it in details)
@@ -68,9 +68,7 @@ def just_before(crash: dict, step: int | None) -> dict | None:
     same_step = event["step"] == step if event["step"] is not None and step is not None else None
     if not (same_step if same_step is not None else event["seconds_before_end"] <= RECENT_S):
         return None
-    cache = event["cache"]
-    outcome = cache_outcome(cache, "inductor") or cache_outcome(cache, "aotautograd")
-    return {**event, "outcome": outcome, "key": cache_key(event["cache_keys"])}
+    return {**event, "outcome": compile_outcome(event["cache"]), "key": cache_key(event["cache_keys"])}
 
 
 def doing(event: dict) -> str:

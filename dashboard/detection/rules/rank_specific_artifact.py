@@ -21,7 +21,7 @@ from typing import Iterator, NamedTuple
 
 from dashboard.detection import subjects
 from dashboard.detection.consensus import Consensus, consensus
-from dashboard.detection.rules import (CompileSlotView, Finding, cache_key, cache_outcome, first_step, ranks_text, rule,
+from dashboard.detection.rules import (CompileSlotView, Finding, cache_key, compile_outcome, first_step, ranks_text, rule,
                                        short_key)
 
 Location = tuple[str, str, str]  # ("host", host, path) or ("fs", fsid, path): equal tuples are one directory
@@ -123,8 +123,7 @@ def _differ(facts: dict[int, dict], a: int, b: int) -> bool:
 
 
 def _outcome(event) -> str | None:
-    cache = event.cache or {}
-    return cache_outcome(cache, "inductor") or cache_outcome(cache, "aotautograd")
+    return compile_outcome(event.cache or {})
 
 
 def _details(view: CompileSlotView, key: str, place: Dir, ranks: list[int], facts: dict[int, dict]) -> dict:
