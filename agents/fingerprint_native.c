@@ -17,7 +17,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#define COLS 4096
+#ifndef COLS
+#error "COLS (the row width) is passed by fingerprint_native.py, its one definition"
+#endif
 #define W 8
 #define INLINE static inline __attribute__((always_inline))
 

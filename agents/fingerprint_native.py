@@ -10,7 +10,7 @@ pass, 0.55-0.64x of `sum()` against 0.8x and more now). A compiler without OpenM
 one-thread build.
 
 Built with the C compiler Inductor needs anyway (`$CC`, else cc or gcc) into `$LOCKSTEP_CACHE_DIR`
-(default ~/.cache/lockstep), keyed by source, recipe (compiler, OpenMP runtime) and the CPU's
+(default ~/.cache/lockstep), keyed by source, recipe (compiler commands, OpenMP runtime) and the CPU's
 feature flags (the build uses -march=native, so a cache shared between unlike machines must never
 hand out a foreign binary). Recipes are tried best first (`_recipes`); when none builds and loads,
 the Inductor and eager paths remain; `LOCKSTEP_FP_NATIVE=0` skips it.
@@ -66,7 +66,7 @@ def _openmp_runtime() -> str | None:
 def _recipes(cc: str) -> list[tuple[str, list[list[str]]]]:
     """(name, commands) that build {lib} from {src}, best first. The OpenMP build is linked against
     torch's own runtime file, so the library needs that runtime's soname and shares its threads."""
-    native = ["-O3", "-march=native"]
+    native = ["-O3", "-march=native", f"-DCOLS={COLS}"]
     recipes = []
     runtime = _openmp_runtime()
     if runtime:
@@ -74,7 +74,7 @@ def _recipes(cc: str) -> list[tuple[str, list[list[str]]]]:
                         [[cc, *native, "-fopenmp", "-fPIC", "-c", "-o", "{obj}", "{src}"],
                          [cc, "-shared", "-o", "{lib}", "{obj}", runtime, f"-Wl,-rpath,{os.path.dirname(runtime)}"]]))
     recipes.append((f"{cc} native", [[cc, *native, "-shared", "-fPIC", "-o", "{lib}", "{src}"]]))
-    recipes.append((f"{cc} portable", [[cc, "-O3", "-shared", "-fPIC", "-o", "{lib}", "{src}"]]))
+    recipes.append((f"{cc} portable", [[cc, "-O3", f"-DCOLS={COLS}", "-shared", "-fPIC", "-o", "{lib}", "{src}"]]))
     return recipes
 
 
@@ -83,7 +83,7 @@ def _compile(out: Path) -> bool:
     compilers = [c for c in (os.environ.get("CC"), "cc", "gcc") if c]
     for cc in compilers:
         for name, commands in _recipes(cc):
-            key = hashlib.sha256(b"\0".join([source, name.encode(), _cpu_identity().encode()]))
+            key = hashlib.sha256(b"\0".join([source, repr(commands).encode(), _cpu_identity().encode()]))
             target = out / f"fingerprint-{key.hexdigest()[:16]}.so"
             if target.exists():
                 if _load(target):

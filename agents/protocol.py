@@ -30,7 +30,8 @@ _LITTLE = sys.byteorder == "little"
 
 U64_MAX = (1 << 64) - 1
 U64 = Annotated[int, msgspec.Meta(ge=0)]  # upper bound checked in _check_u64 (msgspec bounds stop at int64)
-NonNeg = Annotated[int, msgspec.Meta(ge=0, le=(1 << 62))]
+NONNEG_MAX = 1 << 62  # steps, counts, ids: far past any real value, and inside int8 columns
+NonNeg = Annotated[int, msgspec.Meta(ge=0, le=NONNEG_MAX)]
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
 Short = Annotated[str, msgspec.Meta(max_length=512)]
 Text = Annotated[str, msgspec.Meta(max_length=16_384)]
@@ -110,6 +111,35 @@ class CompileRuntime(Event, tag="compile_runtime"):
     frame: Short = ""
     compile_id: Short = ""
     times: dict[Short, Seconds] = {}
+
+
+class CompileStart(Event, tag="compile_start"):
+    """Dynamo started compiling a frame (`dynamo_start`): sent at once, so a compile that runs for
+    minutes is known while it runs, not only when `compile` reports it. `reason` is "first compile"
+    or the guard that failed (the recompile reason)."""
+
+    frame: Short = ""
+    compile_id: Short = ""
+    reason: Text = ""
+    step: NonNeg | None = None
+
+
+class Progress(Event, tag="progress"):
+    """Where the main thread is, sampled from another thread at every heartbeat (agents/progress.py).
+
+    `phase`: compiling | collective | backward | data | step | other (a newer agent may send others);
+    `phase_s`: seconds in it at `ts`; `step`: the optimizer step in progress and `since_step_s` how
+    long since the previous one ended; `where`: the innermost frame of user code ("file:line name");
+    `op`: the collective or the compiling frame; `reason`: why it compiles (as `compile_start`)."""
+
+    phase: Short = "other"
+    phase_s: Seconds = 0.0
+    step: NonNeg | None = None
+    since_step_s: Seconds | None = None
+    where: Short = ""
+    op: Short = ""
+    compile_id: Short = ""
+    reason: Text = ""
 
 
 class GraphBreak(Event, tag="graph_break"):
@@ -232,7 +262,7 @@ class Dropped(Event, tag="dropped"):
     reason: Short = ""
 
 
-AnyEvent = Union[RankStart, Compile, CompileRuntime, GraphBreak, Grad, Grads, Param, Step, Heartbeat, Detail, RankEnd, Dropped]
+AnyEvent = Union[RankStart, Compile, CompileStart, CompileRuntime, Progress, GraphBreak, Grad, Grads, Param, Step, Heartbeat, Detail, RankEnd, Dropped]
 EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in AnyEvent.__args__)
 
 

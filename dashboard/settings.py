@@ -89,6 +89,14 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+# The chain of the lean routes (ingest/fastpath.py): views for agents, with a bearer token, exempt
+# from CSRF, never a session or a page. The host check (CommonMiddleware asks request.get_host())
+# and the response headers apply to them; static files, sessions, CSRF, auth and messages do not.
+LEAN_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
 
 ROOT_URLCONF = "dashboard.urls"
 ASGI_APPLICATION = "dashboard.asgi.application"

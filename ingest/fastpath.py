@@ -5,14 +5,13 @@ crosses into it for every middleware method and for the view. At the agents' rea
 batch of a few steps per request) that was most of an ingest process's CPU: `python
 bench/ingest.py --steps-per-batch 8 --steps 96 --ranks-per-request 1` accepted 1.8k rank-steps/s
 through Django's ASGI handler and 4.7k/s through a lean route (2026-12-01, 2-core machine). This
-route runs Django's own request and middleware code rather than copies of it; that costs about
-12% more server CPU per request than the hand-built route it replaced did at that cadence (half of
-it the session, auth, messages, CSRF and static-file middlewares, which these views never use),
-a fixed cost per request that matters less the more a request carries (a relay's bulk).
+route runs Django's own request and middleware code rather than copies of it, with the chain of
+settings.LEAN_MIDDLEWARE (host check and response headers): the session, auth, messages, CSRF and
+static-file middlewares serve pages, and these views never use them.
 
 What it reuses, so nothing of Django is copied: the route table (Django's URL resolver over
 ROOT_URLCONF, dashboard/urls.py), the request (`ASGIRequest`, built by `ASGIHandler.create_request`),
-settings.MIDDLEWARE loaded by `BaseHandler.load_middleware` in synchronous mode (as under WSGI),
+settings.LEAN_MIDDLEWARE loaded by `BaseHandler.load_middleware` in synchronous mode (as under WSGI),
 `BaseHandler.get_response` (resolving, middleware, the view, error pages, request logging) and
 `ASGIHandler.send_response`. What differs from Django's ASGI handler:
 
@@ -46,6 +45,7 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
+from django.test.utils import override_settings
 from django.urls import Resolver404, URLResolver, get_resolver, get_urlconf, set_script_prefix
 
 Scope = MutableMapping[str, Any]
@@ -91,7 +91,8 @@ class LeanHandler(ASGIHandler):
 
     def __init__(self, threads: int) -> None:
         BaseHandler.__init__(self)  # not ASGIHandler.__init__: it loads the chain in async mode
-        self.load_middleware(is_async=False)
+        with override_settings(MIDDLEWARE=settings.LEAN_MIDDLEWARE):  # load_middleware reads only settings.MIDDLEWARE
+            self.load_middleware(is_async=False)
         self.threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="lockstep-lean")
 

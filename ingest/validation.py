@@ -97,7 +97,6 @@ def decode_blobs(body: bytes) -> protocol.BlobUpload:
 # Protocol bounds wider than the columns they land in; a value past these would be a database error (a 500).
 _COLUMN_LIMITS = {"group": 64, "compile_id": 64, "status": 16}
 _INT4_MAX = (1 << 31) - 1
-_STEP_MAX = 1 << 62  # the protocol's NonNeg bound, also for a `grads` event's last step
 _TS_MAX = 32_503_680_000.0  # year 3000: past it, datetime (and timestamptz) overflow
 
 
@@ -110,8 +109,8 @@ def _check_storable(event: protocol.Event, path: str) -> None:
         raise Rejection(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"{path}.ts")
     if isinstance(event, protocol.Compile) and event.index > _INT4_MAX:
         raise Rejection(400, f"index exceeds {_INT4_MAX}", f"{path}.index")
-    if isinstance(event, protocol.Grads) and event.step_numbers()[-1] > _STEP_MAX:
-        raise Rejection(400, f"last step exceeds {_STEP_MAX}", f"{path}.steps")
+    if isinstance(event, protocol.Grads) and event.step_numbers()[-1] > protocol.NONNEG_MAX:
+        raise Rejection(400, f"last step exceeds {protocol.NONNEG_MAX}", f"{path}.steps")
     if isinstance(event, protocol.RankEnd) and event.exit_code is not None and abs(event.exit_code) > _INT4_MAX:
         raise Rejection(400, "exit_code out of range", f"{path}.exit_code")
 

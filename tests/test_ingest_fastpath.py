@@ -119,6 +119,8 @@ def test_errors_are_the_django_views_errors(route, client, token, body, hdrs, st
     assert got_status == django.status_code == status
     assert json.loads(got) == django.json() and "error" in django.json()
     assert got_headers["content-type"] == django["Content-Type"]
+    assert {k: v for k, v in got_headers.items() if k != "content-length"} == \
+        {k.lower(): v for k, v in django.headers.items() if k.lower() != "content-length"}  # the lean chain adds what the full one does
     assert not IngestBatch.objects.exists()
 
 
@@ -145,6 +147,16 @@ def test_other_methods_and_bad_hosts_get_djangos_answers(route, lean_served, tok
     status, _, _ = call(route, json.dumps(make_batch()).encode(), headers_for(token, Host="evil.example"))
     assert status == 400  # DisallowedHost, from the same middleware chain Django runs
     assert lean_served == ["/api/v1/ingest"] * 2 and not IngestBatch.objects.exists()
+
+
+def test_the_lean_chain_leaves_out_the_browser_middlewares(route, token, settings):
+    """A session cookie, a CSRF check or a static-file lookup never applies to an agent's batch."""
+    assert "django.contrib.sessions.middleware.SessionMiddleware" in settings.MIDDLEWARE
+    assert not set(settings.LEAN_MIDDLEWARE) - set(settings.MIDDLEWARE)
+    status, headers, _ = call(route, json.dumps(make_batch()).encode(),
+                              headers_for(token, Cookie="sessionid=forged; csrftoken=x"))
+    assert status == 200 and "set-cookie" not in headers and "vary" not in headers
+    assert route.handler._view_middleware == []  # CsrfViewMiddleware (a view middleware) is not loaded
 
 
 def test_other_routes_go_to_djangos_asgi_handler(route, lean_served, token):

@@ -123,8 +123,9 @@ def test_two_workers_then_database_outage_then_recovery(throwaway, record_proper
     run = f"faults-{uuid.uuid4().hex[:6]}"
     batches = [make_batch(run=run, rank=r, world_size=4, seq=s, session=f"s-{run}-{r}") for r in range(4) for s in range(5)]
     with ThreadPoolExecutor(4) as pool:
-        codes = list(pool.map(lambda b: _post(stack.url, token, b).status_code, batches))
-    assert codes == [200] * 20
+        answers = list(pool.map(lambda b: _post(stack.url, token, b), batches))
+    assert [a.status_code for a in answers] == [200] * 20, ([a.text for a in answers if a.status_code != 200],
+                                                            stack.server.tail())
     metrics = requests.get(stack.url + "/metrics", timeout=30).text
     assert 'lockstep_ingest_requests_total{endpoint="ingest",outcome="accepted",status="200"} 20.0' in metrics
 
