@@ -61,6 +61,7 @@ class Agent:
         from agents.capture import CompileCapture, install
         from agents.graph_texts import GraphTexts
         from agents.grads import GradTracker
+        from agents.progress import Sampler
         from agents.transport import Transport
 
         self.cfg = cfg
@@ -71,12 +72,16 @@ class Agent:
         self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every, on_layout=self._layout_known)
         start = self._rank_start()  # before the sender starts, so rank_start is the first event
         texts = GraphTexts()  # filled by the capture, asked for by the server through the transport
-        self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step, on_blobs=texts.bodies)
+        self.capture = CompileCapture(self._emit, lambda: self.grads.step, texts=texts)
+        self.progress = Sampler(self.capture, lambda: self.grads.step, cfg.progress_every) if cfg.progress_every else None
+        self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step, on_blobs=texts.bodies,
+                                   progress=self.progress.event if self.progress else None)
         try:
             self._emit(start)
-            self.capture = CompileCapture(self._emit, lambda: self.grads.step, texts=texts)
             install(self.capture)
             self.grads.install()
+            if self.progress:
+                self.progress.start()
         except BaseException:
             self.transport.close(0)
             raise
@@ -139,6 +144,8 @@ class Agent:
                 from agents.capture import uninstall
 
                 uninstall(self.capture)
+                if self.progress:
+                    self.progress.stop()
                 self.grads.uninstall()
                 self.grads.drain(block=True)
             except Exception:

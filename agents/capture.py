@@ -81,6 +81,17 @@ class _Pending:
     recompile_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class Compiling:
+    """A compile in progress (from `dynamo_start` to `compilation_metrics`), for the progress sampler."""
+
+    frame: str
+    compile_id: str
+    reason: str
+    started: float  # time.monotonic()
+    thread: int  # threading.get_ident() of the compiling thread
+
+
 def _join(values: list[str]) -> str:
     return ",".join(values)[:512]
 
@@ -99,6 +110,8 @@ class CompileCapture(logging.Handler):
         self._index: dict[str, int] = {}
         self._frames: dict[str, str] = {}  # compile_id -> frame of the compiles reported
         self._frame_ids: dict[str, str] = {}  # Dynamo frame id ("3" of "3/0") -> frame
+        self._compiling: dict[tuple, Compiling] = {}
+        self._strings: dict[int, str] = {}  # torch's interned file names (trace "str" records)
         self._lock = threading.Lock()
         self.now: Callable[[], float] = time.time  # event timestamps (replay uses the trace's own)
 
@@ -134,15 +147,55 @@ class CompileCapture(logging.Handler):
         if kind == "compilation_metrics_runtime":
             self._runtime(meta[kind] or {})
             return
+        if kind == "str":
+            self._intern(meta[kind])
+            return
         if cid[1] is None:
             return
         pend = self._pending.setdefault(cid, _Pending())
+        if kind == "dynamo_start":
+            self._start(cid, meta[kind] or {}, pend)
         if kind == "dynamo_output_graph" and payload is not None:
             pend.dynamo.append(payload)
         elif kind == "inductor_output_code" and payload is not None:
             pend.inductor.append(payload)
         elif kind == "artifact":
             self._artifact(pend, (meta[kind] or {}).get("name", ""), payload)
+
+    def compiling(self, thread: int) -> Compiling | None:
+        """The outermost compile running on `thread` now, if any (read from the sampler's thread)."""
+        running = [c for c in list(self._compiling.values()) if c.thread == thread]
+        return min(running, key=lambda c: c.started, default=None)
+
+    def _intern(self, entry) -> None:
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str):
+            self._strings[int(entry[1])] = entry[0]
+
+    def _filename(self, value) -> str:
+        """Stack entries name files by torch's intern id; the table is torch's where we missed a record."""
+        if not isinstance(value, int):
+            return str(value or "")
+        if value not in self._strings:
+            try:
+                from torch._logging import structured
+
+                self._strings.update({i: s for s, i in structured.INTERN_TABLE.items()})
+            except Exception:
+                pass
+        return self._strings.get(value, "")
+
+    def _start(self, cid: tuple, m: dict, pend: _Pending) -> None:
+        """`dynamo_start`: the frame being compiled is the last entry of the stack torch logs."""
+        top = (m.get("stack") or [{}])[-1]
+        filename = self._filename(top.get("filename"))
+        if filename.startswith(_AGENT_DIR + os.sep):
+            return
+        frame = frame_key(filename, top.get("line"), str(top.get("name") or ""))
+        compile_id = _compile_id(cid)
+        reason = _reason_text(pend.recompile_reason) if pend.recompile_reason else "first compile"
+        self._compiling[cid] = Compiling(frame[:512], compile_id, reason[:16_384], time.monotonic(), threading.get_ident())
+        self._emit(protocol.CompileStart(ts=self.now(), frame=frame[:512], compile_id=compile_id, reason=reason[:16_384],
+                                         step=self._step()))
 
     def _artifact(self, pend: _Pending, name: str, payload: str | None) -> None:
         if name == "dynamo_graph_break_reason" and payload and payload not in pend.breaks:
@@ -164,6 +217,7 @@ class CompileCapture(logging.Handler):
     # event building ----------------------------------------------------------------
     def _finish(self, cid: tuple, m: dict) -> None:
         pend = self._pending.pop(cid, _Pending())
+        self._compiling.pop(cid, None)
         filename = m.get("co_filename") or ""
         if filename.startswith(_AGENT_DIR + os.sep):
             return
@@ -231,6 +285,22 @@ class CompileCapture(logging.Handler):
             cache_keys={k: _join(v) for k, v in pend.cache_keys.items()},
             graph_breaks=breaks if isinstance(breaks, int) and breaks >= 0 else len(pend.breaks),
         )
+
+
+def _compile_id(cid: tuple) -> str:
+    """'frame_id/frame_compile_id' as `compilation_metrics` spells it ('!autograd_id/...' under compiled autograd)."""
+    autograd, frame_id, attempt = cid
+    text = f"{frame_id}/{attempt}"
+    return (f"!{autograd}/" + text if autograd is not None else text)[:64]
+
+
+def _reason_text(payload: str) -> str:
+    """The `recompile_reasons` artifact is JSON: one reason, or a list of them."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return payload
+    return "; ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _times(m: dict) -> dict[str, float]:

@@ -36,6 +36,7 @@ class Config:
     disabled: bool
     flush_interval: float
     heartbeat: float
+    progress_every: float  # seconds between looks at the main thread (agents/progress.py); 0: off
 
 
 def _flag(value: str | None) -> bool:
@@ -123,4 +124,5 @@ def resolve(
         disabled=_flag(env.get("LOCKSTEP_DISABLE")),
         flush_interval=max(0.01, _num("LOCKSTEP_FLUSH_INTERVAL", 0.5)),
         heartbeat=max(0.1, _num("LOCKSTEP_HEARTBEAT", 5.0)),
+        progress_every=max(0.0, _num("LOCKSTEP_PROGRESS_EVERY", 0.5)),
     )

@@ -114,13 +114,15 @@ class Transport:
 
     def __init__(self, cfg: Config, on_detail: Callable[[list[int]], list[protocol.Event]] | None = None,
                  step: Callable[[], int | None] = lambda: None,
-                 on_blobs: Callable[[list[str]], list[bytes]] | None = None) -> None:
+                 on_blobs: Callable[[list[str]], list[bytes]] | None = None,
+                 progress: Callable[[], protocol.Event | None] | None = None) -> None:
         self.cfg = cfg
         self.session = str(uuid.uuid4())
         self.run = protocol.RunInfo(key=cfg.run, world_size=cfg.world_size, name=cfg.run_name)
         self._on_detail = on_detail
         self._on_blobs = on_blobs
         self._step = step
+        self._progress = progress
         self._queue: collections.deque[protocol.Event] = collections.deque()
         self._cv = threading.Condition()
         self._seq = 0
@@ -191,6 +193,9 @@ class Transport:
         if not closing and now - self._last_heartbeat >= self.cfg.heartbeat:
             self._last_heartbeat = now
             self.put(protocol.Heartbeat(ts=time.time(), step=self._step()))
+            sample = self._progress() if self._progress is not None else None
+            if sample is not None:
+                self.put(sample)
 
     def _cycle(self, closing: bool) -> None:
         """Drain the backlog if allowed, then turn the queue into batches."""
