@@ -209,9 +209,9 @@ def main() -> None:
     servers = start_servers(env, args.ingest, args.celery)
     try:
         burst_tally, burst_s = send_all(servers.url, token, burst, args.connections)
-        load_before = os.getloadavg()[0]
+        load_before, cpu_before = os.getloadavg()[0], servers.ingest_cpu_seconds()
         tally, elapsed = send_all(servers.url, token, steady, args.connections)
-        load_after = os.getloadavg()[0]
+        load_after, cpu_used = os.getloadavg()[0], servers.ingest_cpu_seconds() - cpu_before
         after = scrape(servers.url)
         drained = drain_time(servers.url) if args.celery else None
     finally:
@@ -237,6 +237,8 @@ def main() -> None:
              f"{stored_rows:,} rows: agreeing ranks of one request share a row"),
             ("raw COPY of rows as stored", f"{shared_rate:,.0f}",
              f"rank-steps/s: {shared_rows:,} rows as ingest shares them, one COPY (HTTP at {http_rate / shared_rate:.2f}x)"),
+            ("server CPU per request", f"{1000 * cpu_used / max(len(steady), 1):.2f} ms",
+             f"uvicorn processes, user + system, {len(steady):,} requests (steadier than the clock on a loaded machine)"),
             ("P7 wire bytes per rank-step", f"{tally.wire_bytes / max(tally.rank_steps, 1):.1f}",
              "gzip body + HTTP request headers (target <= 200)"),
             ("failed requests", str(len(failures)), failures[0] if failures else ""),

@@ -8,6 +8,7 @@ kinds go through psycopg's binary `write_row`.
 from __future__ import annotations
 
 import hashlib
+import random
 import struct
 import time
 from collections import Counter, defaultdict
@@ -19,7 +20,7 @@ from datetime import datetime, timezone
 
 import msgspec
 import psycopg
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from psycopg.types.json import Jsonb
 
 from agents import protocol
@@ -86,16 +87,25 @@ def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: 
     COMMIT, then run liveness once per run and per batch the slots it completed. Rows are
     written before the claims, so their row locks are held only until COMMIT. A batch already
     received (a resend, rare) rolls the request back; it is then written again without that
-    batch, which answers as a duplicate, or refused whole (409) when its content differs.
+    batch, which answers as a duplicate, or refused whole (409) when its content differs. A
+    deadlock or serialization failure (a concurrent batch won a race) is tried again, up to
+    RACE_ATTEMPTS times in all, before it is answered as a 503.
     """
     now = datetime.now(timezone.utc)
     partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
     duplicates: set[int] = set()
+    attempt = 0
     while True:
         try:
             with transaction.atomic():
                 written = _write_all(items, duplicates, project, now, bulk)
             break
+        except DatabaseError as exc:
+            attempt += 1
+            if not _lost_a_race(exc) or attempt == RACE_ATTEMPTS:
+                raise
+            forget_runs()
+            time.sleep(random.uniform(0, 0.02 * attempt))  # the other transaction commits meanwhile
         except _Resent as resent:
             batch, body_digest = items[resent.index]
             previous = IngestBatch.objects.get(session=batch.session, seq=batch.seq)
@@ -104,6 +114,16 @@ def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: 
                                 f"batches[{resent.index}].seq" if bulk else "seq") from None
             duplicates.add(resent.index)
     return _after_commit(written)
+
+
+RACE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
+RACE_ATTEMPTS = 3
+
+
+def _lost_a_race(exc: DatabaseError) -> bool:
+    """PostgreSQL rolled the batch back whole to let a concurrent one through: trying again is safe
+    and nearly always succeeds, so the agent is not sent a 503 and a resend for it."""
+    return getattr(exc.__cause__, "sqlstate", None) in RACE_SQLSTATES
 
 
 def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], project: Project,

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import requests
-from django.db import OperationalError
+from django.db import OperationalError, connection
 
 from dashboard.devstack import embedded
 from ingest import ratelimit, writers
-from ingest.models import IngestBatch
-from tests.conftest import make_batch
+from ingest.models import GradReport, IngestBatch
+from tests.conftest import make_batch, per_rank
 from tests.stack import ROOT, Stack, free_port, spawn
 
 
@@ -81,6 +81,50 @@ def test_database_error_is_503_with_retry_after(post, settings, monkeypatch):
     assert response.status_code == 503
     assert response["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
     assert "retry" in response.json()["error"]
+
+
+@pytest.fixture
+def races_lost():
+    """A trigger that makes PostgreSQL abort the first `n` batch claims as deadlocks, as it does to
+    one of two batches that lock the same rows in opposite orders. Counted by a sequence, which a
+    rollback does not undo."""
+    def lose(n: int) -> None:
+        with connection.cursor() as cur:
+            cur.execute("CREATE SEQUENCE lost_races")
+            cur.execute(f"""CREATE FUNCTION lose_race() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN IF nextval('lost_races') <= {n} THEN
+                  RAISE EXCEPTION 'deadlock detected (provoked)' USING ERRCODE = '40P01'; END IF; RETURN NEW; END $$""")
+            cur.execute(f"CREATE TRIGGER lose_race BEFORE INSERT ON {IngestBatch._meta.db_table} "
+                        "FOR EACH ROW EXECUTE FUNCTION lose_race()")
+
+    yield lose
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TRIGGER IF EXISTS lose_race ON {IngestBatch._meta.db_table}")
+        cur.execute("DROP FUNCTION IF EXISTS lose_race(); DROP SEQUENCE IF EXISTS lost_races")
+
+
+def _claims_tried() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT last_value FROM lost_races")
+        return cur.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_race_is_tried_again_inside_the_request(post, races_lost):
+    races_lost(2)
+    answer = post(make_batch(events=[{"t": "grad", "step": 0, "fps": [1, 2, 3]}, {"t": "step", "step": 0, "loss": 1.0}]))
+    assert answer.status_code == 200 and answer.json()["accepted"] == 2
+    assert _claims_tried() == 3 and IngestBatch.objects.count() == 1
+    assert [rank for rank, _, _ in per_rank(GradReport.objects)] == [0]  # the rolled-back attempts left nothing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_races_lost_every_time_are_a_503_and_store_nothing(post, races_lost, settings):
+    races_lost(100)
+    answer = post(make_batch())
+    assert answer.status_code == 503 and answer["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
+    assert _claims_tried() == writers.RACE_ATTEMPTS
+    assert IngestBatch.objects.count() == 0 and GradReport.objects.count() == 0
 
 
 def _post(url: str, token: str, body: dict) -> requests.Response:
