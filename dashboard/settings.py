@@ -192,3 +192,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
+
+# hang_forecast: warn once ranks have waited this long in a collective for a late rank (critical at half
+# the collective timeout). With 5 s agent heartbeats and the 2 s sweep, the alert reaches the page
+# about this long plus 1-3 s after the stall (P8 <= 15 s).
+LOCKSTEP_HANG_WARN_AFTER = float(os.environ.get("LOCKSTEP_HANG_WARN_AFTER", "10"))

@@ -47,11 +47,15 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
     alert.ranks = sorted(set(alert.ranks) | new_ranks)
     if at is not None:
         alert.last_position = max(at, alert.last_position if alert.last_position is not None else at)
-    if finding.step is not None and (alert.step is None or finding.step < alert.step):
-        alert.step, alert.message, alert.details = finding.step, finding.message, finding.details
-    if _more_severe(finding.severity, alert.severity):
+    escalated = _more_severe(finding.severity, alert.severity)
+    earlier = finding.step is not None and (alert.step is None or finding.step < alert.step)
+    if earlier or escalated or refired:  # the finding tells the story better (or tells a new episode)
+        alert.message, alert.details = finding.message, finding.details
+    if earlier:
+        alert.step = finding.step
+    if escalated:
         alert.severity = finding.severity
-    news = bool(new_ranks) or refired
+    news = bool(new_ranks) or refired or escalated
     if news:
         alert.state, alert.resolved_at = Alert.State.FIRING, None
         alert.revision += 1

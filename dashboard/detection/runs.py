@@ -10,12 +10,15 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from dashboard.detection import lifecycle
-from dashboard.detection.rules import RunView, clean_subjects, evaluate
+from dashboard.detection.rules import RankProgress, RunView, clean_subjects, evaluate, hang_forecast
 from dashboard.tenancy.models import Rank, Run, rank_failed
 from ingest.models import CompileEvent, EventLog
 
 ACTIVE_WINDOW = timedelta(hours=1)
 CRASH_WINDOW = timedelta(minutes=10)
+STRIP_RANKS = 64  # ranks in one progress message: those holding the others up come first
+
+
 def active_runs() -> list[Run]:
     """Runs that reported recently and still have a rank that has not ended, or that ended with a
     crashed rank a moment ago: torchrun stops the others within seconds of a crash, often before
@@ -32,18 +35,51 @@ def rank_rows(run: Run) -> list[dict]:
 
 def view_of(run: Run) -> RunView:
     now = timezone.now()
-    ranks = list(Rank.objects.filter(run=run).values_list("rank", "last_seen", "status"))
+    ranks = list(Rank.objects.filter(run=run).values_list("rank", "last_seen", "status", "info"))
     compile_total = CompileEvent.objects.filter(run=run).aggregate(s=Sum("compile_time"))["s"] or 0.0
     return RunView(
         run_id=run.id,
         world_size=run.world_size,
-        last_seen={r: (now - seen).total_seconds() for r, seen, _ in ranks},
-        ended={r for r, _, status in ranks if status != "running"},
+        last_seen={r: (now - seen).total_seconds() for r, seen, _, _ in ranks},
+        ended={r for r, _, status, _ in ranks if status != "running"},
         silent_after=settings.LOCKSTEP_SILENT_AFTER,
         compile_seconds=compile_total / max(len(ranks), 1),
         wall_seconds=(now - run.started_at).total_seconds(),
         crashes=crash_facts(run),
+        progress=progress_of(run),
+        collective_timeout_s=min((t for *_, info in ranks if (t := (info or {}).get("collective_timeout_s"))),
+                                 default=None),
+        hang_warn_after=settings.LOCKSTEP_HANG_WARN_AFTER,
     )
+
+
+def progress_of(run: Run) -> dict[int, RankProgress]:
+    """Each rank's latest progress sample of the last `LOCKSTEP_SILENT_AFTER` seconds, carried forward
+    to now by the server's clock (the time since ingest received it), so agents' clocks don't matter."""
+    now = timezone.now()
+    rows = (EventLog.objects.filter(run=run, t="progress", received__gte=now - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER))
+            .order_by("rank", "-received", "-id").distinct("rank").values_list("rank", "body", "received"))
+    return {rank: _progress(body, (now - received).total_seconds()) for rank, body, received in rows}
+
+
+def _progress(body: dict, age: float) -> RankProgress:
+    since = body.get("since_step_s")
+    return RankProgress(phase=body.get("phase") or "other", phase_s=(body.get("phase_s") or 0.0) + age,
+                        step=body.get("step"), since_step_s=since + age if since is not None else None,
+                        where=body.get("where") or "", op=body.get("op") or "", reason=body.get("reason") or "")
+
+
+def strip(run: Run) -> list[dict]:
+    """The run page's per-rank strip: phase now and seconds since the last step, the ranks that hold
+    the others up first (not in the collective the others wait in), then the longest since a step."""
+    view = progress_of(run)
+    late = hang_forecast.split(view)[1]
+    rows = [{"rank": r, "phase": p.phase, "for_s": round(p.phase_s, 1), "step": p.step, "op": p.op[:200],
+             "where": p.where[:200], "since_step_s": round(p.since_step_s, 1) if p.since_step_s is not None else None,
+             "holding": r in late} for r, p in view.items()]
+    rows.sort(key=lambda row: (not row["holding"], -(row["since_step_s"] or 0.0), row["rank"]))
+    return rows[:STRIP_RANKS]
+
 
 
 def crash_facts(run: Run) -> dict[int, dict]:

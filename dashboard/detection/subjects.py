@@ -6,6 +6,7 @@ the baseline comparison and the pages look alerts up by the same helpers.
 from __future__ import annotations
 
 RUN = "run"  # about the run as a whole (ineffective compile)
+HANG = "hang"  # ranks waiting in a collective for others (hang_forecast), run-wide
 COMPILE_SHARE = "compile-share"  # compile time against wall time, run-wide
 
 

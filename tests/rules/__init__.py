@@ -29,9 +29,10 @@ def compile_view(reports: dict[int, dict], index: int = 1, accountable: set[int]
 
 
 def run_view(last_seen: dict[int, float], ended: set[int] | None = None, silent_after: float = 60,
-             compile_seconds: float = 0, wall_seconds: float = 0, crashes: dict | None = None) -> RunView:
+             compile_seconds: float = 0, wall_seconds: float = 0, crashes: dict | None = None,
+             progress: dict | None = None, timeout: float | None = None, warn_after: float = 10.0) -> RunView:
     return RunView(1, len(last_seen), last_seen, ended or set(), silent_after, compile_seconds, wall_seconds,
-                   crashes or {})
+                   crashes or {}, progress or {}, timeout, warn_after)
 
 
 def findings_of(view, kind: str) -> list:

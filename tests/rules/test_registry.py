@@ -7,8 +7,8 @@ from tests.rules import grad_view
 DESIGN_KINDS = {
     "graph_divergence", "recompile_divergence", "compile_failure_divergence", "rank_specific_artifact",
     "collective_schedule_divergence", "cache_divergence", "compile_straggler", "ineffective_compile",
-    "recompile_storm", "grad_divergence", "param_divergence", "nonfinite_grad", "rank_silent", "rank_crashed",
-    "baseline_divergence",
+    "recompile_storm", "grad_divergence", "param_divergence", "nonfinite_grad", "rank_silent", "hang_forecast",
+    "rank_crashed", "baseline_divergence",
 }
 
 

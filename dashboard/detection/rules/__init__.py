@@ -59,6 +59,19 @@ class GradSlotView:
     baseline_key: str | None = None
 
 
+@dataclass(frozen=True)
+class RankProgress:
+    """A rank's latest progress sample (`protocol.Progress`), its clocks carried forward to now."""
+
+    phase: str
+    phase_s: float  # in the phase, up to now
+    step: int | None
+    since_step_s: float | None
+    where: str = ""
+    op: str = ""
+    reason: str = ""
+
+
 @dataclass
 class RunView:
     """A run's ranks as the periodic sweep sees them (for rules about liveness and totals)."""
@@ -71,6 +84,9 @@ class RunView:
     compile_seconds: float = 0.0
     wall_seconds: float = 0.0
     crashes: dict = field(default_factory=dict)  # rank -> how it ended badly (`runs.crash_facts`)
+    progress: dict = field(default_factory=dict)  # rank -> RankProgress, ranks that sampled recently
+    collective_timeout_s: float | None = None
+    hang_warn_after: float = 10.0
 
 
 @dataclass(frozen=True)
