@@ -5,6 +5,7 @@ cost per compiled graph.
     python bench/agent_overhead.py --part step --nproc 2 --steps 300 --width 1024 --depth 4
     python bench/agent_overhead.py --part hook --batch 256
     python bench/agent_overhead.py --part handler --graphs 12
+    python bench/agent_overhead.py --part sampler --batch 256
 
 `step`: runs demo/ddp_job.py under torchrun (DDP + torch.compile; NCCL with one GPU per rank
 when CUDA is there, else gloo) alternately with LOCKSTEP_DISABLE=1 and with the agent in
@@ -17,6 +18,9 @@ A/B of `step` carries the noise of everything else running.
 `handler`: compiles `--graphs` distinct small functions in a fresh process with and without the
 agent's trace handler installed (caches off, so every graph is really compiled) and reports
 the extra compile time per graph.
+`sampler`: one process trains the same model (compiled) with the agent while a thread takes progress
+samples (agents/progress.py) 100 times a second; reports the time one sample holds the GIL and its
+share of wall time at the default rate (every LOCKSTEP_PROGRESS_EVERY s plus one per heartbeat).
 """
 from __future__ import annotations
 
@@ -179,9 +183,61 @@ def hook_cost(args) -> None:
     print(f"{params:>10} {args.batch:>6} {step:>9.2f} {hook:>9.3f} {100 * hook / step:>6.2f}%   target <= 2%")
 
 
+_SAMPLER_CHILD = r"""
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, os.path.join(sys.argv[1], "demo"))
+width, depth, batch, steps = map(int, sys.argv[2:6])
+import torch
+torch.set_num_threads(1)
+os.environ.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=os.environ["SPOOL"])
+import agents
+from ddp_job import batch_for, make_model
+agent = agents.attach()
+model = torch.compile(make_model(width, depth))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+costs, stop = [], threading.Event()
+def sample():
+    while not stop.wait(0.01):  # 100x the default rate, to time many samples of a training stack
+        t = time.perf_counter()
+        agent.progress.event()
+        costs.append(time.perf_counter() - t)
+step_times = []
+for i in range(steps):
+    if i == steps // 4:
+        threading.Thread(target=sample, daemon=True).start()
+    x, y = batch_for(0, i, batch)
+    t = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    step_times.append(time.perf_counter() - t)
+stop.set()
+agent.close()
+costs.sort()
+print(f"SAMPLER median_us={costs[len(costs) // 2] * 1e6:.1f} p99_us={costs[int(len(costs) * 0.99)] * 1e6:.1f} "
+      f"n={len(costs)} step_ms={sorted(step_times)[len(step_times) // 2] * 1e3:.2f} every={agent.cfg.progress_every} "
+      f"heartbeat={agent.cfg.heartbeat}")
+"""
+
+
+def sampler_cost(args) -> None:
+    """The progress sampler holds the GIL while it reads the main thread's stack: that time, at the
+    default rate (every `progress_every` s, plus one per heartbeat), is what it can take from the step."""
+    with tempfile.TemporaryDirectory() as spool:
+        out = _run([sys.executable, "-c", _SAMPLER_CHILD, ROOT, str(args.width), str(args.depth), str(args.batch),
+                    str(args.steps)], dict(_base_env(), SPOOL=spool), args.timeout)
+    m = re.search(r"SAMPLER median_us=([\d.]+) p99_us=([\d.]+) n=(\d+) step_ms=([\d.]+) every=([\d.]+) "
+                  r"heartbeat=([\d.]+)", out)
+    median, p99, n, step, every, heartbeat = (float(g) for g in m.groups())
+    per_s = 1 / every + 1 / heartbeat
+    print(f"{'samples':>8} {'median us':>10} {'p99 us':>8} {'per s':>6} {'step ms':>8} {'share':>8}")
+    print(f"{n:>8.0f} {median:>10.1f} {p99:>8.1f} {per_s:>6.1f} {step:>8.2f} {100 * median * 1e-6 * per_s:>7.3f}%"
+          f"   of wall time (and of each step), target <= 2% with the rest of the agent")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("all", "step", "hook", "handler"), default="all")
+    p.add_argument("--part", choices=("all", "step", "hook", "handler", "sampler"), default="all")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--time-from", type=int, default=20)
@@ -200,6 +256,8 @@ def main() -> None:
         hook_cost(args)
     if args.part in ("all", "handler"):
         handler_cost(args)
+    if args.part in ("all", "sampler"):
+        sampler_cost(args)
     print(f"({time.time() - t:.0f} s)")
 
 

@@ -44,15 +44,18 @@ def push(alerts: list[Alert]) -> None:
         asyncio.run(_send(messages))
 
 
-def push_progress(run, ranks: list[dict]) -> None:
-    """An aggregate per run (never raw per-rank events: groups have a capacity)."""
+def push_progress(run, ranks: list[dict], strip: list[dict] | None = None) -> None:
+    """An aggregate per run (never raw per-rank events: groups have a capacity). `strip`: the run page's
+    per-rank phases (`detection.runs.strip`, bounded), for the run's group only."""
     steps = [r["last_step"] for r in ranks if r["last_step"] is not None]
-    body = {"type": "lockstep.message", "message": {
+    message = {
         "type": "progress", "run": run.key, "last_step": max(steps, default=None), "min_step": min(steps, default=None),
         "ranks_reporting": len(ranks), "ranks_ended": sum(r["status"] != "running" for r in ranks),
         "world_size": run.world_size,
-    }}
-    asyncio.run(_send([(run_group(run.id), body), (project_group(run.project_id), body)]))
+    }
+    body = {"type": "lockstep.message", "message": message}
+    run_body = {"type": "lockstep.message", "message": {**message, "strip": strip}} if strip else body
+    asyncio.run(_send([(run_group(run.id), run_body), (project_group(run.project_id), body)]))
 
 
 def deliver(alert_id: int) -> list[int]:

@@ -35,7 +35,7 @@ def send_webhook(self, notification_id: int) -> None:
 def sweep() -> int:
     """Every 2 s (beat): progress of active runs to their pages, pending alert revisions delivered."""
     for run in runs.active_runs():
-        notify.push_progress(run, runs.rank_rows(run))
+        notify.push_progress(run, runs.rank_rows(run), runs.strip(run))
     pending = notify.pending()
     for alert_id in pending:
         deliver.delay(alert_id)

@@ -31,6 +31,28 @@
     if (existing) existing.replaceWith(li); else list.prepend(li);
   }
 
+  // Per-rank strip from the aggregated progress message (at most 64 ranks, holders first).
+  const strip = document.getElementById("strip");
+  function seconds(s) { return s === null || s === undefined ? "–" : `${Math.round(s)} s`; }
+  function renderStrip(rows) {
+    if (!strip || !rows) return;
+    const items = rows.map((row) => {
+      const li = document.createElement("li");
+      li.className = `rank-now ${row.phase}${row.holding ? " holding" : ""}`;
+      li.dataset.rank = row.rank;
+      li.append(span("rank", `rank ${row.rank}`), span("phase", row.phase));
+      if (row.op) li.append(span("op", row.op));
+      li.append(span("for", `for ${seconds(row.for_s)}`),
+                span("since", `${seconds(row.since_step_s)} since step`));
+      if (row.step !== null) li.append(span("step", `step ${row.step}`));
+      if (row.where) li.append(span("where", row.where));
+      if (row.holding) li.append(span("holding-tag", "holding the others up"));
+      return li;
+    });
+    if (!items.length) return;
+    strip.replaceChildren(...items);
+  }
+
   // Charts: one fetch of server-side aggregates; refetch at most every 3 s after live news.
   const timelineEl = document.getElementById("timeline");
   const heatmapEl = document.getElementById("heatmap");
@@ -60,6 +82,7 @@
     ws.onmessage = (event) => {
       const msg = JSON.parse(event.data);
       if (msg.type === "alert") render(msg.alert);
+      if (msg.type === "progress") renderStrip(msg.strip);
       if (msg.type === "alert" || msg.type === "progress") refreshSoon();
     };
     ws.onclose = () => {

@@ -1,0 +1,137 @@
+"""P8: a rank stalls -> hang_forecast on the websocket, on real 3-rank gloo torchrun jobs.
+
+Each trial runs demo/hang_job.py under the agent with the agent's and the server's defaults
+(5 s heartbeats, 0.5 s progress sampling, the 2 s sweep, LOCKSTEP_HANG_WARN_AFTER=10): rank 1
+stalls at step 2 (its DataLoader item never arrives, or `--stall compile`: a guard failure makes it
+compile a large graph afresh) while ranks 0 and 2 wait in the next all_reduce. The clock starts
+when rank 1 prints that it stalls (its wall clock, the same host) and stops when the forecast
+reaches a websocket client; the job is then killed (it would die at the collective timeout).
+
+    python bench/hang_forecast.py --trials 5
+    python bench/hang_forecast.py --stall compile --depth 40 --trials 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import ROOT, bench_env, fresh_database, free_port, print_table, setup_django, start_servers  # noqa: E402
+
+TARGET_S = 15.0
+
+
+class ForecastClock(threading.Thread):
+    """Wall time at which each run's first hang_forecast arrives on the project's websocket."""
+
+    def __init__(self, url: str, session: str) -> None:
+        from websockets.sync.client import connect
+
+        super().__init__(daemon=True)
+        self.ws = connect(url.replace("http", "ws") + "/ws/alerts/", open_timeout=10,
+                          additional_headers={"Cookie": f"sessionid={session}", "Origin": url})
+        self.seen: dict[str, tuple[float, dict]] = {}
+
+    def run(self) -> None:
+        try:
+            for raw in self.ws:
+                alert = json.loads(raw).get("alert") or {}
+                if alert.get("kind") == "hang_forecast" and alert["run"] not in self.seen:
+                    self.seen[alert["run"]] = (time.time(), alert)
+        except Exception:
+            return
+
+
+def bench_user() -> tuple[str, str]:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from dashboard.tenancy.models import Project, ProjectToken
+
+    project = Project.objects.create(name="bench-hang")
+    user = User.objects.create_user("bench-hang")
+    project.members.add(user)
+    client = Client()
+    client.force_login(user)
+    return ProjectToken.issue(project), client.cookies["sessionid"].value
+
+
+def trial(url: str, token: str, env: dict, args, n: int, clock: ForecastClock) -> tuple[float, float, dict]:
+    """(stall -> forecast seconds, collective timeout, the alert)."""
+    from dashboard.devstack.processes import kill_tree
+
+    run = f"hang-{args.stall}-{int(time.time())}-{n}"
+    job_env = dict(env, LOCKSTEP_URL=url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run, OMP_NUM_THREADS="1",
+                   TORCHINDUCTOR_COMPILE_THREADS="1", LOCKSTEP_SPOOL_DIR=f"/tmp/lockstep-bench-hang/{run}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
+           "-m", "agents", "run", "demo/hang_job.py", "--stall", args.stall, "--depth", str(args.depth),
+           "--timeout", str(args.timeout)]
+    job = subprocess.Popen(cmd, cwd=ROOT, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    stalled = None
+    try:
+        for line in job.stdout:
+            match = re.search(r"STALL (\d+\.\d+)", line)
+            if match:
+                stalled = float(match.group(1))
+                break
+        deadline = time.time() + args.timeout
+        while run not in clock.seen and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        kill_tree(job)
+        job.wait()
+    if stalled is None or run not in clock.seen:
+        raise RuntimeError(f"trial {n}: stall seen {stalled is not None}, forecast seen {run in clock.seen}")
+    arrived, alert = clock.seen[run]
+    return arrived - stalled, float(args.timeout), alert
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--stall", choices=("data", "compile"), default="data")
+    parser.add_argument("--depth", type=int, default=40, help="layers of the graph rank 1 recompiles (--stall compile)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="the job's collective timeout, seconds")
+    args = parser.parse_args()
+    env = bench_env("lockstep_bench_hang")
+    fresh_database(env)
+    setup_django(env)
+    token, session = bench_user()
+    servers = start_servers(env, ingest=1, celery=0)
+    beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1",
+                             "--loglevel", "warning", "--schedule", "/tmp/lockstep-bench-hang-beat"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    servers.procs.append(beat)
+    latencies, alerts = [], []
+    try:
+        time.sleep(3)
+        clock = ForecastClock(servers.url, session)
+        clock.start()
+        for n in range(args.trials):
+            seconds, timeout, alert = trial(servers.url, token, env, args, n, clock)
+            latencies.append(seconds)
+            alerts.append(alert)
+            print(f"trial {n}: {seconds:.1f} s, {alert['severity']}: {alert['message'][:160]}", flush=True)
+    finally:
+        servers.stop()
+    half = args.timeout / 2
+    verdict = "ok" if max(latencies) <= TARGET_S and max(latencies) < half else "MISSED"
+    print_table(f"P8 stall -> hang_forecast on the websocket ({args.stall} stall, 3-rank gloo jobs, "
+                f"{args.timeout:.0f} s collective timeout, defaults)", [
+        ("stall -> forecast", f"median {statistics.median(latencies):.1f} s / max {max(latencies):.1f} s "
+                              f"(min {min(latencies):.1f} s)",
+         f"target <= {TARGET_S:.0f} s and < {half:.0f} s (half the timeout): {verdict} ({len(latencies)} trials)"),
+        ("late rank named", f"{sum(a['ranks'] == [1] for a in alerts)} of {len(alerts)}", "rank 1 every time"),
+    ])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""hang_forecast on real 3-rank gloo jobs (demo/hang_job.py): rank 1 falls behind, ranks 0 and 2 wait in
+the next all_reduce, and the forecast reaches the websocket before the collective timeout kills the job.
+
+Both stalls are real: a guard failure that makes Dynamo compile a fresh, large unrolled graph on rank 1
+only, and a DataLoader item that never arrives. The collective timeout is 20 s, so the forecast comes
+at half of it (10 s, critical) and the job then dies of the timeout, as users see it."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.jobs import alert_feed, member_session, project_with_token, running, torchrun, wait_for_run
+from tests.stack import unique
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
+
+TIMEOUT_S = 20
+
+
+def hang(stack, tmp_path, stall: str, depth: int = 20):
+    project, token = project_with_token(f"hang-{stall}")
+    session = member_session(project, f"hang-{stall}")
+    feed = alert_feed(stack, session)
+    run_key = unique(f"hang-{stall}")
+    job = torchrun(stack, token, run_key, "demo/hang_job.py",
+                   ["--stall", stall, "--timeout", str(TIMEOUT_S), "--depth", str(depth)], tmp_path / "spool")
+    return project, token, session, feed, run_key, job
+
+
+def until_dead(job, timeout: float = 240) -> tuple[int, str]:
+    output, _ = job.communicate(timeout=timeout)
+    return job.returncode, output.decode(errors="replace")
+
+
+def test_a_slow_recompile_on_one_rank_is_forecast_before_the_timeout(stack, tmp_path):
+    _, token, _, feed, run_key, job = hang(stack, tmp_path, "compile")
+    with running(job):
+        wait_for_run(stack, token, run_key, job)
+        alert = feed.wait_for({"hang_forecast"}, timeout=180, run=run_key)["hang_forecast"]
+        alive_at_forecast = job.poll() is None
+        forecast_at = time.monotonic()
+        code, output = until_dead(job)
+        died_after = time.monotonic() - forecast_at
+    assert alive_at_forecast, output[-4000:]
+    assert alert["ranks"] == [1] and alert["details"]["waiting"] == [0, 2] and alert["step"] == 2
+    assert alert["frame"].startswith("demo/hang_job.py:") and alert["frame"].endswith(":forward")
+    assert f"rank 1 is compiling {alert['frame']}" in alert["message"]
+    assert "recompile because of" in alert["message"] and "depth" in alert["message"]  # the failed guard
+    assert "in all_reduce of step 2" in alert["message"] and f"{TIMEOUT_S} s collective timeout" in alert["message"]
+    assert alert["severity"] == "critical" and 0 <= alert["details"]["left_s"] <= TIMEOUT_S / 2
+    assert code != 0 and "recompiles a 20-layer graph" in output
+    assert "step 2 done" not in output  # nobody got past the all_reduce: the timeout ended the job
+    assert died_after < TIMEOUT_S + 60
+
+
+def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, tmp_path):
+    _, token, session, feed, run_key, job = hang(stack, tmp_path, "data")
+    with running(job):
+        wait_for_run(stack, token, run_key, job)
+        page = alert_feed(stack, session, f"/ws/runs/{run_key}/")
+        alert = feed.wait_for({"hang_forecast"}, timeout=180, run=run_key)["hang_forecast"]
+        alive_at_forecast = job.poll() is None
+        strips = [m["strip"] for m in page.progress if m.get("strip")]
+        code, output = until_dead(job)
+    assert alive_at_forecast, output[-4000:]
+    assert alert["ranks"] == [1] and alert["frame"] is None
+    assert "rank 1 is waiting in the data loader at demo/hang_job.py:" in alert["message"]
+    assert ":__getitem__" in alert["message"]
+    held = [s for s in strips if s[0]["holding"]]
+    assert held, strips[-3:]
+    first = held[-1][0]
+    assert first["rank"] == 1 and first["phase"] == "data" and first["since_step_s"] > 5
+    assert {row["phase"] for row in held[-1][1:]} == {"collective"}
+    assert code != 0 and "step 2 done" not in output
