@@ -75,7 +75,7 @@ class Agent:
         self.capture = CompileCapture(self._emit, lambda: self.grads.step, texts=texts)
         self.progress = Sampler(self.capture, lambda: self.grads.step, cfg.progress_every) if cfg.progress_every else None
         self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step, on_blobs=texts.bodies,
-                                   progress=self.progress.event if self.progress else None)
+                                   progress=self.progress.to_send if self.progress else None)
         try:
             self._emit(start)
             install(self.capture)

@@ -5,7 +5,9 @@ thread), so liveness alone cannot tell the server that the others are waiting fo
 sampler looks at the main thread's Python stack with `sys._current_frames()` (no signal, no
 stopping the thread: it reads the frame objects under the GIL for a few microseconds) and keeps
 how long the thread has been in its current phase; the sender sends one `progress` event per
-heartbeat. Compiles are known exactly from the capture (`dynamo_start`), everything else from
+heartbeat, and one per flush while the thread has been stuck in one phase for STUCK_S (and once
+more after it moves on). So the server's view of a waiting rank is never older than a flush
+interval: a wait that ended is not carried forward into a false forecast. Compiles are known exactly from the capture (`dynamo_start`), everything else from
 which torch module the stack is in.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ _AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB = sysconfig.get_paths().get("stdlib", "") + os.sep
 _WRAPPERS = {"wrapper", "_exception_logger", "_time_logger", "inner"}  # c10d decorators around the collective
 MAX_DEPTH = 256
+STUCK_S = 5.0  # a phase this long is news at every flush (a normal step's phases are much shorter)
 
 
 @dataclass
@@ -77,8 +80,9 @@ class Sampler:
     sample, taken by the sender at each heartbeat. Never raises."""
 
     def __init__(self, capture: CompileCapture | None, step: Callable[[], int | None], interval: float,
-                 thread: int | None = None) -> None:
+                 thread: int | None = None, stuck_after: float = STUCK_S) -> None:
         self._capture = capture
+        self._stuck_after = stuck_after
         self._step = step
         self._interval = interval
         self._thread = thread if thread is not None else threading.main_thread().ident
@@ -88,6 +92,7 @@ class Sampler:
         self._step_seen: int | None = None
         self._step_at: float | None = None
         self._stop = threading.Event()
+        self._sent_stuck = False
         self._worker = threading.Thread(target=self._run, name="lockstep-progress", daemon=True)
 
     def start(self) -> "Sampler":
@@ -103,6 +108,18 @@ class Sampler:
                 self.event()
             except Exception:
                 pass
+
+    def to_send(self, heartbeat: bool) -> protocol.Progress | None:
+        """The sample the sender should send at this flush: at a heartbeat, while the thread is
+        stuck, and once after it was (so the server learns the wait is over within a flush)."""
+        sample = self.event()
+        if sample is None:
+            return None
+        stuck = sample.phase_s >= self._stuck_after
+        if not (heartbeat or stuck or self._sent_stuck):
+            return None
+        self._sent_stuck = stuck
+        return sample
 
     def event(self) -> protocol.Progress | None:
         """Sample now; None when the main thread is gone (interpreter shutting down)."""

@@ -115,7 +115,7 @@ class Transport:
     def __init__(self, cfg: Config, on_detail: Callable[[list[int]], list[protocol.Event]] | None = None,
                  step: Callable[[], int | None] = lambda: None,
                  on_blobs: Callable[[list[str]], list[bytes]] | None = None,
-                 progress: Callable[[], protocol.Event | None] | None = None) -> None:
+                 progress: Callable[[bool], protocol.Event | None] | None = None) -> None:
         self.cfg = cfg
         self.session = str(uuid.uuid4())
         self.run = protocol.RunInfo(key=cfg.run, world_size=cfg.world_size, name=cfg.run_name)
@@ -189,13 +189,16 @@ class Transport:
         return wait if wait >= interval / 10 else wait + interval
 
     def _maybe_heartbeat(self, closing: bool) -> None:
+        if closing:
+            return
         now = time.monotonic()
-        if not closing and now - self._last_heartbeat >= self.cfg.heartbeat:
+        heartbeat = now - self._last_heartbeat >= self.cfg.heartbeat
+        if heartbeat:
             self._last_heartbeat = now
             self.put(protocol.Heartbeat(ts=time.time(), step=self._step()))
-            sample = self._progress() if self._progress is not None else None
-            if sample is not None:
-                self.put(sample)
+        sample = self._progress(heartbeat) if self._progress is not None else None
+        if sample is not None:
+            self.put(sample)
 
     def _cycle(self, closing: bool) -> None:
         """Drain the backlog if allowed, then turn the queue into batches."""

@@ -128,3 +128,35 @@ def test_sampler_thread_runs_and_stops():
         sampler.stop()
     assert event.phase == "step" and event.step == 1
     assert "test_progress.py" in event.where
+
+
+def test_a_stuck_thread_is_news_at_every_flush_and_once_after_it_moves_on():
+    """Between heartbeats the sender sends a sample only while the thread is stuck, then one more
+    when it is released: the server never carries a wait forward past its end."""
+    step = {"n": 0}
+    first, second = threading.Event(), threading.Event()
+
+    def train():
+        first.wait(30)
+        step["n"] = 1
+        second.wait(30)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    try:
+        sampler = Sampler(None, lambda: step["n"], 0.05, thread=worker.ident, stuck_after=0.3)
+        assert sampler.to_send(heartbeat=False) is None  # a fresh phase waits for the heartbeat
+        assert sampler.to_send(heartbeat=True).step == 0
+        time.sleep(0.35)
+        stuck = [sampler.to_send(heartbeat=False) for _ in range(2)]
+        first.set()
+        _until(lambda: step["n"] == 1)
+        released = sampler.to_send(heartbeat=False)
+        after = sampler.to_send(heartbeat=False)
+    finally:
+        first.set()
+        second.set()
+        worker.join(30)
+    assert all(s is not None and s.phase_s >= 0.3 and s.step == 0 for s in stuck)
+    assert released is not None and released.step == 1 and released.phase_s < 0.3
+    assert after is None
