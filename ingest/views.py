@@ -1,7 +1,7 @@
 """POST /api/v1/ingest and /api/v1/blobs, GET /api/v1/schema and /metrics.
 
-Error contract (DESIGN 3.2): 400 malformed (with the failing path), 401 bad token, 403 another
-project's run, 409 same (session, seq) with other content, 413 too large, 415 wrong content
+Error contract (DESIGN 3.2): 400 malformed (with the failing path), 401 bad token (a run key is
+per project, so another project's run is never in the way), 409 same (session, seq) with other content, 413 too large, 415 wrong content
 type, 429 + Retry-After when a project sends faster than LOCKSTEP_RATE_LIMIT, 503 +
 Retry-After while PostgreSQL or Redis is unreachable (the batch was not accepted: the agent keeps
 it and resends). Bad input never reaches the database and never yields a 500.

@@ -133,7 +133,7 @@ def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], pr
     for i, (batch, body_digest) in enumerate(items):
         try:
             written.append(None if i in duplicates else _write_events(batch, body_digest, project, now))
-        except Rejection as rejection:  # another project's run, a changed world size
+        except Rejection as rejection:  # a changed world size
             raise rejection.within(f"batches[{i}]") if bulk else rejection
     grad_parts = grad_copy([(w.run.id, w.batch.rank, w.grads) for w in written if w], now)
     if grad_parts:
@@ -168,7 +168,7 @@ def _graph_hashes(compiles: list[protocol.Compile]) -> list[str]:
 
 
 RUN_CACHE_S = 60.0
-_runs: dict[str, tuple[float, Run]] = {}  # key -> (expires, run): project and world_size never change
+_runs: dict[tuple[int, str], tuple[float, Run]] = {}  # (project, key) -> (expires, run): world_size never changes
 
 
 def forget_runs() -> None:
@@ -177,19 +177,20 @@ def forget_runs() -> None:
 
 
 def _run(batch: protocol.Batch, project: Project) -> Run:
+    """The project's run of the batch's key, created by its first batch: keys are per project, so
+    another project's run of the same key is neither touched nor revealed."""
     info = batch.run
-    cached = _runs.get(info.key)
+    cache_key = (project.id, info.key)
+    cached = _runs.get(cache_key)
     if cached and cached[0] > time.monotonic():
         run = cached[1]
     else:
         run, _ = Run.objects.get_or_create(
-            key=info.key,
-            defaults={"project": project, "name": info.name or info.key, "world_size": info.world_size, "meta": info.meta},
+            project=project, key=info.key,
+            defaults={"name": info.name or info.key, "world_size": info.world_size, "meta": info.meta},
         )
         # remembered once committed: a run created by a batch that then rolled back does not exist
-        transaction.on_commit(lambda: _runs.__setitem__(info.key, (time.monotonic() + RUN_CACHE_S, run)))
-    if run.project_id != project.id:
-        raise Rejection(403, f"run {info.key!r} belongs to another project", "run.key")
+        transaction.on_commit(lambda: _runs.__setitem__(cache_key, (time.monotonic() + RUN_CACHE_S, run)))
     if run.world_size != info.world_size:
         raise Rejection(400, f"world_size changed from {run.world_size} to {info.world_size} within run", "run.world_size")
     return run

@@ -61,7 +61,7 @@ def test_bad_baseline_requests(client, token, post):
     assert choose(client, token, "solo", "missing").status_code == 404
     assert choose(client, token, "missing", "solo").status_code == 404
     other = ProjectToken.issue(Project.objects.create(name="elsewhere"))
-    assert choose(client, other, "solo", "solo").status_code == 403
+    assert choose(client, other, "solo", "solo").status_code == 404
     body = client.post("/api/v1/runs/solo/baseline", "nope", content_type="application/json",
                        HTTP_AUTHORIZATION=f"Bearer {token}")
     assert body.status_code == 400

@@ -136,14 +136,16 @@ def test_missing_or_bad_token_is_401(post):
     assert stored_counts() == (0, 0, 0, 0, 0)
 
 
-def test_token_of_another_project_is_403(post):
-    post(make_batch(run="shared-key"))
-    other = ProjectToken.issue(Project.objects.create(name="other"))
-    before = stored_counts()
-    response = post(make_batch(run="shared-key", session="sess-other-0"), token_=other)
-    assert response.status_code == 403
-    assert response.json()["path"] == "run.key"
-    assert stored_counts() == before
+def test_a_key_another_project_took_first_is_a_separate_run(post):
+    """Run keys are per project: project B posting `shared-key` first neither blocks project A's
+    job of that key nor mixes their rows."""
+    theirs = ProjectToken.issue(Project.objects.create(name="other"))
+    assert post(make_batch(run="shared-key", session="sess-other-0"), token_=theirs).status_code == 200
+    response = post(make_batch(run="shared-key"))
+    assert response.status_code == 200 and response.json()["accepted"] > 0
+    runs = Run.objects.filter(key="shared-key")
+    assert runs.count() == 2 and len({run.project_id for run in runs}) == 2
+    assert all(IngestBatch.objects.filter(run=run).count() == 1 for run in runs)
 
 
 def test_too_large_is_413(post, settings):

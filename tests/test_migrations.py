@@ -105,3 +105,40 @@ def test_the_split_into_apps_keeps_every_row_both_ways():
                       " JOIN dashboard_detailrequest d ON d.alert_id = a.id") == [("split-run", "grad_divergence", 41)]
     finally:
         _latest()
+
+
+GLOBAL_KEYS = ("tenancy", "0001_initial")
+KEYS_PER_PROJECT = ("tenancy", "0002_run_key_per_project")
+
+
+def _insert_run(project: str, key: str) -> None:
+    _query("INSERT INTO ingest_run (key, name, world_size, meta, torch_version, started_at, last_seen, project_id)"
+           " SELECT %s, %s, 2, '{}', '', now(), now(), id FROM ingest_project WHERE name = %s", [key, key, project])
+
+
+def test_run_keys_become_unique_per_project_and_back():
+    """0002 of tenancy keeps every run; afterwards two projects may share a key, one project may not;
+    going back restores the global constraint over the runs that satisfy it."""
+    from django.db import IntegrityError, transaction
+
+    _migrate(GLOBAL_KEYS)
+    try:
+        _query("INSERT INTO ingest_project (name, created_at) VALUES ('ka', now()), ('kb', now())")
+        _insert_run("ka", "job-77")
+        with pytest.raises(IntegrityError), transaction.atomic():
+            _insert_run("kb", "job-77")
+
+        _migrate(KEYS_PER_PROJECT)
+        assert _query("SELECT r.key FROM ingest_run r JOIN ingest_project p ON p.id = r.project_id WHERE p.name = 'ka'") == [("job-77",)]
+        _insert_run("kb", "job-77")
+        with pytest.raises(IntegrityError), transaction.atomic():
+            _insert_run("kb", "job-77")
+        _query("DELETE FROM ingest_run r USING ingest_project p WHERE p.id = r.project_id AND p.name = 'kb'")
+
+        _migrate(GLOBAL_KEYS)
+        assert _query("SELECT key FROM ingest_run") == [("job-77",)]
+        with pytest.raises(IntegrityError), transaction.atomic():
+            _insert_run("kb", "job-77")
+    finally:
+        _latest()
+    assert _query("SELECT key FROM ingest_run") == [("job-77",)]

@@ -65,7 +65,7 @@ def test_timeline_api_auth_contract(client, runs, token):
     assert client.get("/api/v1/runs/nope/timeline", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404
     other = ProjectToken.issue(Project.objects.create(name="other"))
     response = client.get("/api/v1/runs/job-213/timeline", HTTP_AUTHORIZATION=f"Bearer {other}")
-    assert response.status_code == 403 and "error" in response.json()
+    assert response.status_code == 404 and "error" in response.json()
     assert client.get("/api/v1/runs/job-213/timeline", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
 
 
@@ -167,12 +167,12 @@ def test_outsider_sees_and_acts_on_nothing(runs):
     for url in ("/runs/job-213/", "/runs/job-213/ranks/0/", f"/runs/job-213/frame/?f={FRAMES[0]}",
                 "/compare/?runs=job-211,job-213"):
         assert outsider.get(url).status_code == 404, url
-    assert outsider.get("/api/v1/runs/job-213/timeline").status_code == 403
-    assert outsider.get("/api/v1/compare?runs=job-211,job-213").status_code == 403
+    assert outsider.get("/api/v1/runs/job-213/timeline").status_code == 404
+    assert outsider.get("/api/v1/compare?runs=job-211,job-213").status_code == 404
     assert "job-213" not in outsider.get("/alerts/?state=all").content.decode()
     alert = Alert.objects.filter(run__key="job-213").first()
     assert outsider.post(f"/alerts/{alert.id}/ack/").status_code == 404
-    assert outsider.post(f"/api/v1/alerts/{alert.id}/ack").status_code == 403
+    assert outsider.post(f"/api/v1/alerts/{alert.id}/ack").status_code == 404
     assert outsider.post("/silences/", {"run": "job-213", "hours": 1, "comment": "x"}).status_code == 302
     assert not Silence.objects.exists()
 

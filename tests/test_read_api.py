@@ -60,8 +60,8 @@ def test_unauthenticated_is_401(client, diverged_run):
 def test_other_projects_token_sees_nothing(client, diverged_run):
     other = ProjectToken.issue(Project.objects.create(name="other-team"))
     assert client.get("/api/v1/runs", **bearer(other)).json() == {"runs": []}
-    assert client.get("/api/v1/runs/r-api", **bearer(other)).status_code == 403
-    assert client.get("/api/v1/runs/r-api/alerts", **bearer(other)).status_code == 403
+    assert client.get("/api/v1/runs/r-api", **bearer(other)).status_code == 404
+    assert client.get("/api/v1/runs/r-api/alerts", **bearer(other)).status_code == 404
 
 
 def test_session_user_sees_only_member_projects(client, project, diverged_run):
@@ -72,7 +72,7 @@ def test_session_user_sees_only_member_projects(client, project, diverged_run):
     assert [r["key"] for r in client.get("/api/v1/runs").json()["runs"]] == ["r-api"]
     client.force_login(outsider)
     assert client.get("/api/v1/runs").json() == {"runs": []}
-    assert client.get("/api/v1/runs/r-api/alerts").status_code == 403
+    assert client.get("/api/v1/runs/r-api/alerts").status_code == 404
 
 
 def test_missing_run_is_404(client, token, diverged_run):

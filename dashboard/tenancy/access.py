@@ -14,6 +14,11 @@ def principal_for(user) -> Principal:
     return Principal(user_project_ids(user), user)
 
 
-def visible_run(caller: Principal, key: str) -> Run | None:
-    """The caller's run of that key; None when it is missing or belongs to another project."""
-    return caller.runs().select_related("project").filter(key=key).first()
+def visible_run(caller: Principal, key: str, project_id: int | None = None) -> Run | None:
+    """The caller's run of that key (within `project_id` when given); None when it is missing or
+    belongs to another project: callers answer both the same, so nobody can probe for keys.
+    Keys are unique per project; a user in two projects that both have the key gets the newest."""
+    runs = caller.runs().select_related("project").filter(key=key)
+    if project_id is not None:
+        runs = runs.filter(project_id=project_id)
+    return runs.first()

@@ -53,8 +53,11 @@ class ProjectToken(models.Model):
 
 
 class Run(models.Model):
+    """A job's run. Its key is unique within its project only: a key another project chose first
+    neither blocks nor reveals anything (issue 17, item 1)."""
+
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
-    key = models.CharField(max_length=200, unique=True)
+    key = models.CharField(max_length=200)
     name = models.CharField(max_length=512, blank=True)
     world_size = models.PositiveIntegerField()
     meta = models.JSONField(default=dict)
@@ -66,6 +69,7 @@ class Run(models.Model):
     class Meta:
         db_table = "ingest_run"
         ordering = ["-started_at"]
+        constraints = [models.UniqueConstraint(fields=["project", "key"], name="run_key_per_project")]
 
     def __str__(self) -> str:
         return self.key

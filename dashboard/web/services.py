@@ -34,14 +34,12 @@ MAX_COMPARED = 8
 # --- runs --------------------------------------------------------------------------------
 
 def run_for(caller: Principal, key: str) -> Run:
-    """The caller's run of that key. A missing run is a 404; another project's is a 403 (the API's
-    answer since v1; pages show both as a 404, so they never confirm that it exists)."""
+    """The caller's run of that key; a missing run and another project's are the same 404, so
+    no caller can tell which keys exist (DESIGN 3.3)."""
     found = access.visible_run(caller, key)
-    if found is not None:
-        return found
-    if Run.objects.filter(key=key).exists():
-        raise Problem(403, f"run {key!r} belongs to another project")
-    raise Problem(404, f"no run {key!r}")
+    if found is None:
+        raise Problem(404, f"no run {key!r}")
+    return found
 
 
 def runs_for(caller: Principal, keys: Iterable[str]) -> list[Run]:
@@ -102,8 +100,9 @@ def choose_baseline(caller: Principal, run: Run, base_key: object) -> Baseline:
     (fingerprints of different jobs are not comparable); the comparison is queued after commit."""
     if not isinstance(base_key, str) or not base_key:
         raise Problem(400, "baseline must be a run key", path="baseline")
-    base = run_for(caller, base_key)
-    if base.project_id != run.project_id:
+    base = access.visible_run(caller, base_key, project_id=run.project_id)
+    if base is None:
+        run_for(caller, base_key)  # a 404 unless the caller sees it in another project
         raise Problem(400, f"baseline {base_key!r} is not a run of project {run.project.name!r}", path="baseline")
     try:
         return detection_tasks.choose_baseline(run, base, caller.user)
@@ -118,12 +117,10 @@ def run_alerts(caller: Principal, key: str) -> QuerySet[Alert]:
 
 
 def alert_for(caller: Principal, alert_id: int) -> Alert:
-    """The alert if it is on one of the caller's runs (404 when missing, 403 when another project's)."""
+    """The alert if it is on one of the caller's runs; a 404 otherwise, missing or not."""
     alert = Alert.objects.select_related("run", "acked_by").filter(id=alert_id).first()
-    if alert is None:
+    if alert is None or not caller.can_see(alert.run):
         raise Problem(404, f"no alert {alert_id}")
-    if not caller.can_see(alert.run):
-        raise Problem(403, "alert belongs to another project")
     return alert
 
 

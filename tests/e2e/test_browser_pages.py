@@ -201,6 +201,6 @@ def test_other_projects_user_cannot_open_the_run(stack, page, team):
     page.wait_for_load_state()
     response = page.goto(f"{stack.url}/runs/private-run/")
     assert response.status == 404
-    assert page.goto(f"{stack.url}/api/v1/runs/private-run/timeline").status == 403
+    assert page.goto(f"{stack.url}/api/v1/runs/private-run/timeline").status == 404
     page.goto(f"{stack.url}/")
     assert "private-run" not in page.content()

@@ -70,20 +70,21 @@ def test_a_missing_run_is_one_404_problem_json_on_the_api_and_a_404_page(member,
         assert browser.get(url).status_code == 404, url
 
 
-def test_another_projects_run_gives_the_same_problem_through_both_doors(member, browser, token, theirs):
-    """The API keeps its v1 answer (403 with a JSON error); pages show a 404 and confirm nothing."""
+def test_another_projects_run_is_the_same_404_as_a_missing_one_through_both_doors(member, browser, token, ours, theirs):
+    """Nobody can probe which keys exist: another project's run answers exactly like a missing one."""
     with pytest.raises(Problem) as raised:
         services.run_for(principal_for(member), "theirs-1")
-    assert (raised.value.status, raised.value.message) == (403, "run 'theirs-1' belongs to another project")
-    expected = b'{"error": "run \'theirs-1\' belongs to another project"}'
+    assert (raised.value.status, raised.value.message) == (404, "no run 'theirs-1'")
+    expected = b'{"error": "no run \'theirs-1\'"}'
     for response in (browser.get("/api/v1/runs/theirs-1"),
                      browser.get("/api/v1/runs/theirs-1/timeline"),
-                     browser.get("/api/v1/runs/theirs-1/alerts", HTTP_AUTHORIZATION=f"Bearer {token}")):
-        assert (response.status_code, response.content) == (403, expected)
+                     browser.get("/api/v1/runs/theirs-1/alerts", HTTP_AUTHORIZATION=f"Bearer {token}"),
+                     browser.get("/api/v1/compare?runs=ours-1,theirs-1")):
+        assert (response.status_code, response.content) == (404, expected)
     assert browser.get("/runs/theirs-1/").status_code == 404
     assert browser.get("/runs/theirs-1/").content.count(b"theirs-1") == 0
     alert = alert_on(theirs)
-    assert browser.post(f"/api/v1/alerts/{alert.id}/ack").json() == {"error": "alert belongs to another project"}
+    assert browser.post(f"/api/v1/alerts/{alert.id}/ack").json() == {"error": f"no alert {alert.id}"}
     assert browser.post(f"/alerts/{alert.id}/ack/").status_code == 404
     assert browser.post(f"/alerts/{alert.id}/unack/").status_code == 404
     assert browser.post("/alerts/999999/ack/").status_code == 404
@@ -135,7 +136,7 @@ def test_page_baseline_must_be_a_run_of_the_same_project(browser, two_projects):
 def test_a_project_token_cannot_baseline_against_another_projects_run(client, token, ours, theirs):
     response = client.post("/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "theirs-1"}),
                            content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
-    assert response.status_code == 403 and not Baseline.objects.exists()
+    assert response.status_code == 404 and not Baseline.objects.exists()
 
 
 def test_unacknowledge_goes_through_the_lifecycle_and_clears_the_ack(browser, member, ours, monkeypatch):
