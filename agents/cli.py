@@ -11,8 +11,8 @@ import traceback
 import msgspec
 
 from agents.relay import MAX_BATCHES, WINDOW_S
-from agents.spool import list_batches
-from agents.transport import post
+from agents.spool import Spool, list_batches, split_body
+from agents.transport import Outcome, post
 
 UPLOAD_ATTEMPTS = 5
 
@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     up = verbs.add_parser("upload", help="send a spool directory to the server",
                           description="Send spooled batches in order; delivered files are deleted, so a "
-                                      "rerun is idempotent (the server also deduplicates). Exit 1 if any fail.")
+                                      "rerun is idempotent (the server also deduplicates). A batch the server "
+                                      "proves malformed moves to quarantine/ with its answer; any other failure "
+                                      "keeps it and those after it, and says why. Exit 1 unless all were sent.")
     up.add_argument("spool_dir")
     up.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
     up.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
@@ -92,19 +94,17 @@ def _count_events(body: bytes) -> int:
         return 0
 
 
-def _send(url: str, token: str | None, body: bytes) -> str | None:
-    """None on success, else the last error; retries transient failures with backoff."""
+def _send(url: str, token: str | None, body: bytes) -> Outcome:
+    """The outcome of the last attempt; a retryable failure is tried UPLOAD_ATTEMPTS times with backoff."""
     delay = 0.5
     for attempt in range(UPLOAD_ATTEMPTS):
         outcome = post(url, token, body)
-        if outcome.kind == "ok":
-            return None
-        if outcome.kind == "drop":
-            return outcome.detail
+        if outcome.kind != "retry":
+            return outcome
         if attempt + 1 < UPLOAD_ATTEMPTS:
             time.sleep(outcome.delay if outcome.delay is not None else delay)
             delay = min(delay * 2, 10)
-    return outcome.detail
+    return outcome
 
 
 class Progress:
@@ -114,7 +114,7 @@ class Progress:
         self.verb, self.total = verb, total
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
-        self.done = self.failed = self.events = 0
+        self.done = self.failed = self.events = self.kept = self.quarantined = 0
         self.start = time.monotonic()
         self._last = 0.0
 
@@ -136,7 +136,8 @@ class Progress:
             print(file=self.stream)
         elapsed = time.monotonic() - self.start
         print(f"{self.verb}: {self.done - self.failed} batches ({self.events} events) in {elapsed:.1f}s, "
-              f"{self.events / max(elapsed, 1e-6):.0f} ev/s, {self.failed} failed", file=self.stream, flush=True)
+              f"{self.events / max(elapsed, 1e-6):.0f} ev/s, {self.failed} failed "
+              f"({self.kept} kept in the spool, {self.quarantined} quarantined)", file=self.stream, flush=True)
 
 
 def upload(spool_dir: str, url: str | None, token: str | None) -> int:
@@ -144,19 +145,41 @@ def upload(spool_dir: str, url: str | None, token: str | None) -> int:
         print("upload: no --url and no LOCKSTEP_URL", file=sys.stderr)
         return 2
     url = url.rstrip("/")
-    files = list_batches(spool_dir)
-    progress = Progress("uploaded", len(files))
-    for path in files:
+    pending = list_batches(spool_dir)
+    spool = Spool(spool_dir, 1 << 62)  # halves of a split batch replace it: no new bytes to cap
+    progress = Progress("uploaded", len(pending))
+    while pending:
+        path = pending.pop(0)
         with open(path, "rb") as f:
             body = f.read()
-        error = _send(url, token, body)
-        if error is None:
+        outcome = _send(url, token, body)
+        if outcome.kind == "split" and (halves := split_body(body)) is not None:
+            pending[:0] = [spool.write(name, half) for name, half in halves]
             os.unlink(path)
+            progress.total += 1
+            continue
+        if outcome.kind == "ok":
+            os.unlink(path)
+        elif outcome.kind == "quarantine":
+            print(f"upload: {os.path.basename(path)} quarantined: {outcome.detail}", file=sys.stderr)
+            spool.quarantine(os.path.basename(path), body, outcome.detail, spooled=path)
+            progress.quarantined += 1
         else:
-            print(f"upload: {os.path.basename(path)}: {error}", file=sys.stderr)
-        progress.update(_count_events(body), error is None)
+            _keep([path, *pending], outcome, progress)
+            break
+        progress.update(_count_events(body), outcome.kind == "ok")
     progress.summary()
     return 1 if progress.failed else 0
+
+
+def _keep(paths: list[str], outcome: Outcome, progress: Progress) -> None:
+    """A failure the server did not prove to be the batch's fault: this batch and every later one
+    stay in the spool, in order, for the next `upload`."""
+    print(f"upload: {len(paths)} batches stay in the spool, from {os.path.basename(paths[0])}: {outcome.detail}",
+          file=sys.stderr)
+    progress.kept = len(paths)
+    progress.failed += len(paths)
+    progress.done += len(paths)
 
 
 def replay(trace_dir: str, run: str, url: str | None, token: str | None, spool_dir: str | None,
@@ -181,7 +204,8 @@ def replay(trace_dir: str, run: str, url: str | None, token: str | None, spool_d
             spool.write(file_name(batch.rank, batch.session, batch.seq, body[:2] == b"\x1f\x8b"), body)
             error = None
         else:
-            error = _send(url.rstrip("/"), token, body)
+            outcome = _send(url.rstrip("/"), token, body)
+            error = None if outcome.kind == "ok" else outcome.detail
             if error:
                 print(f"replay: rank {batch.rank} seq {batch.seq}: {error}", file=sys.stderr)
         progress.update(len(batch.events), error is None)

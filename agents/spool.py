@@ -2,13 +2,21 @@
 
 File names sort in upload order: `r<rank>-<session>-<seq>.json[.gz]`, zero-padded, so
 a name sort is (rank, session, seq) order and each session's batches go out in seq order.
+A batch the server proved malformed moves to `quarantine/` next to its answer (`<name>.answer`):
+it never goes out again, and nothing is ever deleted unsent.
 """
 from __future__ import annotations
 
+import gzip
 import os
 import tempfile
+import uuid
+
+import msgspec
 
 GZIP_MAGIC = b"\x1f\x8b"
+GZIP_OVER = 1024
+QUARANTINE = "quarantine"
 
 
 def file_name(rank: int, session: str, seq: int, gzipped: bool) -> str:
@@ -22,6 +30,28 @@ def list_batches(directory: str) -> list[str]:
     except OSError:
         return []
     return [os.path.join(directory, n) for n in names]
+
+
+def split_body(body: bytes) -> list[tuple[str, bytes]] | None:
+    """A batch body's events in two halves, each its own batch (seq 0 of a session derived from the
+    original session, seq and half), as (file name, body); None when it holds fewer than 2 events.
+    The derivation is deterministic, so a body split twice (a resend) yields the same batches and
+    the server sees duplicates, not new data."""
+    try:
+        batch = msgspec.json.decode(gzip.decompress(body) if body[:2] == GZIP_MAGIC else body)
+        events, session, seq, rank = batch["events"], batch["session"], batch["seq"], batch["rank"]
+    except (msgspec.MsgspecError, OSError, EOFError, KeyError, TypeError):
+        return None
+    if not isinstance(events, list) or len(events) < 2:
+        return None
+    half = len(events) // 2
+    out = []
+    for i, part in enumerate((events[:half], events[half:])):
+        derived = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lockstep-split:{session}:{seq}:{i}"))
+        raw = msgspec.json.encode({**batch, "session": derived, "seq": 0, "events": part})
+        gz = len(raw) > GZIP_OVER
+        out.append((file_name(rank, derived, 0, gz), gzip.compress(raw, 6) if gz else raw))
+    return out
 
 
 def used_bytes(directory: str) -> int:
@@ -49,21 +79,24 @@ class Spool:
             self._used = used_bytes(self.directory)
         if self._used + len(body) > self.cap:
             return None
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            path = os.path.join(self.directory, name)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        path = os.path.join(self.directory, name)
+        _write_atomically(self.directory, path, body)
         self._used += len(body)
+        return path
+
+    def quarantine(self, name: str, body: bytes, answer: str, spooled: str | None = None) -> str:
+        """Keep a batch the server proved malformed, with its answer, out of the upload order;
+        `spooled`: its file in the spool, moved rather than copied. Returns its new path."""
+        folder = os.path.join(self.directory, QUARANTINE)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, name)
+        if spooled is not None:
+            os.replace(spooled, path)
+            if self._used is not None:
+                self._used = max(0, self._used - len(body))
+        else:
+            _write_atomically(folder, path, body)
+        _write_atomically(folder, path + ".answer", answer.encode())
         return path
 
     def remove(self, path: str) -> None:
@@ -74,3 +107,20 @@ class Spool:
                 self._used = max(0, self._used - size)
         except OSError:
             pass
+
+
+def _write_atomically(directory: str, path: str, body: bytes) -> None:
+    """Write, fsync, rename: a crash leaves the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import gzip
 import logging
+import os
 import random
 import threading
 import time
@@ -24,7 +25,7 @@ import msgspec
 
 from agents import packing, protocol
 from agents.config import Config
-from agents.spool import Spool, file_name
+from agents.spool import GZIP_MAGIC, Spool, file_name, split_body
 
 log = logging.getLogger("lockstep.agent")
 
@@ -39,7 +40,8 @@ HTTP_TIMEOUT = 10.0
 
 @dataclass
 class Outcome:
-    """Result of one POST: ok, retry (after `delay` or backoff), or drop (permanent 4xx)."""
+    """Result of one POST: ok; retry (after `delay` or backoff; the batch stays); split (413: send
+    it in halves); quarantine (the server proved it malformed: kept aside with the answer, never resent)."""
 
     kind: str
     delay: float | None = None
@@ -84,17 +86,37 @@ def _headers(token: str | None, body: bytes) -> dict[str, str]:
 
 def post(url: str, token: str | None, body: bytes, timeout: float = HTTP_TIMEOUT) -> Outcome:
     """POST one exact batch body (gzip detected by magic) and classify the answer."""
-    reply = exchange(url + "/api/v1/ingest", body, _headers(token, body), timeout)
+    return classify(exchange(url + "/api/v1/ingest", body, _headers(token, body), timeout))
+
+
+PROVEN_MALFORMED = (409, 415, 422)  # and a 400 whose JSON error names the failing field
+
+
+def classify(reply: Reply) -> Outcome:
+    """Only the server's proof that a batch is malformed lets it leave the spool; any other failure
+    (a rotated token's 401, a proxy's 404 or 413, an outage) keeps it for a retry."""
     if reply.status == 0:
         return Outcome("retry", detail=reply.error)
-    if reply.status >= 400:
-        if reply.status in (429, 503) or reply.status >= 500:
-            return Outcome("retry", delay=_retry_after(reply.headers.get("Retry-After")), detail=f"HTTP {reply.status}")
-        return Outcome("drop", detail=f"HTTP {reply.status}: {reply.body[:300].decode('utf-8', 'replace')}")
+    if reply.status < 400:
+        try:
+            return Outcome("ok", reply=msgspec.json.decode(reply.body, type=protocol.IngestReply))
+        except msgspec.MsgspecError:
+            return Outcome("ok")
+    answer = f"HTTP {reply.status}: {reply.body[:300].decode('utf-8', 'replace')}"
+    if reply.status in PROVEN_MALFORMED or (reply.status == 400 and _names_a_field(reply.body)):
+        return Outcome("quarantine", detail=answer)
+    if reply.status == 413:
+        return Outcome("split", detail=answer)
+    return Outcome("retry", delay=_retry_after(reply.headers.get("Retry-After")), detail=answer)
+
+
+def _names_a_field(body: bytes) -> bool:
+    """Ingest's 400 says which field failed (`{"error": ..., "path": "events[3].step"}`); a proxy's does not."""
     try:
-        return Outcome("ok", reply=msgspec.json.decode(reply.body, type=protocol.IngestReply))
+        answer = msgspec.json.decode(body)
     except msgspec.MsgspecError:
-        return Outcome("ok")
+        return False
+    return isinstance(answer, dict) and isinstance(answer.get("path"), str) and bool(answer["path"])
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -134,7 +156,7 @@ class Transport:
         self._closing = False
         self._deadline = float("inf")
         self._last_heartbeat = time.monotonic()
-        self.stats = {"sent_batches": 0, "spooled_batches": 0, "dropped_events": 0}
+        self.stats = {"sent_batches": 0, "spooled_batches": 0, "dropped_events": 0, "quarantined_batches": 0}
         self._thread = threading.Thread(target=self._run, name="lockstep-sender", daemon=True)
         self._thread.start()
 
@@ -256,8 +278,13 @@ class Transport:
             self._to_spool(seq, body, n)
             return
         outcome = post(self.cfg.url, self.cfg.token, body, self._timeout(closing))
+        name = file_name(self.cfg.rank, self.session, seq, body[:2] == GZIP_MAGIC)
+        if outcome.kind == "split" and not self._spool_halves(body):
+            outcome = Outcome("retry", detail=outcome.detail)
         if outcome.kind == "retry":
             self._to_spool(seq, body, n)
+        elif outcome.kind == "quarantine":
+            self._quarantine(name, body, outcome)
         self._after(outcome, n)
 
     def _drain_backlog(self, closing: bool) -> None:
@@ -272,12 +299,47 @@ class Transport:
                 self._backlog.popleft()
                 continue
             outcome = post(self.cfg.url, self.cfg.token, body, self._timeout(closing))
+            if outcome.kind == "split" and not self._spool_halves(body, first=True):
+                outcome = Outcome("retry", detail=outcome.detail)
             if outcome.kind != "retry":
-                self._backlog.popleft()
-                self._spool.remove(path)
+                self._backlog.remove(path)
+                if outcome.kind == "quarantine":
+                    self._quarantine(os.path.basename(path), body, outcome, spooled=path)
+                else:
+                    self._spool.remove(path)
             self._after(outcome, 0)
             if outcome.kind == "retry":
                 return
+
+    def _spool_halves(self, body: bytes, first: bool = False) -> bool:
+        """A 413: spool the batch as two halves (`spool.split_body`), ahead of the backlog when
+        `first`; False when it cannot be split (one event) or spooled, so it is retried as it is."""
+        halves = split_body(body)
+        if halves is None:
+            return False
+        paths = []
+        for name, half in halves:
+            try:
+                paths.append(self._spool.write(name, half))
+            except OSError as e:
+                log.debug("lockstep: spool write failed: %s", e)
+                paths.append(None)
+        if None in paths:
+            for path in paths:
+                if path is not None:
+                    self._spool.remove(path)
+            return False
+        if first:
+            self._backlog.extendleft(reversed(paths))
+        else:
+            self._backlog.extend(paths)
+        return True
+
+    def _quarantine(self, name: str, body: bytes, outcome: Outcome, spooled: str | None = None) -> None:
+        try:
+            self._spool.quarantine(name, body, outcome.detail, spooled)
+        except OSError as e:
+            log.debug("lockstep: quarantine write failed: %s", e)
 
     def _after(self, outcome: Outcome, n: int) -> None:
         if outcome.kind == "retry":
@@ -289,9 +351,12 @@ class Transport:
             log.debug("lockstep: delivery failed (%s), retry in %.2fs", outcome.detail, delay)
             return
         self._failures = 0
-        if outcome.kind == "drop":
-            log.warning("lockstep: batch rejected, dropped: %s", outcome.detail)
-            self._count_drop(n, "rejected")
+        if outcome.kind == "split":
+            return
+        if outcome.kind == "quarantine":
+            log.warning("lockstep: batch rejected as malformed, quarantined in the spool: %s", outcome.detail)
+            self.stats["quarantined_batches"] += 1
+            self._count_drop(n, "quarantined")
             return
         self.stats["sent_batches"] += 1
         if outcome.reply and outcome.reply.detail and self._on_detail:

@@ -17,11 +17,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Stub:
-    """Tiny ingest server: answers from `script` (status, headers) then 200; records accepted batches,
-    asks for `want_blobs` in every answer and records the graph texts uploaded to /api/v1/blobs."""
+    """Tiny ingest server: answers from `script` (status, headers[, body]) then 200, and 413 like a
+    proxy to a batch of more than `max_events` events; records accepted batches, asks for
+    `want_blobs` in every answer and records the graph texts uploaded to /api/v1/blobs."""
 
     def __init__(self, port: int = 0) -> None:
-        self.script: list[tuple[int, dict]] = []
+        self.script: list[tuple] = []
+        self.max_events: int | None = None
         self.requests: list[tuple[float, protocol.Batch]] = []
         self.accepted: list[protocol.Batch] = []
         self.detail: list[int] = []
@@ -49,12 +51,14 @@ class Stub:
                 batch = protocol.decode_batch(body)
                 with stub.lock:
                     stub.requests.append((time.monotonic(), batch))
-                    status, headers = stub.script.pop(0) if stub.script else (200, {})
+                    status, headers, *answer = stub.script.pop(0) if stub.script else (200, {})
+                    if stub.max_events is not None and len(batch.events) > stub.max_events:
+                        status, headers, answer = 413, {}, [{"error": "a proxy's body limit"}]
                     if status == 200:
                         stub.accepted.append(batch)
                 reply = {"accepted": len(batch.events), "duplicate": False, "want_blobs": stub.want_blobs,
                          "detail": stub.detail}
-                self._answer(status, headers, reply if status == 200 else {"error": "scripted"})
+                self._answer(status, headers, reply if status == 200 else (answer or [{"error": "scripted"}])[0])
 
             def _answer(self, status: int, headers: dict, reply: dict) -> None:
                 data = json.dumps(reply).encode()

@@ -10,6 +10,7 @@ import pytest
 from agents import protocol
 from agents.config import resolve
 from agents.graph_texts import GraphTexts
+from agents.spool import list_batches
 from agents.transport import Transport
 
 from .conftest import REPO, events_of, read_spool
@@ -61,17 +62,53 @@ def test_retry_after_is_honoured(tmp_path, stub):
     assert _steps(stub.accepted) == [0]
 
 
-def test_4xx_drops_batch_and_reports_dropped(tmp_path, stub):
-    stub.script = [(400, {})]
+def test_a_batch_the_server_proves_malformed_is_quarantined_with_its_answer(tmp_path, stub):
+    """Only a 400 naming a field (or 409/415/422) lets a batch leave the spool, and it is kept."""
+    stub.script = [(400, {}, {"error": "step must be >= 0", "path": "events[0].step"})]
     t = _transport(tmp_path, stub.url)
     _send_steps(t, [0])
-    time.sleep(0.3)
+    _wait(lambda: t.stats["quarantined_batches"] == 1)
     _send_steps(t, [1])
     t.close(timeout=10)
-    events = events_of(stub.accepted)
-    dropped = [e for e in events if isinstance(e, protocol.Dropped)]
-    assert dropped and dropped[0].count == 1 and dropped[0].reason == "rejected"
-    assert _steps(stub.accepted) == [1]
+    dropped = [e for e in events_of(stub.accepted) if isinstance(e, protocol.Dropped)]
+    assert dropped and dropped[0].count == 1 and dropped[0].reason == "quarantined"
+    assert _steps(stub.accepted) == [1] and len(stub.requests) == 2  # never resent
+    quarantine = tmp_path / "spool" / "quarantine"
+    [answer] = quarantine.glob("*.answer")
+    assert "events[0].step" in answer.read_text() and answer.read_text().startswith("HTTP 400")
+    [kept] = [p for p in quarantine.iterdir() if p.suffix != ".answer"]
+    assert _steps([protocol.decode_batch(kept.read_bytes())]) == [0]
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 408, 400])
+def test_refusals_that_prove_nothing_keep_the_batch_and_retry(tmp_path, stub, status):
+    """A rotated token, a proxy's 404, a 400 without a field: the batch stays and goes out later."""
+    stub.script = [(status, {"Retry-After": "0"}, {"error": "not here"})] * 3
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, range(6), pause=0.02)
+    t.close(timeout=10)
+    assert _steps(stub.accepted) == list(range(6))
+    assert t.stats["dropped_events"] == 0 and not (tmp_path / "spool" / "quarantine").exists()
+    assert not read_spool(str(tmp_path / "spool"))
+
+
+def test_a_413_splits_the_batch_until_it_fits(tmp_path, stub):
+    """A proxy's body limit mid-job: the batch goes out in halves (derived sessions, so a resend
+    of a half is still a duplicate), nothing is lost."""
+    stub.max_events = 3
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, range(20))
+    t.close(timeout=10)
+    assert sorted(_steps(stub.accepted)) == list(range(20))
+    assert any(len(b.events) > 3 for _, b in stub.requests)  # it was refused whole first
+    assert all(len(b.events) <= 3 for b in stub.accepted) and not list_batches(str(tmp_path / "spool"))
+
+
+def _wait(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
 
 
 def test_gzip_for_large_bodies(tmp_path, stub):
@@ -99,15 +136,36 @@ def test_server_down_spools_then_upload_delivers(tmp_path, stub):
     assert again.returncode == 0 and len(stub.accepted) == len(spooled)  # idempotent
 
 
-def test_upload_failure_exits_nonzero(tmp_path, stub):
+def test_upload_keeps_what_the_server_refused_and_says_why(tmp_path, stub):
     t = _transport(tmp_path, None, offline=True)
     _send_steps(t, [0])
     t.close(timeout=2)
-    stub.script = [(400, {})]
+    stub.script = [(401, {"Retry-After": "0"}, {"error": "missing or invalid bearer token"})] * 5
     cmd = [sys.executable, "-m", "agents", "upload", str(tmp_path / "spool"), "--url", stub.url]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and "1 failed" in out.stdout
-    assert os.listdir(tmp_path / "spool")  # kept for a later attempt
+    assert out.returncode != 0 and "1 failed (1 kept in the spool, 0 quarantined)" in out.stdout
+    assert "1 batches stay in the spool" in out.stderr and "HTTP 401" in out.stderr
+    assert list_batches(str(tmp_path / "spool"))  # kept for a later attempt
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and _steps(stub.accepted) == [0]
+
+
+def test_upload_quarantines_a_malformed_batch_and_splits_an_oversized_one(tmp_path, stub):
+    t = _transport(tmp_path, None, offline=True)
+    _send_steps(t, range(8))
+    t.close(timeout=2)
+    stub.max_events = 2
+    cmd = [sys.executable, "-m", "agents", "upload", str(tmp_path / "spool"), "--url", stub.url]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert sorted(_steps(stub.accepted)) == list(range(8)) and not list_batches(str(tmp_path / "spool"))
+    t = _transport(tmp_path, None, offline=True)
+    _send_steps(t, [9])
+    t.close(timeout=2)
+    stub.script = [(409, {}, {"error": "other content", "path": "seq"})]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "quarantined: HTTP 409" in out.stderr
+    assert len(list((tmp_path / "spool" / "quarantine").iterdir())) == 2
 
 
 def test_offline_writes_only_the_spool(tmp_path, stub):
