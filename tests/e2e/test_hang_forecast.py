@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.browser import chromium_page
 from tests.e2e.jobs import alert_feed, member_session, project_with_token, running, torchrun, wait_for_run
 from tests.stack import unique
 
@@ -56,12 +57,15 @@ def test_a_slow_recompile_on_one_rank_is_forecast_before_the_timeout(stack, tmp_
 
 def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, tmp_path):
     _, token, session, feed, run_key, job = hang(stack, tmp_path, "data")
-    with running(job):
+    with running(job), chromium_page(stack.url, session) as browser:
         wait_for_run(stack, token, run_key, job)
+        browser.goto(f"{stack.url}/runs/{run_key}/")
         page = alert_feed(stack, session, f"/ws/runs/{run_key}/")
         alert = feed.wait_for({"hang_forecast"}, timeout=180, run=run_key)["hang_forecast"]
         alive_at_forecast = job.poll() is None
         strips = [m["strip"] for m in page.progress if m.get("strip")]
+        shown = browser.wait_for_selector("#strip > li.holding:first-child", timeout=30_000)
+        shown_text, shown_rank = shown.inner_text(), shown.get_attribute("data-rank")
         code, output = until_dead(job)
     assert alive_at_forecast, output[-4000:]
     assert alert["ranks"] == [1] and alert["frame"] is None
@@ -72,4 +76,5 @@ def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, t
     first = held[-1][0]
     assert first["rank"] == 1 and first["phase"] == "data" and first["since_step_s"] > 5
     assert {row["phase"] for row in held[-1][1:]} == {"collective"}
+    assert shown_rank == "1" and "data" in shown_text and "holding the others up" in shown_text  # the page, live
     assert code != 0 and "step 2 done" not in output
