@@ -31,7 +31,7 @@ def _post(summary: str, body: str, ok: str) -> dict:
         "summary": summary,
         "security": _BEARER,
         "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": body}}}},
-        "responses": _answers(ok, 400, 401, 403, 409, 413, 415, 429, 503),
+        "responses": _answers(ok, 400, 401, 403, 409, 413, 415, 422, 429, 503),
     }}
 
 

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 import msgspec
 
 from agents import protocol
+from dashboard.ledger.models import DetailRequest, GradSlot, GradWatermark
+from dashboard.ledger.slots import PARAM_PREFIX
+from dashboard.tenancy.models import Rank, Run
+from ingest.models import CompileEvent, GradReport
 
 
 @dataclass
@@ -94,17 +98,34 @@ def decode_blobs(body: bytes) -> protocol.BlobUpload:
     return upload
 
 
-# Protocol bounds wider than the columns they land in; a value past these would be a database error (a 500).
-_COLUMN_LIMITS = {"group": 64, "compile_id": 64, "status": 16}
+def _max_length(*columns: tuple[type, str]) -> int:
+    """The narrowest of the columns a value is stored in, read from the models (never a copy)."""
+    return min(model._meta.get_field(name).max_length for model, name in columns)
+
+
+_GROUP_COLUMNS = ((GradReport, "group"), (GradSlot, "group"), (GradWatermark, "group"), (DetailRequest, "group"))
+# Protocol bounds wider than the columns they land in: a value past these would be a database error,
+# which no resend can cure. Weight fingerprints are stored under PARAM_PREFIX + group.
+_COLUMN_LIMITS = {
+    "group": _max_length(*_GROUP_COLUMNS),
+    "compile_id": _max_length((CompileEvent, "compile_id")),
+    "status": _max_length((CompileEvent, "status"), (Rank, "status")),
+    "frame": _max_length((CompileEvent, "frame")),
+}
+_STORED_AS = {(protocol.Param, "group"): len(PARAM_PREFIX)}
+_TORCH_VERSION = _max_length((Run, "torch_version"))
 _INT4_MAX = (1 << 31) - 1
 _TS_MAX = 32_503_680_000.0  # year 3000: past it, datetime (and timestamptz) overflow
 
 
 def _check_storable(event: protocol.Event, path: str) -> None:
-    for name, limit in _COLUMN_LIMITS.items():
+    for name, column in _COLUMN_LIMITS.items():
         value = getattr(event, name, None)
+        limit = column - _STORED_AS.get((type(event), name), 0)
         if isinstance(value, str) and len(value) > limit:
             raise Rejection(400, f"{name} longer than {limit} characters", f"{path}.{name}")
+    if isinstance(event, protocol.RankStart) and len(event.versions.get("torch", "")) > _TORCH_VERSION:
+        raise Rejection(400, f"torch version longer than {_TORCH_VERSION} characters", f"{path}.versions.torch")
     if not 0 <= event.ts <= _TS_MAX:
         raise Rejection(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"{path}.ts")
     if isinstance(event, protocol.Compile) and event.index > _INT4_MAX:

@@ -4,7 +4,9 @@ Error contract (DESIGN 3.2): 400 malformed (with the failing path), 401 bad toke
 per project, so another project's run is never in the way), 409 same (session, seq) with other content, 413 too large, 415 wrong content
 type, 429 + Retry-After when a project sends faster than LOCKSTEP_RATE_LIMIT, 503 +
 Retry-After while PostgreSQL or Redis is unreachable (the batch was not accepted: the agent keeps
-it and resends). Bad input never reaches the database and never yields a 500.
+it and resends), 422 for a batch the database refuses although it passed validation (a resend
+could not cure it; the agent quarantines it). Bad input never reaches the database and never
+yields a 500.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 import msgspec
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, DataError, IntegrityError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -50,18 +52,29 @@ def _guarded(handler: Callable[[HttpRequest], JsonResponse], request: HttpReques
         response = error(rejection.status, rejection.error, rejection.path, retry)
     except ratelimit.BrokerDown:
         response = error(503, "broker unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
-    except (OperationalError, InterfaceError) as exc:
+    except DatabaseError as exc:
         writers.forget_runs()
-        log.warning("database unavailable: %s", exc)
-        response = error(503, "database unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
-    except DatabaseError as exc:  # e.g. a deadlock between two batches: transient, safe to resend
-        writers.forget_runs()
-        log.warning("database error, batch rolled back: %s", exc)
-        response = error(503, "transient database error; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
+        response = _database_error(exc)
     if response.status_code != 200:
         metrics.REQUESTS.labels(endpoint, "rejected", str(response.status_code)).inc()
     metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
     return response
+
+
+def _database_error(exc: DatabaseError) -> JsonResponse:
+    """A value the database refuses (too long, out of range, a violated constraint) is permanent for
+    this batch, so a resend cannot cure it: a 422 the agent quarantines, instead of a 503 it would
+    resend forever while every later batch waits. Everything else (the connection, a lost race,
+    a timeout, a missing migration) is a 503: the batch stays with the agent."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    if isinstance(exc, DataError) or (isinstance(exc, IntegrityError) and sqlstate != UNIQUE_VIOLATION):
+        log.error("batch cannot be stored (sqlstate %s): %s", sqlstate, exc)
+        return error(422, f"the server cannot store this batch (database error {sqlstate or type(exc).__name__})")
+    log.warning("database unavailable or busy, batch rolled back: %s", exc)
+    return error(503, "database unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
+
+
+UNIQUE_VIOLATION = "23505"  # a concurrent insert won: the resend is a duplicate
 
 
 def _authorized_body(request: HttpRequest, count: bool = True) -> tuple[Project, bytes]:
