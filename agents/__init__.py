@@ -75,7 +75,8 @@ class Agent:
         self.capture = CompileCapture(self._emit, lambda: self.grads.step, texts=texts)
         self.progress = Sampler(self.capture, lambda: self.grads.step, cfg.progress_every) if cfg.progress_every else None
         self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step, on_blobs=texts.bodies,
-                                   progress=self.progress.to_send if self.progress else None)
+                                   progress=self.progress.to_send if self.progress else None,
+                                   on_flight_recorder=self._flight_record if cfg.flight_recorder else None)
         try:
             self._emit(start)
             install(self.capture)
@@ -93,6 +94,11 @@ class Agent:
     def _emit(self, event: "protocol.Event") -> None:
         if not self._ended:
             self.transport.put(event)
+
+    def _flight_record(self, session: str) -> bytes:
+        from agents import flight_recorder
+
+        return flight_recorder.body(self.cfg.run, self.cfg.rank, session)
 
     def _details(self, steps: list[int]) -> "list[protocol.Event]":
         return [d for s in steps for d in self.grads.detail(s)]
@@ -203,6 +209,10 @@ def attach(url: str | None = None, token: str | None = None, run: str | None = N
             if cfg.disabled:
                 _agent = NoopAgent()
                 return _agent
+            if cfg.flight_recorder:
+                from agents.flight_recorder import enable_default
+
+                enable_default(cfg.fr_buffer_default)  # before the job's init_process_group, or not at all
             _agent = Agent(cfg)
         except Exception as e:  # a broken agent must not break training
             print(f"lockstep: agent disabled: {e!r}", file=sys.stderr)

@@ -17,6 +17,8 @@ import socket
 from dataclasses import dataclass
 
 DEFAULT_SPOOL_CAP = 1 << 30
+FR_BUFFER_DEFAULT = 2000  # Flight Recorder entries per process group (torch's NCCL default where it records)
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # the new name and the old one
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Config:
     flush_interval: float
     heartbeat: float
     progress_every: float  # seconds between looks at the main thread (agents/progress.py); 0: off
+    flight_recorder: bool = True  # answer the server's Flight Recorder dump requests (LOCKSTEP_FLIGHT_RECORDER=0: off)
+    fr_buffer_default: int = 0  # TORCH_FR_BUFFER_SIZE to set at attach (0: leave torch's setting alone)
 
 
 def _flag(value: str | None) -> bool:
@@ -125,4 +129,6 @@ def resolve(
         flush_interval=max(0.01, _num("LOCKSTEP_FLUSH_INTERVAL", 0.5)),
         heartbeat=max(0.1, _num("LOCKSTEP_HEARTBEAT", 5.0)),
         progress_every=max(0.0, _num("LOCKSTEP_PROGRESS_EVERY", 0.5)),
+        flight_recorder=(fr := env.get("LOCKSTEP_FLIGHT_RECORDER", "1").strip().lower() not in ("0", "false", "no", "off")),
+        fr_buffer_default=FR_BUFFER_DEFAULT if fr and not any(env.get(v) for v in FR_BUFFER_VARS) else 0,
     )

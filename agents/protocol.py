@@ -25,6 +25,9 @@ MAX_RANKS = 1 << 20
 MAX_BLOB_BYTES = 4 * 1024 * 1024
 MAX_BLOBS_PER_UPLOAD = 256
 MAX_BATCHES_PER_REQUEST = 256  # a bulk request (node relay): the ranks of a few nodes, well under MAX_BODY_BYTES
+MAX_FR_ENTRIES = 512  # Flight Recorder entries per dump (the newest), frames per entry, bytes of one inflated dump
+MAX_FR_FRAMES = 16
+MAX_FR_BYTES = 4 * 1024 * 1024
 
 _LITTLE = sys.byteorder == "little"
 
@@ -287,6 +290,7 @@ class IngestReply(msgspec.Struct):
     duplicate: bool = False
     want_blobs: list[str] = []
     detail: list[int] = []
+    flight_recorder: bool = False  # send a Flight Recorder dump (`POST /api/v1/flight-recorder`); old agents ignore it
 
 
 class Bulk(msgspec.Struct):
@@ -330,6 +334,65 @@ class BlobUpload(msgspec.Struct):
 class BlobReply(msgspec.Struct):
     stored: list[str] = []
     known: list[str] = []
+
+
+class FRFrame(msgspec.Struct, omit_defaults=True):
+    name: Short = ""
+    filename: Short = ""
+    line: NonNeg = 0
+
+
+Sizes = Annotated[list[Annotated[list[NonNeg], msgspec.Meta(max_length=64)]], msgspec.Meta(max_length=64)]
+Names = Annotated[list[Short], msgspec.Meta(max_length=64)]
+
+
+class FREntry(msgspec.Struct, omit_defaults=True):
+    """One Flight Recorder entry as torch records it (`torch._C._distributed_c10d._dump_fr_trace()`), the
+    fields torch's own analysis (`torch.distributed.flight_recorder`) reads; `process_group` is (name, desc)."""
+
+    record_id: NonNeg
+    collective_seq_id: NonNeg = 0
+    p2p_seq_id: NonNeg = 0
+    op_id: NonNeg = 0
+    pg_id: NonNeg = 0
+    process_group: Annotated[list[Short], msgspec.Meta(min_length=2, max_length=2)] = msgspec.field(default_factory=lambda: ["", ""])
+    profiling_name: Short = ""
+    state: Short = ""
+    retired: bool = False
+    is_p2p: bool = False
+    timeout_ms: NonNeg | None = None
+    time_created_ns: NonNeg | None = None
+    time_discovered_started_ns: NonNeg | None = None
+    time_discovered_completed_ns: NonNeg | None = None
+    input_sizes: Sizes = []
+    output_sizes: Sizes = []
+    input_dtypes: Names = []
+    output_dtypes: Names = []
+    frames: Annotated[list[FRFrame], msgspec.Meta(max_length=MAX_FR_FRAMES)] = []
+
+
+class FRDump(msgspec.Struct, omit_defaults=True):
+    """A bounded Flight Recorder dump: torch's top-level keys (`pg_config`: pg name -> name/desc/ranks,
+    `pg_status`: pg id -> last enqueued/started/completed collective) and the newest entries."""
+
+    version: Short = ""
+    comm_lib_version: Short = ""
+    pg_config: Annotated[dict[Short, dict[Short, Text]], msgspec.Meta(max_length=1024)] = {}
+    pg_status: Annotated[dict[Short, dict[Short, int | Short]], msgspec.Meta(max_length=1024)] = {}
+    entries: Annotated[list[FREntry], msgspec.Meta(max_length=MAX_FR_ENTRIES)] = []
+    error: Text = ""  # why the agent has no dump (no process group, torch without a recorder)
+
+
+class FlightRecord(msgspec.Struct):
+    """Body of `POST /api/v1/flight-recorder` (JSON, gzip, the ingest token): one rank's dump, sent
+    when an ingest reply said `flight_recorder: true`. JSON, never torch's pickle: the server unpickles nothing."""
+
+    v: Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
+    run: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    rank: Rank
+    session: Annotated[str, msgspec.Meta(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
+    ts: float
+    dump: FRDump
 
 
 class BodyError(ValueError):
@@ -376,6 +439,7 @@ class _RawBulk(msgspec.Struct):
 
 _BULK = msgspec.json.Decoder(_RawBulk)
 _BLOBS = msgspec.json.Decoder(BlobUpload)
+_FLIGHT = msgspec.json.Decoder(FlightRecord)
 
 
 def decode_batch(body: bytes) -> Batch:
@@ -395,3 +459,7 @@ def bulk_body(batches: list[bytes]) -> bytes:
 
 def decode_blobs(body: bytes) -> BlobUpload:
     return _BLOBS.decode(body)
+
+
+def decode_flight_record(body: bytes) -> FlightRecord:
+    return _FLIGHT.decode(body)

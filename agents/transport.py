@@ -137,7 +137,8 @@ class Transport:
     def __init__(self, cfg: Config, on_detail: Callable[[list[int]], list[protocol.Event]] | None = None,
                  step: Callable[[], int | None] = lambda: None,
                  on_blobs: Callable[[list[str]], list[bytes]] | None = None,
-                 progress: Callable[[bool], protocol.Event | None] | None = None) -> None:
+                 progress: Callable[[bool], protocol.Event | None] | None = None,
+                 on_flight_recorder: Callable[[str], bytes] | None = None) -> None:
         self.cfg = cfg
         self.session = str(uuid.uuid4())
         self.run = protocol.RunInfo(key=cfg.run, world_size=cfg.world_size, name=cfg.run_name)
@@ -145,6 +146,7 @@ class Transport:
         self._on_blobs = on_blobs
         self._step = step
         self._progress = progress
+        self._on_flight_recorder = on_flight_recorder
         self._queue: collections.deque[protocol.Event] = collections.deque()
         self._cv = threading.Condition()
         self._seq = 0
@@ -364,6 +366,17 @@ class Transport:
                 self.put(event)
         if outcome.reply and outcome.reply.want_blobs and self._on_blobs:
             self._upload_blobs(list(outcome.reply.want_blobs))
+        if outcome.reply and outcome.reply.flight_recorder and self._on_flight_recorder:
+            self._upload_flight_record()
+
+    def _upload_flight_record(self) -> None:
+        """The server asked for a Flight Recorder dump (agents/flight_recorder.py): taken here, on the
+        sender thread, since the main thread may be blocked in the collective. Best effort, sent once."""
+        body = self._on_flight_recorder(self.session)
+        reply = exchange(self.cfg.url + "/api/v1/flight-recorder", body, _headers(self.cfg.token, body),
+                         self._timeout(self._closing))
+        if reply.status != 200:
+            log.debug("lockstep: flight recorder upload failed: %s", reply.error or f"HTTP {reply.status}")
 
     def _upload_blobs(self, hashes: list[str]) -> None:
         """Send the graph texts the server asked of this rank. Best effort: a text that does not

@@ -197,3 +197,6 @@ LOGGING = {
 # the collective timeout). With 5 s agent heartbeats and the 2 s sweep, the alert reaches the page
 # about this long plus 1-3 s after the stall (P8 <= 15 s).
 LOCKSTEP_HANG_WARN_AFTER = float(os.environ.get("LOCKSTEP_HANG_WARN_AFTER", "10"))
+# hang_forecast asks the live ranks for Flight Recorder dumps; torch's analysis of them runs once all
+# answered, or this many seconds after asking with the ranks that did.
+LOCKSTEP_FR_WAIT = float(os.environ.get("LOCKSTEP_FR_WAIT", "10"))

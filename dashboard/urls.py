@@ -5,6 +5,7 @@ from django.urls import path
 
 from dashboard.web import api
 from dashboard.web.pages import views as pages
+from ingest import flight as ingest_flight
 from ingest import views as ingest
 from ingest.fastpath import lean
 
@@ -12,6 +13,7 @@ urlpatterns = [
     path("api/v1/ingest", lean(ingest.ingest), name="ingest"),
     path("api/v1/ingest/bulk", lean(ingest.ingest_bulk), name="ingest-bulk"),
     path("api/v1/blobs", ingest.upload_blobs, name="blobs"),
+    path("api/v1/flight-recorder", ingest_flight.upload_flight_record, name="flight-recorder"),
     path("api/v1/schema", ingest.openapi, name="api-schema"),
     path("metrics", ingest.prometheus, name="metrics"),
     path("api/v1/runs", api.runs, name="api-runs"),

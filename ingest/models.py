@@ -126,3 +126,21 @@ class Blob(models.Model):
     size = models.PositiveIntegerField(default=0)
     requested_at = models.DateTimeField(null=True)
     stored_at = models.DateTimeField(null=True)
+
+
+class FlightRecord(models.Model):
+    """One rank's Flight Recorder dump (`protocol.FRDump`, bounded by the agent and checked on arrival),
+    sent when the server asked (a hang_forecast). The newest KEEP per run and rank are kept."""
+
+    KEEP = 4
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    rank = models.PositiveIntegerField()
+    session = models.CharField(max_length=64)
+    ts = models.FloatField()  # the agent's clock when it took the dump
+    received = models.DateTimeField(default=timezone.now)
+    entries = models.PositiveIntegerField(default=0)
+    dump = models.JSONField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "rank", "-received"], name="flightrecord_latest")]

@@ -149,3 +149,13 @@ def _reject_nul(value, path: str) -> None:
         for i, item in enumerate(value):
             _reject_nul(item, f"{path}[{i}]")
 
+
+
+def decode_flight_record(body: bytes) -> protocol.FlightRecord:
+    """`POST /api/v1/flight-recorder` body (limits: `protocol.MAX_FR_*`); no U+0000 (jsonb cannot hold it)."""
+    if len(body) > protocol.MAX_FR_BYTES:
+        raise Rejection(413, f"flight recorder dump exceeds {protocol.MAX_FR_BYTES} bytes")
+    record = _decoded(protocol.decode_flight_record, body)
+    if b"\\u0000" in body:
+        _reject_nul(msgspec.to_builtins(record), "")
+    return record

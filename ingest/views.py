@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents import protocol
 from dashboard.tenancy import auth
 from ingest import blobs, metrics, ratelimit, schema, validation, writers
+from dashboard.ledger import flight as ledger_flight
 from dashboard.ledger import signals as ledger
 from dashboard.tenancy.models import Project
 from ingest.validation import Rejection
@@ -152,7 +153,8 @@ def _accept(project: Project, items: list[tuple[protocol.Batch, str]], endpoint:
     replies = []
     for (batch, _), s in zip(items, stored):
         replies.append(protocol.IngestReply(accepted=s.accepted, duplicate=s.duplicate,
-                                            want_blobs=[h for h in s.graph_hashes if h in want], detail=_details(batch, s)))
+                                            want_blobs=[h for h in s.graph_hashes if h in want], detail=_details(batch, s),
+                                            flight_recorder=ledger_flight.HANDOUT_STEP in (s.detail or [])))
         want.difference_update(s.graph_hashes)  # each wanted text is asked of one batch only
         _count(batch, s, endpoint)
     return replies
@@ -174,7 +176,7 @@ def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
     if stored.duplicate or stored.run_id is None:
         return []
     ledger.announce_details(stored.run_id, batch.rank, {e.step for e in batch.events if isinstance(e, protocol.Detail)})
-    return stored.detail or []  # handed out in the batch's own statement (writers._claim)
+    return [step for step in stored.detail or [] if step >= 0]  # handed out in the batch's own statement (writers._claim)
 
 
 @csrf_exempt

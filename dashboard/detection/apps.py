@@ -13,3 +13,4 @@ class DetectionConfig(AppConfig):
         rules.load_all()
         signals.slots_ready.connect(tasks.on_slots_ready, dispatch_uid="detection.settle")
         signals.details_received.connect(tasks.on_details_received, dispatch_uid="detection.explain")
+        signals.flight_records_received.connect(tasks.on_flight_record, dispatch_uid="detection.flight_recorder")

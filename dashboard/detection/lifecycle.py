@@ -15,6 +15,9 @@ from dashboard.detection.models import Alert
 from dashboard.tenancy.models import Run
 
 
+KEPT_ON_UPDATE = ("flight_recorder",)  # enrichments a finding's fresher details keep (until a new episode)
+
+
 def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: int | None) -> list[int]:
     """Record findings and resolve clean subjects in the caller's transaction; ids to deliver."""
     assert transaction.get_connection().in_atomic_block
@@ -50,7 +53,8 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
     escalated = _more_severe(finding.severity, alert.severity)
     earlier = finding.step is not None and (alert.step is None or finding.step < alert.step)
     if earlier or escalated or refired:  # the finding tells the story better (or tells a new episode)
-        alert.message, alert.details = finding.message, finding.details
+        kept = {k: alert.details[k] for k in KEPT_ON_UPDATE if k in (alert.details or {}) and not refired}
+        alert.message, alert.details = finding.message, {**finding.details, **kept}
     if earlier:
         alert.step = finding.step
     if escalated:

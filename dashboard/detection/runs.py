@@ -9,7 +9,8 @@ from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from dashboard.detection import lifecycle
+from dashboard.detection import flight, lifecycle
+from dashboard.detection.models import Alert
 from dashboard.detection.rules import RankProgress, RunView, clean_subjects, evaluate, hang_forecast
 from dashboard.tenancy.models import Rank, Run, rank_failed
 from ingest.models import CompileEvent, EventLog
@@ -125,6 +126,18 @@ def last_compiles(run: Run, ranks: list[int]) -> dict[int, CompileEvent]:
     """Each rank's last compile (by its own clock): what the rank did just before it ended."""
     events = CompileEvent.objects.filter(run=run, rank__in=ranks).order_by("rank", "-ts", "-id").distinct("rank")
     return {e.rank: e for e in events}
+
+
+def ask_flight_records(run: Run, changed: list[int]) -> list[tuple[int, int]]:
+    """Each hang_forecast alert that is news asks the run's live ranks for Flight Recorder dumps
+    (once per revision); the (alert, revision) rounds asked."""
+    rounds = []
+    with transaction.atomic():
+        live = set(Rank.objects.filter(run=run, status="running").values_list("rank", flat=True))
+        for alert in Alert.objects.filter(id__in=changed, kind="hang_forecast", state=Alert.State.FIRING):
+            if live and flight.ask(alert, live):
+                rounds.append((alert.id, alert.revision))
+    return rounds
 
 
 def check(run: Run) -> list[int]:

@@ -14,7 +14,7 @@ import logging
 from celery import shared_task
 from django.db import transaction
 
-from dashboard.detection import baseline, detail, runs, settle
+from dashboard.detection import baseline, detail, flight, runs, settle
 from dashboard.detection.signals import announce
 from dashboard.ledger import slots
 from dashboard.detection.models import Baseline
@@ -84,8 +84,20 @@ def sweep() -> int:
     for kind, slot_id in due:
         settle_slot.delay(kind, slot_id)
     for run in runs.active_runs():
-        announce(runs.check(run))
+        changed = runs.check(run)
+        announce(changed)
+        for alert_id, revision in runs.ask_flight_records(run, changed):
+            summarize_flight_records.apply_async((alert_id, revision), countdown=flight.wait_s())
     return len(due)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def summarize_flight_records(alert_id: int, revision: int) -> bool:
+    """The ranks' Flight Recorder dumps are in (or the wait is over): torch's analysis into the alert."""
+    changed = flight.summarize(alert_id, revision)
+    if changed:
+        announce([alert_id])
+    return changed
 
 
 def on_slots_ready(sender, ready: list[tuple[str, int]], **kwargs) -> None:
@@ -100,3 +112,12 @@ def on_details_received(sender, run_id: int, rank: int, steps: set[int], **kwarg
     """ledger.signals.details_received: answers may complete an alert's question, explained in a task."""
     for alert_id in detail.answered(run_id, rank, steps):
         explain.delay(alert_id)
+
+
+def on_flight_record(sender, run_id: int, rank: int, asked: list[tuple[int, int]], **kwargs) -> None:
+    """ledger.signals.flight_records_received: a round whose ranks all answered is analysed now."""
+    from dashboard.ledger import flight as ledger_flight
+
+    for alert_id, revision in asked:
+        if all(r.answered_at for r in ledger_flight.requests(alert_id, revision)):
+            summarize_flight_records.delay(alert_id, revision)

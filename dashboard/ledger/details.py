@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from dashboard.ledger import flight
 from dashboard.ledger.models import DetailRequest
 
 DETAIL = DetailRequest._meta.db_table
@@ -22,13 +23,15 @@ def ask(run_id: int, ranks: set[int], step: int, group: str, alert_id: int) -> N
 
 
 def handout_cte() -> str:
-    """CTE `asked`: the unasked requests of the claim's ranks (%(run)s, %(rank)s), marked asked; returns (rank, step)."""
+    """CTE `asked`: the unasked requests of the claim's ranks (%(run)s, %(rank)s), marked asked; returns
+    (rank, step). Flight Recorder dump requests ride along as step `flight.HANDOUT_STEP`."""
     return f"""
-            asked AS (
+            detail_asked AS (
               UPDATE {DETAIL} SET asked_at = now()
               WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) AND asked_at IS NULL
               RETURNING rank, step
-            )"""
+            ),{flight.unasked_cte()},
+            asked AS (SELECT rank, step FROM detail_asked UNION ALL SELECT rank, step FROM fr_asked)"""
 
 
 def askers(run_id: int, rank: int, steps: set[int]) -> set[int]:

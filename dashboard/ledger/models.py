@@ -101,3 +101,21 @@ class DetailRequest(models.Model):
         db_table = "dashboard_detailrequest"
         constraints = [models.UniqueConstraint(fields=["run", "rank", "step", "group"], name="detail_once")]
         indexes = [models.Index(fields=["run", "rank"], condition=models.Q(asked_at__isnull=True), name="detail_unasked")]
+
+
+class FlightRecorderRequest(models.Model):
+    """The server wants one rank's Flight Recorder dump (a `hang_forecast` alert asked, at one of its
+    revisions). Handed out in the rank's next ingest reply (`flight_recorder: true`), answered by the
+    dump's upload (`POST /api/v1/flight-recorder`)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    rank = models.PositiveIntegerField()
+    alert_id = models.BigIntegerField()  # detection's alert; no foreign key: the ledger sits below it
+    revision = models.PositiveIntegerField()  # the alert's revision that asked: a new episode asks again
+    created_at = models.DateTimeField(auto_now_add=True)
+    asked_at = models.DateTimeField(null=True)
+    answered_at = models.DateTimeField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["alert_id", "revision", "rank"], name="fr_request_once")]
+        indexes = [models.Index(fields=["run", "rank"], condition=models.Q(asked_at__isnull=True), name="fr_unasked")]

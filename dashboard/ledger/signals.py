@@ -8,6 +8,7 @@ from django.dispatch import Signal
 
 slots_ready = Signal()  # ready: list[(kind, slot id)], slots every rank has now reported
 details_received = Signal()  # run_id, rank, steps: a rank answered detail requests of these steps
+flight_records_received = Signal()  # run_id, rank, asked: a rank's Flight Recorder dump answered (alert, revision) requests
 
 
 def announce_ready(ready: list[tuple[str, int]]) -> None:
@@ -18,3 +19,7 @@ def announce_ready(ready: list[tuple[str, int]]) -> None:
 def announce_details(run_id: int, rank: int, steps: set[int]) -> None:
     if steps:
         details_received.send(sender=None, run_id=run_id, rank=rank, steps=steps)
+
+
+def announce_flight_record(run_id: int, rank: int, asked: list[tuple[int, int]]) -> None:
+    flight_records_received.send(sender=None, run_id=run_id, rank=rank, asked=asked)

@@ -106,10 +106,12 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
     found = services.run_with_alert_counts(caller, key)  # annotated: the status badge costs no query
     frames_with_dissent = (found.compileslot_set.exclude(dissenters=[]).values_list("frame", flat=True)
                            .distinct().order_by("frame")[:50])
+    alerts = list(found.alerts.select_related("acked_by", "run")[:ALERTS_ON_RUN_PAGE])
     return render(request, "dashboard/run.html", {
         "run": found,
+        "flight": flight_recorder_view(alerts),
         "ranks": found.ranks.values("rank", "host", "status", "last_step", "last_seen"),  # not `info`: 1024 JSON docs
-        "alerts": found.alerts.select_related("acked_by", "run")[:ALERTS_ON_RUN_PAGE],
+        "alerts": alerts,
         "summary": run_headline_counts(found),
         "frames": found.compileslot_set.values_list("frame", flat=True).distinct().order_by("frame")[:200],
         "dissent_frames": set(frames_with_dissent),
@@ -117,6 +119,20 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
         "baseline_choices": services.baseline_candidates(caller, found).order_by("-started_at")
         .values_list("key", flat=True)[:50],
     })
+
+
+def flight_recorder_view(alerts) -> dict | None:
+    """The newest hang_forecast's Flight Recorder summary as table rows (rank order), or None."""
+    for alert in alerts:
+        fr = (alert.details or {}).get("flight_recorder") if alert.kind == "hang_forecast" else None
+        if fr:
+            ranks = fr.get("ranks") or {}
+            compiles = fr.get("compiles") or {}
+            missing = set((fr.get("mismatch") or {}).get("missing_ranks") or [])
+            rows = [{"rank": int(r), **facts, "compiles": compiles.get(r) or {}, "missing": int(r) in missing}
+                    for r, facts in sorted(ranks.items(), key=lambda kv: int(kv[0]))]
+            return {"alert": alert, "summary": fr, "rows": rows}
+    return None
 
 
 @page
