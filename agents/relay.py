@@ -40,6 +40,7 @@ MAX_BULK_BYTES = protocol.MAX_BODY_BYTES // 2
 UPSTREAM_TIMEOUT = 8.0  # under the agent's own 10 s (transport.HTTP_TIMEOUT): it hears "retry" from us first
 ANSWER_TIMEOUT = 9.5
 RETRY_AFTER = "1"
+BODY_TIMEOUT_S = 30.0  # seconds an agent has to send its request
 
 
 @dataclass
@@ -180,20 +181,34 @@ def read_batch(raw: bytes, encoding: str) -> bytes:
     batch = protocol.inflate(raw, encoding, protocol.MAX_BODY_BYTES).strip()
     if not batch.startswith(b"{"):
         raise ValueError("body must be one JSON object")
-    msgspec.json.decode(batch)  # exactly one JSON value: nothing can ride along into the bulk body
+    try:
+        msgspec.json.decode(batch)  # exactly one JSON value: nothing can ride along into the bulk body
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     return batch
 
 
 class _Handler(BaseHTTPRequestHandler):
     relay: Relay
     protocol_version = "HTTP/1.1"  # keep-alive for agents
+    timeout = BODY_TIMEOUT_S  # a connection that stalls (headers or body) is dropped, its thread freed
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        length = int(self.headers.get("Content-Length") or 0)
+        declared = self.headers.get("Content-Length") or "0"
+        if not (declared.isascii() and declared.isdigit()):  # "-1" would read to EOF: a hang
+            self.close_connection = True
+            self._send(_error(400, "relay: invalid Content-Length"))
+            return
+        length = int(declared)
         if length > protocol.MAX_BODY_BYTES:
+            self.close_connection = True
             self._send(_error(413, f"body exceeds {protocol.MAX_BODY_BYTES} bytes"))
             return
-        raw = self.rfile.read(length)
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True
+            return
         token = self.headers.get("Authorization", "")
         if self.path == BLOBS:
             self._send(_post(self.relay.upstream + BLOBS, token, raw, self.headers.get("Content-Encoding", "")))
@@ -226,12 +241,17 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("relay: " + format, *args)
 
 
+def make_server(host: str, port: int, relay: Relay) -> ThreadingHTTPServer:
+    """The relay's HTTP server (not started): one thread per agent connection."""
+    server = ThreadingHTTPServer((host, port), type("Handler", (_Handler,), {"relay": relay}))
+    server.daemon_threads = True
+    return server
+
+
 def serve(listen: str, upstream: str, window: float = WINDOW_S, max_batches: int = MAX_BATCHES) -> None:
     host, _, port = listen.rpartition(":")
     relay = Relay(upstream, window, max_batches)
-    handler = type("Handler", (_Handler,), {"relay": relay})
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
-    server.daemon_threads = True
+    server = make_server(host or "127.0.0.1", int(port), relay)
     print(f"lockstep relay on http://{host or '127.0.0.1'}:{server.server_address[1]} -> {relay.upstream}", flush=True)
     try:
         server.serve_forever()

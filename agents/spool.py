@@ -40,7 +40,7 @@ def split_body(body: bytes) -> list[tuple[str, bytes]] | None:
     try:
         batch = msgspec.json.decode(gzip.decompress(body) if body[:2] == GZIP_MAGIC else body)
         events, session, seq, rank = batch["events"], batch["session"], batch["seq"], batch["rank"]
-    except (msgspec.MsgspecError, OSError, EOFError, KeyError, TypeError):
+    except (msgspec.MsgspecError, OSError, EOFError, KeyError, TypeError, RecursionError):
         return None
     if not isinstance(events, list) or len(events) < 2:
         return None

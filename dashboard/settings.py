@@ -172,6 +172,7 @@ LOCKSTEP_SETTLE_TIMEOUT = float(os.environ.get("LOCKSTEP_SETTLE_TIMEOUT", "10"))
 LOCKSTEP_SILENT_AFTER = float(os.environ.get("LOCKSTEP_SILENT_AFTER", "60"))
 LOCKSTEP_PUBLIC_URL = os.environ.get("LOCKSTEP_PUBLIC_URL", "").rstrip("/")
 LOCKSTEP_MAX_BODY = int(os.environ.get("LOCKSTEP_MAX_BODY", protocol.MAX_BODY_BYTES))  # bytes, compressed or not; 413 past it
+LOCKSTEP_BODY_TIMEOUT = float(os.environ.get("LOCKSTEP_BODY_TIMEOUT", "30"))  # seconds to receive a body; 408 past it
 
 # Ingest at scale (ingest/): raw retention, load shedding, outage answers, blob leases, metrics.
 LOCKSTEP_RAW_RETENTION_DAYS = float(os.environ.get("LOCKSTEP_RAW_RETENTION_DAYS", "14"))

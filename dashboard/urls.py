@@ -12,7 +12,7 @@ from ingest.fastpath import lean
 urlpatterns = [
     path("api/v1/ingest", lean(ingest.ingest), name="ingest"),
     path("api/v1/ingest/bulk", lean(ingest.ingest_bulk), name="ingest-bulk"),
-    path("api/v1/blobs", ingest.upload_blobs, name="blobs"),
+    path("api/v1/blobs", lean(ingest.upload_blobs), name="blobs"),
     path("api/v1/flight-recorder", ingest_flight.upload_flight_record, name="flight-recorder"),
     path("api/v1/schema", ingest.openapi, name="api-schema"),
     path("metrics", ingest.prometheus, name="metrics"),

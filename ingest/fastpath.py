@@ -43,10 +43,12 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponseBase
 from django.test.utils import override_settings
 from django.urls import Resolver404, URLResolver, get_resolver, get_urlconf, set_script_prefix
+
+from ingest import views
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -98,11 +100,26 @@ class LeanHandler(ASGIHandler):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            body = await self.read_body(receive)
+            if await self._refused(scope):  # the view answers without the body: a bad token costs no memory, no wait
+                body = io.BytesIO()
+            else:
+                body = await asyncio.wait_for(self.read_body(receive), settings.LOCKSTEP_BODY_TIMEOUT)
         except RequestAborted:
+            return
+        except TimeoutError:  # a slow body holds a connection, never a pool thread
+            await self.send_response(views.error(408, f"body not received within {settings.LOCKSTEP_BODY_TIMEOUT:g} s"), send)
             return
         response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body)
         await self.send_response(response, send)
+
+    async def _refused(self, scope: Scope) -> bool:
+        """`views.refused_before_body` from the headers: on the loop when the token is cached, else
+        on a pool thread (one query; a database outage is left to the view's own 503)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refused = views.refused_before_body(headers, query=False)
+        if refused is views.UNDECIDED:
+            refused = await asyncio.get_running_loop().run_in_executor(self._executor, _refused_on_thread, headers)
+        return refused
 
     async def read_body(self, receive: Receive) -> io.BytesIO:
         """The body as Django's handler reads it, keeping LOCKSTEP_MAX_BODY + 1 bytes at most (enough
@@ -149,6 +166,13 @@ class LeanHandler(ASGIHandler):
         for future in [self._executor.submit(close) for _ in range(self.threads)]:
             future.result()
         self._executor.shutdown(wait=True)
+
+
+def _refused_on_thread(headers: dict[str, str]) -> bool:
+    try:
+        return views.refused_before_body(headers)
+    except DatabaseError:
+        return False
 
 
 class LeanRoutes:

@@ -62,6 +62,8 @@ def _decoded(decoder, body: bytes):
         raise Rejection(400, error, path) from None
     except msgspec.DecodeError as exc:
         raise Rejection(400, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise Rejection(400, "JSON nested too deeply") from None
 
 
 def decode(body: bytes) -> protocol.Batch:

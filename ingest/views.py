@@ -90,10 +90,10 @@ def _authorized_body(request: HttpRequest, count: bool = True) -> tuple[Project,
     if request.content_type != "application/json":
         raise Rejection(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}")
     limit = settings.LOCKSTEP_MAX_BODY
-    try:
-        declared = int(request.headers.get("Content-Length") or 0)
-    except ValueError:
-        raise Rejection(400, "invalid Content-Length") from None
+    declared = request.headers.get("Content-Length") or "0"
+    if not (declared.isascii() and declared.isdigit()):
+        raise Rejection(400, "invalid Content-Length")
+    declared = int(declared)
     if declared > limit:
         raise Rejection(413, f"body exceeds {limit} bytes")
     raw = request.read(limit + 1)  # bounded even without a Content-Length (chunked)
@@ -108,20 +108,43 @@ def _limit(project: Project, batches: int) -> None:
 
 
 TOKEN_CACHE_S = 10.0
-_tokens: dict[str, tuple[float, Project]] = {}
+_tokens: dict[str, tuple[float, Project | None]] = {}
+UNDECIDED = object()  # `refusal_before_body` could not tell without a query
 
 
 def _project_for(token: str) -> Project | None:
-    """Token -> project, remembered for TOKEN_CACHE_S (a query per batch otherwise); misses are not cached."""
-    cached = _tokens.get(token)
-    if cached and cached[0] > time.monotonic():
-        return cached[1]
+    """Token -> project (None: unknown), remembered either way for TOKEN_CACHE_S: a query per batch
+    otherwise, and a flood of bad tokens would be a flood of queries."""
+    cached = _cached_project(token)
+    if cached is not UNDECIDED:
+        return cached
     project = auth.project_for_token(token)
-    if project is not None:
-        if len(_tokens) > 10_000:
-            _tokens.clear()
-        _tokens[token] = (time.monotonic() + TOKEN_CACHE_S, project)
+    if len(_tokens) > 10_000:
+        _tokens.clear()
+    _tokens[token] = (time.monotonic() + TOKEN_CACHE_S, project)
     return project
+
+
+def _cached_project(token: str):
+    cached = _tokens.get(token)
+    return cached[1] if cached and cached[0] > time.monotonic() else UNDECIDED
+
+
+def refused_before_body(headers: dict[str, str], query: bool = True):
+    """Whether the headers alone refuse the request, before a byte of the body is read
+    (ingest.fastpath, which then lets the view answer it without one): a missing or unknown token,
+    a Content-Length that is not a size or is past LOCKSTEP_MAX_BODY. UNDECIDED when the token is
+    not in the cache and `query` is off (on the event loop: ask again from a thread)."""
+    token = auth.token_of(headers.get("authorization", ""))
+    project = _cached_project(token) if token else None
+    if project is UNDECIDED:
+        if not query:
+            return UNDECIDED
+        project = _project_for(token)
+    declared = headers.get("content-length")
+    if project is None or declared is None:
+        return project is None
+    return not (declared.isascii() and declared.isdigit()) or int(declared) > settings.LOCKSTEP_MAX_BODY
 
 
 @csrf_exempt

@@ -11,6 +11,7 @@ from django.core.asgi import get_asgi_application
 from django.urls import URLPattern, get_resolver, resolve, reverse
 
 from agents import protocol
+from ingest import views
 from ingest.fastpath import LeanRoutes, is_lean
 from ingest.models import GradReport, IngestBatch
 from tests.conftest import make_batch, per_rank
@@ -162,8 +163,6 @@ def test_the_lean_chain_leaves_out_the_browser_middlewares(route, token, setting
 def test_other_routes_go_to_djangos_asgi_handler(route, lean_served, token):
     status, _, content = call(route, b"", headers_for(token), method="GET", path="/api/v1/schema")
     assert status == 200 and json.loads(content)["openapi"]
-    status, _, _ = call(route, b"{}", headers_for(token), path="/api/v1/blobs")
-    assert status == 400
     status, _, _ = call(route, b"", headers_for(token), method="GET", path="/no/such/route")
     assert status == 404
     assert lean_served == []
@@ -176,12 +175,12 @@ def _scope(path: str, root_path: str = "") -> dict:
 def test_lean_routes_are_the_marked_routes_of_dashboard_urls():
     marked = {p.name for p in get_resolver().url_patterns
               if isinstance(p, URLPattern) and getattr(p.callback, "lean_route", False)}
-    assert marked == {"ingest", "ingest-bulk"}
+    assert marked == {"ingest", "ingest-bulk", "blobs"}
     for name in marked:
         path = reverse(name)
         assert is_lean(_scope(path)) and is_lean(_scope("/prefix" + path, root_path="/prefix"))
         assert resolve(path).url_name == name  # what Django's handler runs is what the lean route runs
-    for path in (reverse("blobs"), reverse("api-runs"), reverse("metrics"), "/", "/api/v1/ingest/", "/no/such/route"):
+    for path in (reverse("api-runs"), reverse("metrics"), "/", "/api/v1/ingest/", "/no/such/route"):
         assert not is_lean(_scope(path))
 
 
@@ -196,3 +195,46 @@ def test_a_route_removed_from_urls_is_gone_from_both_paths(route, lean_served, c
     status, _, content = call(route, bulk, headers_for(token), path="/api/v1/ingest/bulk")
     assert status == 200 and json.loads(content)["results"][0]["accepted"] == 1
     assert lean_served == ["/api/v1/ingest/bulk"]
+
+
+def _unanswered_body(app, headers: dict[str, str], first: bytes | None = None, path: str = "/api/v1/ingest"):
+    """Send the headers (and `first`, a part of a body that never ends) but never the rest: the
+    answer must come without the body, or the call times out."""
+    async def run():
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+        comm = ApplicationCommunicator(app, scope)
+        if first is not None:
+            await comm.send_input({"type": "http.request", "body": first, "more_body": True})
+        start = await comm.receive_output(10)
+        body = await comm.receive_output(10)
+        await comm.send_input({"type": "http.disconnect"})
+        return start["status"], json.loads(body["body"])
+
+    return async_to_sync(run)()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/ingest", "/api/v1/ingest/bulk", "/api/v1/blobs"])
+def test_a_bad_token_or_an_oversized_length_is_refused_before_the_body_is_read(route, token, path, settings):
+    """Issue 17, item 6: nobody without a token makes the server hold (or wait for) 8 MiB."""
+    assert _unanswered_body(route, headers_for(None, **{"Content-Length": "8000000"}), path=path)[0] == 401
+    assert _unanswered_body(route, headers_for("lst_forged", **{"Content-Length": "8000000"}), path=path)[0] == 401
+    assert views._cached_project("lst_forged") is None  # a bad token is remembered: a flood of them is no flood of queries
+    assert _unanswered_body(route, headers_for(token, **{"Content-Length": str(settings.LOCKSTEP_MAX_BODY + 1)}),
+                            path=path) == (413, {"error": f"body exceeds {settings.LOCKSTEP_MAX_BODY} bytes"})
+    assert _unanswered_body(route, headers_for(token, **{"Content-Length": "-1"}), path=path)[0] == 400
+
+
+def test_a_body_that_stalls_is_a_408_after_the_read_timeout(route, token, settings):
+    settings.LOCKSTEP_BODY_TIMEOUT = 0.3
+    status, answer = _unanswered_body(route, headers_for(token, **{"Content-Length": "5000"}), first=b'{"v": 1')
+    assert status == 408 and "0.3 s" in answer["error"]
+    assert not IngestBatch.objects.exists()
+
+
+def test_json_nested_too_deeply_is_a_400(route, token):
+    body = b'{"v": 1, "run": {"key": "deep", "world_size": 1, "meta": {"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}}"
+    status, _, content = call(route, body, headers_for(token))
+    assert status == 400 and "error" in json.loads(content)

@@ -23,7 +23,11 @@ class Principal:
 
 
 def bearer_token(request: HttpRequest) -> str | None:
-    header = request.headers.get("Authorization", "")
+    return token_of(request.headers.get("Authorization", ""))
+
+
+def token_of(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header value; None for any other."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None

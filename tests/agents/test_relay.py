@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gzip
+import socket
+import threading
 import time
 
 import pytest
@@ -75,3 +77,25 @@ def test_an_agent_told_to_retry_is_not_sent_again_by_the_relay():
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+def test_json_nested_too_deeply_is_refused_cleanly():
+    with pytest.raises(ValueError):
+        relay.read_batch(b'{"v":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "")
+
+
+@pytest.mark.parametrize("length", ["-1", "12x", "99999999999"])
+def test_a_bad_or_oversized_content_length_is_answered_at_once(length):
+    """Issue 17, item 6: "-1" used to make the relay read until the agent hung up."""
+    r = relay.Relay("http://127.0.0.1:9", window=0.01)
+    server = relay.make_server("127.0.0.1", 0, r)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with socket.create_connection(server.server_address, timeout=5) as conn:
+            conn.sendall(f"POST /api/v1/ingest HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{".encode())
+            status = conn.recv(4096).split(b"\r\n", 1)[0]
+        assert status.split()[1] in (b"400", b"413"), status
+    finally:
+        server.shutdown()
+        server.server_close()
+        r.close()
