@@ -34,6 +34,7 @@ def bench_env(db_name: str = "lockstep_bench") -> dict:
         LOCKSTEP_RATE_LIMIT="0",
         LOG_LEVEL="WARNING",
         LOCKSTEP_DB_POOL="4",
+        LOCKSTEP_DEV="1",  # a development SECRET_KEY: production settings refuse to start without one
     )
     return env
 
@@ -55,7 +56,8 @@ def fresh_database(env: dict) -> None:
 
 
 def setup_django(env: dict) -> None:
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "LOCKSTEP_RATE_LIMIT")})
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "LOCKSTEP_RATE_LIMIT",
+                                           "LOCKSTEP_DEV")})
     sys.path.insert(0, str(ROOT))
     import django
 

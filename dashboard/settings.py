@@ -1,8 +1,11 @@
 """Settings from the environment.
 
-DATABASE_URL / REDIS_URL point at real servers; when unset, real PostgreSQL and Redis are
-started embedded from pip packages under LOCKSTEP_DATA_DIR (default ./var), so a newcomer
-needs nothing but Python. There is no SQLite, in-memory channel layer or eager Celery path.
+DATABASE_URL / REDIS_URL point at real servers. Production fails closed: without SECRET_KEY,
+DATABASE_URL and REDIS_URL it refuses to start. Development mode (LOCKSTEP_DEV=1, which
+`manage.py up`, the test suite and the benches ask for) starts real PostgreSQL and Redis
+embedded from pip packages under LOCKSTEP_DATA_DIR (default ./var) where a URL is unset, so a
+newcomer needs nothing but Python, and accepts a development SECRET_KEY. There is no SQLite,
+in-memory channel layer or eager Celery path.
 """
 from __future__ import annotations
 
@@ -10,10 +13,13 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
+from django.core.exceptions import ImproperlyConfigured
+
 from agents import protocol
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("LOCKSTEP_DATA_DIR", BASE_DIR / "var"))
+LOCKSTEP_DEV = os.environ.get("LOCKSTEP_DEV", "0").lower() in {"1", "true", "yes", "on"}
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -44,6 +50,9 @@ def _service_urls() -> tuple[str, str]:
     database_url = os.environ.get("DATABASE_URL", "")
     redis_url = os.environ.get("REDIS_URL", "")
     if not (database_url and redis_url):
+        if not LOCKSTEP_DEV:  # never a silent embedded database next to a production deployment
+            raise ImproperlyConfigured("DATABASE_URL and REDIS_URL must be set (or LOCKSTEP_DEV=1 for embedded "
+                                       "development servers, as `manage.py up` asks for)")
         from dashboard.devstack import embedded
 
         database_url = database_url or embedded.postgres_url(DATA_DIR)
@@ -53,12 +62,24 @@ def _service_urls() -> tuple[str, str]:
 
 DATABASE_URL, REDIS_URL = _service_urls()
 LOCKSTEP_EMBEDDED = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))  # `manage.py up` stops them
+LOCKSTEP_EMBEDDED_DATABASE = not os.environ.get("DATABASE_URL")  # only there does `manage.py up` add its demo login
 LOCKSTEP_PORT = int(os.environ.get("PORT", "8000"))  # default of `manage.py up --port`
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "lockstep-dev-only-change-me")
+SECRET_KEY = os.environ.get("SECRET_KEY", "lockstep-dev-only-change-me" if LOCKSTEP_DEV else "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY must be set (LOCKSTEP_DEV=1 accepts a public development key)")
 DEBUG = _env_bool("DEBUG", False)
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# Browsers reach production over HTTPS (LOCKSTEP_HTTPS=0 for a plain-HTTP deployment): cookies only
+# over TLS, and HSTS. Behind a TLS-terminating proxy, LOCKSTEP_PROXY_TLS_HEADER names the header it
+# sets to "https" (e.g. X-Forwarded-Proto); only set it when the proxy overwrites that header.
+LOCKSTEP_HTTPS = _env_bool("LOCKSTEP_HTTPS", not LOCKSTEP_DEV)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = LOCKSTEP_HTTPS
+SECURE_HSTS_SECONDS = int(os.environ.get("LOCKSTEP_HSTS_SECONDS", "31536000")) if LOCKSTEP_HTTPS else 0
+_PROXY_TLS_HEADER = os.environ.get("LOCKSTEP_PROXY_TLS_HEADER", "")
+if _PROXY_TLS_HEADER:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _PROXY_TLS_HEADER.upper().replace("-", "_"), "https")
 
 INSTALLED_APPS = [
     "daphne",

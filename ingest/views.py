@@ -10,6 +10,7 @@ yields a 500.
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections import Counter
@@ -231,6 +232,6 @@ def openapi(request: HttpRequest) -> JsonResponse:
 @require_GET
 def prometheus(request: HttpRequest) -> HttpResponse:
     required = settings.LOCKSTEP_METRICS_TOKEN
-    if required and auth.bearer_token(request) != required:
+    if required and not hmac.compare_digest((auth.bearer_token(request) or "").encode(), required.encode()):
         return error(401, "metrics need the LOCKSTEP_METRICS_TOKEN bearer token")
     return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")

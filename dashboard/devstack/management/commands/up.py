@@ -81,6 +81,18 @@ def demo_jobs(data: str) -> list[DemoJob]:
     ]
 
 
+def demo_login(with_user: bool) -> str:
+    """The demo project's token, and (`with_user`: only in the embedded database of the data folder)
+    the superuser demo / lockstep-demo, a public password: never in a database of someone's own."""
+    project, _ = Project.objects.get_or_create(name="demo")
+    if with_user:
+        user = User.objects.filter(username=DEMO_USER).first()
+        if user is None:
+            user = User.objects.create_user(DEMO_USER, password=DEMO_PASSWORD, is_staff=True, is_superuser=True)
+        project.members.add(user)
+    return ProjectToken.issue(project)
+
+
 class Command(BaseCommand):
     help = "Start Lockstep (server, Celery worker, embedded services) and live demo jobs."
 
@@ -100,7 +112,7 @@ class Command(BaseCommand):
             signal.signal(signum, lambda *_: self.stopping.set())
         self.say(f"data folder {settings.DATA_DIR}; database and Redis ready")
         call_command("migrate", interactive=False, verbosity=0)
-        token = self.demo_login()
+        token = demo_login(settings.LOCKSTEP_EMBEDDED_DATABASE)
         # The children's environment: ours, the services' URLs, and a quicker rank_silent for the demo.
         env = {"LOCKSTEP_SILENT_AFTER": "15", **os.environ, "DATABASE_URL": settings.DATABASE_URL,
                "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
@@ -113,7 +125,9 @@ class Command(BaseCommand):
                                       "1", "--loglevel", "warning", "--schedule",
                                       str(settings.DATA_DIR / "celerybeat-schedule")], env),
             ]
-            self.say(f"Lockstep is up: {self.url}/   login: {DEMO_USER} / {DEMO_PASSWORD}")
+            login = f"login: {DEMO_USER} / {DEMO_PASSWORD}" if settings.LOCKSTEP_EMBEDDED_DATABASE else \
+                "no demo login in the database DATABASE_URL names (manage.py createsuperuser adds yours)"
+            self.say(f"Lockstep is up: {self.url}/   {login}")
             self.say(f"ingest token for project 'demo': {token}")
             if not no_demo:
                 threading.Thread(target=self.run_demo, args=(env, token, ranks), daemon=True).start()
@@ -127,14 +141,6 @@ class Command(BaseCommand):
     def say(self, text: str) -> None:
         self.stdout.write(f"[lockstep] {text}")
         self.stdout.flush()
-
-    def demo_login(self) -> str:
-        project, _ = Project.objects.get_or_create(name="demo")
-        user = User.objects.filter(username=DEMO_USER).first()
-        if user is None:
-            user = User.objects.create_user(DEMO_USER, password=DEMO_PASSWORD, is_staff=True, is_superuser=True)
-        project.members.add(user)
-        return ProjectToken.issue(project)
 
     def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
         log = open(settings.DATA_DIR / f"{name}.log", "ab")
