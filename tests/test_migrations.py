@@ -144,3 +144,31 @@ def test_run_keys_become_unique_per_project_and_back():
     finally:
         _latest()
     assert _query("SELECT key FROM ingest_run") == [("job-77",)]
+
+
+BEFORE_RETRIES = ("delivery", "0001_initial")
+RETRIES = ("delivery", "0002_notification_retries")
+
+
+def test_notifications_stuck_pending_become_due_at_once_and_back():
+    """0002 of delivery: a row Celery gave up on (pending, 10 attempts) is due for the sweep; back, it keeps its row."""
+    _migrate(BEFORE_RETRIES)
+    try:
+        _query("INSERT INTO ingest_project (name, created_at) VALUES ('n', now())")
+        _insert_run("n", "n-run")
+        _query("INSERT INTO dashboard_alert (run_id, kind, subject, severity, state, ranks, message, details, count,"
+               " first_seen, last_seen, revision, notified_revision) SELECT id, 'grad_divergence', 'group:ddp',"
+               " 'critical', 'firing', '{1}', 'm', '{}', 1, now(), now(), 1, 1 FROM ingest_run")
+        _query("INSERT INTO dashboard_webhook (project_id, url, active, created_at) SELECT id, 'http://h', true, now()"
+               " FROM ingest_project")
+        _query("INSERT INTO dashboard_notification (alert_id, webhook_id, revision, state, attempts, last_error)"
+               " SELECT a.id, w.id, 1, 'pending', 10, 'HTTP 503' FROM dashboard_alert a, dashboard_webhook w")
+
+        _migrate(RETRIES)
+        [(state, attempts, due)] = _query("SELECT state, attempts, next_attempt_at <= now() FROM dashboard_notification")
+        assert (state, attempts, due) == ("pending", 10, True)
+
+        _migrate(BEFORE_RETRIES)
+        assert _query("SELECT state, attempts, last_error FROM dashboard_notification") == [("pending", 10, "HTTP 503")]
+    finally:
+        _latest()

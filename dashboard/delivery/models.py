@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 from dashboard.detection.models import Alert
 from dashboard.tenancy.models import Project
@@ -20,7 +21,9 @@ class Webhook(models.Model):
 
 
 class Notification(models.Model):
-    """One alert change delivered to one webhook: the unique key makes retries send it once."""
+    """One alert change delivered to one webhook: the unique key makes retries send it once. A
+    pending one is (re)sent by the sweep from `next_attempt_at` on (notifications.py); it becomes
+    failed, visible on the alert, only after MAX_ATTEMPTS spread over more than a day."""
 
     alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE)
@@ -29,7 +32,10 @@ class Notification(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     sent_at = models.DateTimeField(null=True)
     last_error = models.TextField(blank=True)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         db_table = "dashboard_notification"
         constraints = [models.UniqueConstraint(fields=["alert", "webhook", "revision"], name="notify_once")]
+        indexes = [models.Index(fields=["next_attempt_at"], name="notification_due",
+                                condition=models.Q(state="pending"))]

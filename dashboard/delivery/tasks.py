@@ -12,8 +12,6 @@ from celery import shared_task
 from dashboard.delivery import notifications, notify
 from dashboard.detection import runs
 
-RETRY_BACKOFF_MAX_S = 300
-
 
 @shared_task(acks_late=True, ignore_result=True)
 def deliver(alert_id: int) -> int:
@@ -23,22 +21,23 @@ def deliver(alert_id: int) -> int:
     return len(notes)
 
 
-@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=10)
-def send_webhook(self, notification_id: int) -> None:
-    try:
-        notifications.send(notification_id)
-    except Exception as exc:
-        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, RETRY_BACKOFF_MAX_S))
+@shared_task(acks_late=True, ignore_result=True)
+def send_webhook(notification_id: int) -> None:
+    """One attempt; a failed one is rescheduled in its row and re-queued by the sweep (`notifications.due`)."""
+    notifications.send(notification_id)
 
 
 @shared_task(ignore_result=True)
 def sweep() -> int:
-    """Every 2 s (beat): progress of active runs to their pages, pending alert revisions delivered."""
+    """Every 2 s (beat): progress of active runs to their pages, pending alert revisions delivered,
+    due webhook notifications sent (first attempts lost on the way, and retries)."""
     for run in runs.active_runs():
         notify.push_progress(run, runs.rank_rows(run), runs.strip(run))
     pending = notify.pending()
     for alert_id in pending:
         deliver.delay(alert_id)
+    for note_id in notifications.due():
+        send_webhook.delay(note_id)
     return len(pending)
 
 

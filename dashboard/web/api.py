@@ -158,7 +158,10 @@ def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
 
 @api_view
 def run_alerts(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
-    return JsonResponse({"alerts": [a.as_json() for a in services.run_alerts(who, key)]})
+    alerts = list(services.run_alerts(who, key))
+    webhooks = services.webhook_deliveries(alerts)
+    none = {"pending": 0, "sent": 0, "failed": 0}
+    return JsonResponse({"alerts": [{**a.as_json(), "webhooks": webhooks.get(a.id, none)} for a in alerts]})
 
 
 @api_view

@@ -16,7 +16,7 @@ from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from dashboard.delivery import notify
+from dashboard.delivery import notifications, notify
 from dashboard.detection import lifecycle, silences
 from dashboard.detection import tasks as detection_tasks
 from dashboard.detection.models import Alert, Baseline, Silence
@@ -114,6 +114,12 @@ def choose_baseline(caller: Principal, run: Run, base_key: object) -> Baseline:
 
 def run_alerts(caller: Principal, key: str) -> QuerySet[Alert]:
     return run_for(caller, key).alerts.select_related("acked_by", "run")
+
+
+def webhook_deliveries(alerts: list[Alert]) -> dict[int, dict[str, int]]:
+    """Per alert, its webhook notifications pending, sent and failed (a failed one gave up after
+    hours of retries: the page and the API show it)."""
+    return notifications.delivery_states([a.id for a in alerts])
 
 
 def alert_for(caller: Principal, alert_id: int) -> Alert:

@@ -179,7 +179,9 @@ def alerts(request: HttpRequest, caller: Principal) -> HttpResponse:
     filters = {k: request.GET.get(k, "") for k in ("run", "kind", "severity", "state", "acked")}
     filters["state"] = filters["state"] or "firing"
     active = list(alerting.active_silences(caller))
-    rows = [(a, silences.first_covering(a, active)) for a in alerting.alerts_for(caller, filters)[:500]]
+    shown = list(alerting.alerts_for(caller, filters)[:500])
+    webhooks = services.webhook_deliveries(shown)
+    rows = [(a, silences.first_covering(a, active), webhooks.get(a.id, {}).get("failed", 0)) for a in shown]
     return render(request, "dashboard/alerts.html", {
         "rows": rows, "filters": filters, "silences": active, "kinds": alerting.kinds_of(caller),
         "form": SilenceForm(initial={"run": filters["run"], "kind": filters["kind"]}),
