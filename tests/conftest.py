@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
+import tempfile
 import uuid
 
 import pytest
@@ -10,6 +13,19 @@ import pytest
 from dashboard.tenancy.models import Project, ProjectToken
 
 pytest_plugins = ["tests.stack"]
+
+_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="lockstep-tests-inductor-")
+
+
+def pytest_configure(config) -> None:
+    """The suite's compiles (in-process and in every job it starts) share an Inductor cache of its own:
+    never one that other processes on the machine write at the same moment (a half-written artifact
+    of theirs crashed a job here once), and cold on every run, as on a fresh CI machine."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_CACHE)
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)
 
 
 def per_rank(reports) -> list[tuple[int, int, list[int]]]:
