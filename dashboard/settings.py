@@ -166,8 +166,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 CELERY_IMPORTS = ("ingest.tasks",)
 CELERY_BEAT_SCHEDULE = {
-    "settle-overdue-slots": {"task": "dashboard.detection.tasks.sweep", "schedule": 2.0},
-    "deliver-pending-alerts": {"task": "dashboard.delivery.tasks.sweep", "schedule": 2.0},
+    # A sweep not started within its interval is dropped (workers down): the next one does its work.
+    "settle-overdue-slots": {"task": "dashboard.detection.tasks.sweep", "schedule": 2.0, "options": {"expires": 2.0}},
+    "deliver-pending-alerts": {"task": "dashboard.delivery.tasks.sweep", "schedule": 2.0, "options": {"expires": 2.0}},
     "prune-raw-partitions": {"task": "ingest.tasks.prune_raw", "schedule": 3600.0},
 }
 

@@ -1,20 +1,31 @@
 """Websockets: a run's live feed (`ws/runs/<key>/`) and all visible runs (`ws/alerts/`).
 
 Only aggregates (alerts, progress) go through here, never raw per-rank events: channels_redis
-drops messages past a group's capacity.
+drops messages past a group's capacity. Access is checked again before messages are passed on
+(every alert; progress at most every RECHECK_S): a member removed from the project, or a session
+that logged out or expired, is closed (4403) instead of going on receiving.
 """
 from __future__ import annotations
 
+import time
+from importlib import import_module
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import SESSION_KEY, get_user_model
 
 from dashboard.delivery.notify import project_group, run_group
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import user_project_ids
 
+RECHECK_S = 2.0
+
 
 class _Feed(AsyncJsonWebsocketConsumer):
     groups_joined: list[str]
+    allowed: frozenset[int] = frozenset()  # projects whose messages this socket may pass on
+    checked_at: float = 0.0
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -23,6 +34,8 @@ class _Feed(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
             return
         self.groups_joined = groups
+        self.allowed = await self.projects_allowed()
+        self.checked_at = time.monotonic()
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
@@ -32,7 +45,31 @@ class _Feed(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def lockstep_message(self, event: dict) -> None:
+        is_alert = event["message"].get("type") == "alert"
+        if is_alert or time.monotonic() - self.checked_at >= RECHECK_S:
+            self.allowed = await self.projects_allowed()
+            self.checked_at = time.monotonic()
+        if event.get("project") not in self.allowed:
+            if not self.allowed:
+                await self.close(code=4403)
+            return
         await self.send_json(event["message"])
+
+    @database_sync_to_async
+    def projects_allowed(self) -> frozenset[int]:
+        """The projects the socket's user may see now; empty once the session is gone or no longer theirs."""
+        user = self.scope.get("user")
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None)
+        if user is None or not user.is_authenticated or not key:
+            return frozenset()
+        stored = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key).load()
+        if str(stored.get(SESSION_KEY)) != str(user.pk) or not get_user_model().objects.filter(pk=user.pk, is_active=True).exists():
+            return frozenset()
+        return self.visible(user)
+
+    def visible(self, user) -> frozenset[int]:
+        return user_project_ids(user)
 
     async def groups_for(self, user) -> list[str] | None:
         raise NotImplementedError
@@ -42,7 +79,11 @@ class RunFeed(_Feed):
     @database_sync_to_async
     def groups_for(self, user) -> list[str] | None:
         run = access.visible_run(access.principal_for(user), self.scope["url_route"]["kwargs"]["key"])
+        self.run_project = run.project_id if run is not None else None
         return [run_group(run.id)] if run is not None else None
+
+    def visible(self, user) -> frozenset[int]:
+        return user_project_ids(user) & {self.run_project}
 
 
 class AlertFeed(_Feed):

@@ -38,7 +38,7 @@ def push(alerts: list[Alert]) -> None:
     """Send the alerts' current state to their run's and project's websocket groups."""
     messages = []
     for alert in alerts:
-        body = {"type": "lockstep.message", "message": message(alert)}
+        body = {"type": "lockstep.message", "message": message(alert), "project": alert.run.project_id}
         messages += [(run_group(alert.run_id), body), (project_group(alert.run.project_id), body)]
     if messages:
         asyncio.run(_send(messages))
@@ -53,8 +53,8 @@ def push_progress(run, ranks: list[dict], strip: list[dict] | None = None) -> No
         "ranks_reporting": len(ranks), "ranks_ended": sum(r["status"] != "running" for r in ranks),
         "world_size": run.world_size,
     }
-    body = {"type": "lockstep.message", "message": message}
-    run_body = {"type": "lockstep.message", "message": {**message, "strip": strip}} if strip else body
+    body = {"type": "lockstep.message", "message": message, "project": run.project_id}
+    run_body = {**body, "message": {**message, "strip": strip}} if strip else body
     asyncio.run(_send([(run_group(run.id), run_body), (project_group(run.project_id), body)]))
 
 

@@ -42,14 +42,18 @@ def settle_slots(kind: str, slot_ids: list[int]) -> int:
     return len(changed)
 
 
-def queue_settles(ready: list[tuple[str, int]]) -> None:
-    """Queue settling of complete slots, a chunk per message."""
+SWEEP_EXPIRES_S = 10.0  # a sweep's settle message not started by then is dropped: the next sweep queues it again
+
+
+def queue_settles(ready: list[tuple[str, int]], expires: float | None = None) -> None:
+    """Queue settling of complete slots, a chunk per message; `expires`: the sweep's copies, which
+    must not pile up in the broker while the workers are down (the state is in PostgreSQL)."""
     by_kind: dict[str, list[int]] = {}
     for kind, slot_id in ready:
         by_kind.setdefault(kind, []).append(slot_id)
     for kind, ids in by_kind.items():
         for i in range(0, len(ids), SETTLE_CHUNK):
-            settle_slots.delay(kind, ids[i:i + SETTLE_CHUNK])
+            settle_slots.apply_async((kind, ids[i:i + SETTLE_CHUNK]), expires=expires)
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -81,8 +85,7 @@ def choose_baseline(run: Run, base: Run, user=None) -> Baseline:
 def sweep() -> int:
     """Every 2 s (beat): settle overdue slots, check active runs."""
     due = [(slots.COMPILE, i) for i in slots.overdue(CompileSlot)] + [(slots.GRAD, i) for i in slots.overdue(GradSlot)]
-    for kind, slot_id in due:
-        settle_slot.delay(kind, slot_id)
+    queue_settles(due, expires=SWEEP_EXPIRES_S)
     for run in runs.active_runs():
         changed = runs.check(run)
         announce(changed)
