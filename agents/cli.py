@@ -155,11 +155,11 @@ def upload(spool_dir: str, url: str | None, token: str | None) -> int:
         outcome = _send(url, token, body)
         if outcome.kind == "split" and (halves := split_body(body)) is not None:
             pending[:0] = [spool.write(name, half) for name, half in halves]
-            os.unlink(path)
+            spool.remove(path)
             progress.total += 1
             continue
         if outcome.kind == "ok":
-            os.unlink(path)
+            spool.remove(path)
         elif outcome.kind == "quarantine":
             print(f"upload: {os.path.basename(path)} quarantined: {outcome.detail}", file=sys.stderr)
             spool.quarantine(os.path.basename(path), body, outcome.detail, spooled=path)

@@ -7,10 +7,13 @@ it never goes out again, and nothing is ever deleted unsent.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 
 import msgspec
 
@@ -65,23 +68,28 @@ def used_bytes(directory: str) -> int:
 
 
 class Spool:
-    """Writes batches atomically, refusing past the byte cap; raises OSError on I/O failure."""
+    """Writes batches atomically, refusing past the byte cap; raises OSError on I/O failure.
+
+    The cap is the folder's, not the process's: the ranks of a node share one spool folder by
+    default, so the bytes in it are counted in `.usage` under an exclusive lock (`.usage.lock`)
+    that every writer and remover of the folder takes. Each process recounts the folder once,
+    on its first write, which also mends a count left wrong by a crash.
+    """
 
     def __init__(self, directory: str, cap_bytes: int) -> None:
         self.directory = directory
         self.cap = cap_bytes
-        self._used: int | None = None
+        self._recounted = False
 
     def write(self, name: str, body: bytes) -> str | None:
         """Path written, or None when the cap would be exceeded."""
-        if self._used is None:
-            os.makedirs(self.directory, exist_ok=True)
-            self._used = used_bytes(self.directory)
-        if self._used + len(body) > self.cap:
-            return None
-        path = os.path.join(self.directory, name)
-        _write_atomically(self.directory, path, body)
-        self._used += len(body)
+        os.makedirs(self.directory, exist_ok=True)
+        with self._usage() as usage:
+            if usage[0] + len(body) > self.cap:
+                return None
+            path = os.path.join(self.directory, name)
+            _write_atomically(self.directory, path, body)
+            usage[0] += len(body)
         return path
 
     def quarantine(self, name: str, body: bytes, answer: str, spooled: str | None = None) -> str:
@@ -91,9 +99,9 @@ class Spool:
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, name)
         if spooled is not None:
-            os.replace(spooled, path)
-            if self._used is not None:
-                self._used = max(0, self._used - len(body))
+            with self._usage() as usage:
+                os.replace(spooled, path)
+                usage[0] = max(0, usage[0] - len(body))
         else:
             _write_atomically(folder, path, body)
         _write_atomically(folder, path + ".answer", answer.encode())
@@ -101,12 +109,31 @@ class Spool:
 
     def remove(self, path: str) -> None:
         try:
-            size = os.path.getsize(path)
-            os.unlink(path)
-            if self._used is not None:
-                self._used = max(0, self._used - size)
+            with self._usage() as usage:
+                size = os.path.getsize(path)
+                os.unlink(path)
+                usage[0] = max(0, usage[0] - size)
         except OSError:
             pass
+
+    @contextlib.contextmanager
+    def _usage(self) -> Iterator[list[int]]:
+        """The folder's byte count as a one-item list, under the folder's lock; written back on exit."""
+        with open(os.path.join(self.directory, ".usage.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            counter = os.path.join(self.directory, ".usage")
+            try:
+                with open(counter) as f:
+                    counted = int(f.read() or 0)
+            except (OSError, ValueError):
+                counted = None
+            if counted is None or not self._recounted:
+                counted, self._recounted = used_bytes(self.directory), True
+            usage = [counted]
+            yield usage
+            with open(counter + ".tmp", "w") as f:
+                f.write(str(usage[0]))
+            os.replace(counter + ".tmp", counter)
 
 
 def _write_atomically(directory: str, path: str, body: bytes) -> None:

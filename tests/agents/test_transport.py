@@ -48,7 +48,7 @@ def test_500_then_200_delivers_once_in_seq_order(tmp_path, stub):
     assert _steps(stub.accepted) == list(range(20))
     assert stub.requests[0][1].seq == 0 and stub.accepted[0].seq == 0  # the failed batch was retried
     assert all(b.session == t.session and b.rank == 2 and b.run.key == "run-1" for b in stub.accepted)
-    assert not os.listdir(tmp_path / "spool")
+    assert not list_batches(str(tmp_path / "spool"))
 
 
 def test_retry_after_is_honoured(tmp_path, stub):
@@ -193,7 +193,7 @@ def test_spool_cap_drops_and_counts(tmp_path, monkeypatch):
         t.put(protocol.Grad(step=s, fps=[1] * 16))
         time.sleep(0.01)
     t.close(timeout=2)
-    total = sum(os.path.getsize(tmp_path / "spool" / n) for n in os.listdir(tmp_path / "spool"))
+    total = sum(os.path.getsize(p) for p in list_batches(str(tmp_path / "spool")))
     assert total <= 300 and t.stats["dropped_events"] > 0
 
 
@@ -246,7 +246,7 @@ def test_server_killed_and_restarted_mid_run_loses_and_duplicates_nothing(tmp_pa
         steps = [e.step for _, b in sorted(batches.items()) for e in b.events if isinstance(e, protocol.Step)]
         assert steps == list(range(90))  # exact: nothing lost, nothing twice, in order
         assert sorted(seq for _, seq in batches) == list(range(len(batches)))
-        assert second.accepted and not os.listdir(tmp_path / "spool")
+        assert second.accepted and not list_batches(str(tmp_path / "spool"))
     finally:
         second.close()
 
@@ -294,3 +294,18 @@ def test_graph_texts_keep_the_newest_within_their_budget():
     bodies = texts.bodies(digests)
     sent = [b.hash for body in bodies for b in protocol.decode_blobs(gzip.decompress(body)).blobs]
     assert sent == digests[1:]  # the oldest went to make room
+
+
+def test_the_spool_cap_is_the_folders_when_ranks_share_it(tmp_path):
+    """Issue 17, item 8: every rank of a node spools into one folder by default; the cap holds for all of them."""
+    from agents.spool import Spool
+
+    folder = str(tmp_path / "shared")
+    rank0, rank1 = Spool(folder, 1000), Spool(folder, 1000)
+    assert rank0.write("r0000000-a-000000000000.json", b"x" * 100)
+    assert rank1.write("r0000001-b-000000000000.json", b"x" * 100)
+    assert rank0.write("r0000000-a-000000000001.json", b"x" * 500)
+    assert rank1.write("r0000001-b-000000000001.json", b"x" * 500) is None  # 1200 bytes would exceed the cap
+    rank0.remove(os.path.join(folder, "r0000000-a-000000000001.json"))
+    assert rank1.write("r0000001-b-000000000001.json", b"x" * 500)
+    assert sum(os.path.getsize(p) for p in list_batches(folder)) == 700
