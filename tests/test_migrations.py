@@ -172,3 +172,19 @@ def test_notifications_stuck_pending_become_due_at_once_and_back():
         assert _query("SELECT state, attempts, last_error FROM dashboard_notification") == [("pending", 10, "HTTP 503")]
     finally:
         _latest()
+
+
+def test_detail_requests_gain_their_ask_count_and_back():
+    """0003 of ledger: a request asked and never answered (its reply lost) starts at 0 asks, so it is asked again."""
+    _migrate(("ledger", "0002_flightrecorderrequest"))
+    try:
+        _query("INSERT INTO ingest_project (name, created_at) VALUES ('d', now())")
+        _insert_run("d", "d-run")
+        _query("INSERT INTO dashboard_detailrequest (run_id, rank, step, \"group\", alert_id, asked_at)"
+               " SELECT id, 1, 7, 'ddp', 1, now() - interval '1 hour' FROM ingest_run")
+        _migrate(("ledger", "0003_detail_asked_again"))
+        assert _query("SELECT step, asks, answered_at FROM dashboard_detailrequest") == [(7, 0, None)]
+        _migrate(("ledger", "0002_flightrecorderrequest"))
+        assert _query("SELECT step, \"group\" FROM dashboard_detailrequest") == [(7, "ddp")]
+    finally:
+        _latest()

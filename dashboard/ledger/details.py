@@ -13,6 +13,8 @@ from dashboard.ledger import flight
 from dashboard.ledger.models import DetailRequest
 
 DETAIL = DetailRequest._meta.db_table
+ASK_AGAIN_AFTER_S = 60  # an unanswered request is handed out again (its reply may have been lost) ...
+MAX_ASKS = 5  # ... this many times in all: a step that left the agent's ring is never answered
 
 
 def ask(run_id: int, ranks: set[int], step: int, group: str, alert_id: int) -> None:
@@ -23,12 +25,14 @@ def ask(run_id: int, ranks: set[int], step: int, group: str, alert_id: int) -> N
 
 
 def handout_cte() -> str:
-    """CTE `asked`: the unasked requests of the claim's ranks (%(run)s, %(rank)s), marked asked; returns
-    (rank, step). Flight Recorder dump requests ride along as step `flight.HANDOUT_STEP`."""
+    """CTE `asked`: the claim's ranks' (%(run)s, %(rank)s) requests not asked yet, or asked more than
+    ASK_AGAIN_AFTER_S ago and still unanswered (the reply carrying them may have been lost), marked
+    asked; returns (rank, step). Flight Recorder dump requests ride along as step `flight.HANDOUT_STEP`."""
     return f"""
             detail_asked AS (
-              UPDATE {DETAIL} SET asked_at = now()
-              WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) AND asked_at IS NULL
+              UPDATE {DETAIL} SET asked_at = now(), asks = asks + 1
+              WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) AND answered_at IS NULL
+                AND (asked_at IS NULL OR (asked_at < now() - interval '{ASK_AGAIN_AFTER_S} seconds' AND asks < {MAX_ASKS}))
               RETURNING rank, step
             ),{flight.unasked_cte()},
             asked AS (SELECT rank, step FROM detail_asked UNION ALL SELECT rank, step FROM fr_asked)"""

@@ -96,6 +96,7 @@ class DetailRequest(models.Model):
     alert_id = models.BigIntegerField(db_index=True)  # the alert that asked (detection's; no foreign key: the ledger sits below it)
     asked_at = models.DateTimeField(null=True)
     answered_at = models.DateTimeField(null=True)
+    asks = models.PositiveSmallIntegerField(default=0)  # hand-outs so far: a reply lost on the way is asked again
 
     class Meta:
         db_table = "dashboard_detailrequest"
