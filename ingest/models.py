@@ -126,6 +126,7 @@ class Blob(models.Model):
     size = models.PositiveIntegerField(default=0)
     requested_at = models.DateTimeField(null=True)
     stored_at = models.DateTimeField(null=True)
+    named_at = models.DateTimeField(null=True)  # last named by a compile event (refreshed hourly): pruned after retention
 
 
 class FlightRecord(models.Model):

@@ -13,7 +13,7 @@ from datetime import date, datetime, time, timedelta, timezone as tz
 from django.conf import settings
 from django.utils import timezone
 
-from ingest import partitions
+from ingest import blobs, partitions
 from ingest.models import IngestBatch
 
 
@@ -26,6 +26,7 @@ class Pruned:
 
     partitions: list[str] = field(default_factory=list)
     batches: int = 0
+    blobs: int = 0
 
 
 def prune(days: float | None = None, now: datetime | None = None) -> Pruned:
@@ -40,6 +41,7 @@ def prune(days: float | None = None, now: datetime | None = None) -> Pruned:
                 partitions.drop(name)
                 pruned.partitions.append(name)
     pruned.batches, _ = IngestBatch.objects.filter(received_at__lt=cutoff).delete()
+    pruned.blobs = blobs.prune(now, timedelta(days=days))
     partitions.ensure_around(now, ahead=PREPARE_DAYS)
     return pruned
 

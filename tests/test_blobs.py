@@ -78,3 +78,27 @@ def test_oversized_blob_is_413(upload):
 def test_upload_needs_a_token(client):
     response = client.generic("POST", "/api/v1/blobs", b"{}", content_type="application/json")
     assert response.status_code == 401
+
+
+def test_a_text_nobody_asked_for_is_not_stored_and_the_answer_reveals_nothing(upload):
+    """Issue 17, item 8: any token could fill the store, and learn from `known` whether another
+    project's agents had sent a given graph."""
+    other = "def forward(self, x):\n    return x\n"
+    response = upload([{"hash": protocol.blob_hash(other), "text": other}])
+    assert response.json() == {"stored": [], "known": [protocol.blob_hash(other)]}
+    assert not Blob.objects.exists()
+
+
+def test_texts_no_compile_names_any_more_and_requests_never_answered_are_pruned(post, upload, settings):
+    from ingest import retention
+
+    post(make_batch(rank=0, events=[compile_event()]))
+    upload([{"hash": HASH, "text": TEXT}])
+    stale = "x = 1\n"
+    post(make_batch(rank=1, events=[compile_event(protocol.blob_hash(stale))]))  # asked, never uploaded
+    now = timezone.now()
+    assert retention.prune(now=now).blobs == 0
+    assert retention.prune(now=now + timedelta(days=2)).blobs == 1  # the unanswered request
+    assert Blob.objects.get().hash == HASH
+    later = now + timedelta(days=settings.LOCKSTEP_RAW_RETENTION_DAYS + 1)
+    assert retention.prune(now=later).blobs == 1 and not Blob.objects.exists()

@@ -188,3 +188,15 @@ def test_detail_requests_gain_their_ask_count_and_back():
         assert _query("SELECT step, \"group\" FROM dashboard_detailrequest") == [(7, "ddp")]
     finally:
         _latest()
+
+
+def test_graph_texts_count_as_named_when_0007_runs_and_back():
+    _migrate(("ingest", "0006_flightrecord"))
+    try:
+        _query("INSERT INTO ingest_blob (hash, text, size, stored_at) VALUES (%s, 'g', 1, now() - interval '60 days')", ["a" * 32])
+        _migrate(("ingest", "0007_blob_named_at"))
+        assert _query("SELECT text, named_at > now() - interval '1 minute' FROM ingest_blob") == [("g", True)]
+        _migrate(("ingest", "0006_flightrecord"))
+        assert _query("SELECT hash, text FROM ingest_blob") == [("a" * 32, "g")]
+    finally:
+        _latest()

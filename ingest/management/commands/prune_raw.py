@@ -14,4 +14,5 @@ class Command(BaseCommand):
         pruned = retention.prune(days)
         for name in pruned.partitions:
             self.stdout.write(f"dropped {name}")
-        self.stdout.write(f"{len(pruned.partitions)} partitions dropped, {pruned.batches} batch records expired")
+        self.stdout.write(f"{len(pruned.partitions)} partitions dropped, {pruned.batches} batch records expired, "
+                          f"{pruned.blobs} graph texts pruned")
