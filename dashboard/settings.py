@@ -109,6 +109,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "dashboard.web.middleware.StatementTimeout",
 ]
 # The chain of the lean routes (ingest/fastpath.py): views for agents, with a bearer token, exempt
 # from CSRF, never a session or a page. The host check (CommonMiddleware asks request.get_host())
@@ -194,6 +195,7 @@ LOCKSTEP_SETTLE_TIMEOUT = float(os.environ.get("LOCKSTEP_SETTLE_TIMEOUT", "10"))
 LOCKSTEP_SILENT_AFTER = float(os.environ.get("LOCKSTEP_SILENT_AFTER", "60"))
 LOCKSTEP_PUBLIC_URL = os.environ.get("LOCKSTEP_PUBLIC_URL", "").rstrip("/")
 LOCKSTEP_MAX_BODY = int(os.environ.get("LOCKSTEP_MAX_BODY", protocol.MAX_BODY_BYTES))  # bytes, compressed or not; 413 past it
+LOCKSTEP_PAGE_STATEMENT_TIMEOUT = float(os.environ.get("LOCKSTEP_PAGE_STATEMENT_TIMEOUT", "10"))  # s per statement of a page or read-API request
 LOCKSTEP_BODY_TIMEOUT = float(os.environ.get("LOCKSTEP_BODY_TIMEOUT", "30"))  # seconds to receive a body; 408 past it
 
 # Ingest at scale (ingest/): raw retention, load shedding, outage answers, blob leases, metrics.

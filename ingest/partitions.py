@@ -6,10 +6,12 @@ opens the batch transaction, so partition DDL never runs while a batch holds row
 """
 from __future__ import annotations
 
+import random
 import re
+import time
 from datetime import date, datetime, timedelta
 
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 
 RAW_TABLES = ("ingest_compileevent", "ingest_graphbreakevent", "ingest_gradreport", "ingest_stepreport", "ingest_eventlog")
 _SUFFIX = re.compile(r"_p(\d{8})$")
@@ -50,7 +52,28 @@ def existing(table: str) -> list[tuple[str, date]]:
     return sorted(found, key=lambda item: item[1])
 
 
-def drop(name: str) -> None:
-    """Drop one raw partition: O(1), no dead tuples (retention; the name comes from `existing`, never from input)."""
-    with connection.cursor() as cur:
-        cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+DROP_LOCK_TIMEOUT = "1s"
+DROP_ATTEMPTS = 3
+
+
+def drop(name: str) -> bool:
+    """Drop one raw partition: O(1), no dead tuples (retention; the name comes from `existing`, never from input).
+
+    DROP needs an ACCESS EXCLUSIVE lock on the parent, and a waiting lock request queues every
+    later ingest statement behind it: so it waits at most DROP_LOCK_TIMEOUT (behind a long page
+    query, say), up to DROP_ATTEMPTS times; False when it never got the lock (the next hourly
+    prune tries again)."""
+    for attempt in range(DROP_ATTEMPTS):
+        try:
+            with transaction.atomic(), connection.cursor() as cur:
+                cur.execute(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'")
+                cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+            return True
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            time.sleep(random.uniform(0.1, 0.3))  # the queue behind our lock request drains meanwhile
+    return False
+
+
+LOCK_NOT_AVAILABLE = "55P03"

@@ -37,13 +37,26 @@ def prune(days: float | None = None, now: datetime | None = None) -> Pruned:
     pruned = Pruned()
     for table in partitions.RAW_TABLES:
         for name, day in partitions.existing(table):
-            if _end_of(day) <= cutoff:
-                partitions.drop(name)
+            if _end_of(day) <= cutoff and partitions.drop(name):
                 pruned.partitions.append(name)
-    pruned.batches, _ = IngestBatch.objects.filter(received_at__lt=cutoff).delete()
+    pruned.batches = _expire_batches(cutoff)
     pruned.blobs = blobs.prune(now, timedelta(days=days))
     partitions.ensure_around(now, ahead=PREPARE_DAYS)
     return pruned
+
+
+BATCH_CHUNK = 5000  # dedupe records deleted per statement: short row locks, short WAL bursts
+
+
+def _expire_batches(cutoff: datetime) -> int:
+    """Delete the (session, seq) records older than `cutoff`, a chunk per statement."""
+    expired = 0
+    while True:
+        chunk = list(IngestBatch.objects.filter(received_at__lt=cutoff).values_list("pk", flat=True)[:BATCH_CHUNK])
+        if not chunk:
+            return expired
+        IngestBatch.objects.filter(pk__in=chunk).delete()
+        expired += len(chunk)
 
 
 def _end_of(day: date) -> datetime:

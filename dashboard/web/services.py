@@ -47,11 +47,17 @@ def runs_for(caller: Principal, keys: Iterable[str]) -> list[Run]:
     return [run_for(caller, key) for key in dict.fromkeys(keys)]
 
 
+RUNS_WINDOW = 2000  # the newest runs a list (and its status or health filters) looks at
+
+
 def runs_list(caller: Principal, status: str = "") -> QuerySet[Run]:
-    """The caller's runs, newest first, annotated with firing alert counts (`critical`, `warning`),
-    ranks that ended (`ended`) and their status (so `Run.status` needs no query per run); only those
-    of `status` when one is given (an unknown one is a 400, not an empty list)."""
-    runs = _with_alert_counts(caller.runs().select_related("project")).order_by("-started_at")
+    """The caller's newest RUNS_WINDOW runs, newest first, annotated with firing alert counts
+    (`critical`, `warning`), ranks that ended (`ended`) and their status (so `Run.status` needs no
+    query per run); only those of `status` when one is given (an unknown one is a 400, not an empty
+    list). The window is taken before anything is counted: the counts cost per run, and a project
+    with years of runs must not pay for all of them on every page."""
+    newest = caller.runs().order_by("-started_at").values("id")[:RUNS_WINDOW]
+    runs = _with_alert_counts(Run.objects.filter(id__in=newest).select_related("project")).order_by("-started_at")
     if not status:
         return runs
     if status not in RUN_STATUSES:

@@ -10,6 +10,7 @@ from dashboard.tenancy.models import Rank, Run
 from dashboard.web import sql
 
 CURVE_BINS = 200
+CURVE_RANKS = 64  # ranks sampled for the step-time curve (index probes: CURVE_BINS x CURVE_RANKS at most)
 ENV_SECTIONS = ("versions", "config_hash", "device", "collective_timeout_s", "fp_algo", "norm_v", "env", "cache_dirs")
 
 
@@ -133,17 +134,27 @@ def first_fingerprint_difference(base: Run, other: Run) -> dict:
 
 
 def step_curve(run: Run, bins: int = CURVE_BINS) -> list[list]:
-    """[step, mean step time, max step time] per step bin, over all ranks."""
-    lo, hi = sql.rows("SELECT min(step), max(step) FROM {step_reports} WHERE run_id = %s", [run.id])[0]
+    """[step, mean step time, max step time] at up to `bins` steps spread over the run, over its
+    first CURVE_RANKS ranks: index probes only, so the work is bounded however long and wide the run
+    (a run of at most `bins` steps and CURVE_RANKS ranks is shown whole)."""
+    ranks = list(Rank.objects.filter(run=run).order_by("rank").values_list("rank", flat=True)[:CURVE_RANKS])
+    lo, hi = sql.rows(
+        """
+        SELECT min(x.lo), max(x.hi) FROM unnest(%s::int[]) AS r(rank),
+          LATERAL (SELECT min(step) AS lo, max(step) AS hi FROM {step_reports} WHERE run_id = %s AND rank = r.rank) x
+        """,
+        [ranks, run.id],
+    )[0]
     if lo is None:
         return []
     width = max(1, -(-(hi - lo + 1) // bins))
     rows = sql.rows(
         """
-        SELECT min(step), avg(step_time), max(step_time) FROM {step_reports}
-        WHERE run_id = %s AND step_time IS NOT NULL GROUP BY (step - %s) / %s ORDER BY 1
+        SELECT step, avg(step_time), max(step_time) FROM {step_reports}
+        WHERE run_id = %s AND rank = ANY(%s::int[]) AND step = ANY(%s::bigint[]) AND step_time IS NOT NULL
+        GROUP BY step ORDER BY 1
         """,
-        [run.id, lo, width],
+        [run.id, ranks, list(range(lo, hi + 1, width))],
     )
     return [[s, round(a, 6), round(m, 6)] for s, a, m in rows]
 

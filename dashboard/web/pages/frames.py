@@ -25,7 +25,7 @@ from ingest.models import CompileEvent, GraphBreakEvent
 
 @dataclass
 class DiffLine:
-    kind: str  # add | del | hunk | ctx | head
+    kind: str  # add | del | hunk | ctx | head | note
     text: str
 
 
@@ -79,7 +79,13 @@ def compile_record(event: CompileEvent) -> str:
     return "\n".join(lines)
 
 
+DIFF_MAX_CHARS = 400_000  # difflib is quadratic at worst: longer texts are not diffed inside a request
+
+
 def unified_diff(a: str, b: str, a_name: str, b_name: str) -> list[DiffLine]:
+    if len(a) + len(b) > DIFF_MAX_CHARS:
+        return [DiffLine("note", f"{a_name} ({len(a)} characters) and {b_name} ({len(b)} characters) are too large "
+                                 f"to diff in a page (limit {DIFF_MAX_CHARS} together)")]
     out = []
     for line in difflib.unified_diff(a.splitlines(), b.splitlines(), a_name, b_name, lineterm="", n=3):
         if line.startswith(("---", "+++")):

@@ -1,0 +1,45 @@
+"""Every statement of a page or read-API request is bounded (issue 17, item 5).
+
+Set per request on the request's connection and reset after it, so ingest (its own lean route
+and threads), Celery, migrations and whatever else shares the thread's connection keep theirs. A statement cut off is a 503 with Retry-After, never a 500.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import DatabaseError, OperationalError, connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+QUERY_CANCELED = "57014"
+
+
+def _reset() -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET statement_timeout")
+    except DatabaseError:  # a broken connection is closed and replaced anyway
+        pass
+
+
+class StatementTimeout:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('statement_timeout', %s, false)",
+                           [f"{int(settings.LOCKSTEP_PAGE_STATEMENT_TIMEOUT * 1000)}ms"])
+        try:
+            return self.get_response(request)
+        finally:
+            _reset()
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not (isinstance(exception, OperationalError) and getattr(exception.__cause__, "sqlstate", None) == QUERY_CANCELED):
+            return None
+        message = f"the query took longer than {settings.LOCKSTEP_PAGE_STATEMENT_TIMEOUT:g} s; narrow it or retry later"
+        response = (JsonResponse({"error": message}, status=503) if request.path.startswith("/api/")
+                    else HttpResponse(message, status=503, content_type="text/plain; charset=utf-8"))
+        response["Retry-After"] = "5"
+        return response
