@@ -290,7 +290,9 @@ class IngestReply(msgspec.Struct):
     duplicate: bool = False
     want_blobs: list[str] = []
     detail: list[int] = []
-    flight_recorder: bool = False  # send a Flight Recorder dump (`POST /api/v1/flight-recorder`); old agents ignore it
+    # true: send a Flight Recorder dump (`POST /api/v1/flight-recorder`); absent otherwise, so the reply
+    # is DESIGN 3.2's four fields exactly unless the server asks, and old agents ignore it
+    flight_recorder: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Bulk(msgspec.Struct):

@@ -108,7 +108,7 @@ def _limit(project: Project, batches: int) -> None:
         raise Rejection(429, f"project {project.name} exceeds {settings.LOCKSTEP_RATE_LIMIT} batches/s; retry later")
 
 
-TOKEN_CACHE_S = 10.0
+TOKEN_CACHE_S = 2.0  # how long a revoked token may still be honoured by a process that saw it
 _tokens: dict[str, tuple[float, Project | None]] = {}
 UNDECIDED = object()  # `refusal_before_body` could not tell without a query
 
@@ -178,7 +178,7 @@ def _accept(project: Project, items: list[tuple[protocol.Batch, str]], endpoint:
     for (batch, _), s in zip(items, stored):
         replies.append(protocol.IngestReply(accepted=s.accepted, duplicate=s.duplicate,
                                             want_blobs=[h for h in s.graph_hashes if h in want], detail=_details(batch, s),
-                                            flight_recorder=ledger_flight.HANDOUT_STEP in (s.detail or [])))
+                                            flight_recorder=True if ledger_flight.HANDOUT_STEP in (s.detail or []) else msgspec.UNSET))
         want.difference_update(s.graph_hashes)  # each wanted text is asked of one batch only
         _count(batch, s, endpoint)
     return replies
