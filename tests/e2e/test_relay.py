@@ -97,9 +97,9 @@ def test_one_bad_batch_duplicates_and_a_server_gone(stack, tmp_path):
     proc, url = relay(stack, stack.url, tmp_path)
     key = f"relay-{uuid.uuid4().hex[:6]}"
     try:
-        bad = batch(key, 5)  # rank 5 of world size 3
+        bad = batch(key, 5)  # rank 5 of world size 3: proven malformed, so the agent quarantines it
         outcomes = post_together(url, token, [batch(key, 0), bad, batch(key, 1)])
-        assert [o.kind for o in outcomes] == ["ok", "drop", "ok"], [o.detail for o in outcomes]
+        assert [o.kind for o in outcomes] == ["ok", "quarantine", "ok"], [o.detail for o in outcomes]
         assert "HTTP 400" in outcomes[1].detail and "rank" in outcomes[1].detail
         assert sorted({rank for rank, _, _ in per_rank(GradReport.objects.filter(run__key=key))}) == [0, 1]
 
