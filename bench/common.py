@@ -155,3 +155,19 @@ def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
     print(f"\n{title}\n" + "-" * (width + vwidth + 40))
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>{vwidth}}  {note}")
+
+
+def project_member(name: str) -> tuple[str, str]:
+    """(project token, session cookie of a member) for a new project `name`: the websocket clients
+    of the latency benches need a logged-in member, as the browser has."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from dashboard.tenancy.models import Project, ProjectToken
+
+    project = Project.objects.create(name=name)
+    user = User.objects.create_user(name)
+    project.members.add(user)
+    client = Client()
+    client.force_login(user)
+    return ProjectToken.issue(project), client.cookies["sessionid"].value

@@ -22,23 +22,9 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import bench_env, fresh_database, print_table, setup_django, start_servers  # noqa: E402
+from bench.common import bench_env, fresh_database, print_table, project_member, setup_django, start_servers  # noqa: E402
 
 TARGETS = {256: (0.25, 1.0), 1024: (None, 2.0)}  # p50, p99 seconds (DESIGN 7, P2)
-
-
-def session_for_bench_user() -> tuple[str, str]:
-    from django.contrib.auth.models import User
-    from django.test import Client
-
-    from dashboard.tenancy.models import Project, ProjectToken
-
-    project = Project.objects.create(name="bench-latency")
-    user = User.objects.create_user("bench-latency")
-    project.members.add(user)
-    client = Client()
-    client.force_login(user)
-    return ProjectToken.issue(project), client.cookies["sessionid"].value
 
 
 class AlertClock(threading.Thread):
@@ -105,7 +91,7 @@ def main() -> None:
     env = dict(bench_env("lockstep_bench_latency"), LOCKSTEP_SETTLE_TIMEOUT="600")  # only complete slots settle
     fresh_database(env)
     setup_django(env)
-    token, session = session_for_bench_user()
+    token, session = project_member("bench-latency")
     servers = start_servers(env, ingest=args.ingest, celery=args.celery)
     rows = []
     try:

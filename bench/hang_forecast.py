@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import ROOT, bench_env, fresh_database, free_port, print_table, setup_django, start_servers  # noqa: E402
+from bench.common import (ROOT, bench_env, fresh_database, free_port, print_table, project_member,  # noqa: E402
+                          setup_django, start_servers)
 
 TARGET_S = 15.0
 
@@ -69,20 +70,6 @@ class ForecastClock(threading.Thread):
                 self.ws = self._connect()
             except Exception as exc:
                 self.errors.append(f"reconnect: {type(exc).__name__}: {exc}")
-
-
-def bench_user() -> tuple[str, str]:
-    from django.contrib.auth.models import User
-    from django.test import Client
-
-    from dashboard.tenancy.models import Project, ProjectToken
-
-    project = Project.objects.create(name="bench-hang")
-    user = User.objects.create_user("bench-hang")
-    project.members.add(user)
-    client = Client()
-    client.force_login(user)
-    return ProjectToken.issue(project), client.cookies["sessionid"].value
 
 
 def trial(url: str, token: str, env: dict, args, n: int, clock: ForecastClock) -> tuple[float | None, float, dict]:
@@ -136,7 +123,7 @@ def main() -> None:
     env = bench_env("lockstep_bench_hang")
     fresh_database(env)
     setup_django(env)
-    token, session = bench_user()
+    token, session = project_member("bench-hang")
     servers = start_servers(env, ingest=1, celery=0)
     beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1",
                              "--loglevel", "warning", "--schedule", "/tmp/lockstep-bench-hang-beat"],
