@@ -26,6 +26,16 @@ DRILLS = [
      lambda p: f"{p['bad_requests']} refused with 4xx {p['statuses']}; {p['stored']} rows stored"),
     ("agent spool cap respected (drops counted)", "tests/agents/test_transport.py::test_spool_cap_drops_and_counts",
      lambda p: "spool stays under its cap; overflow counted as `dropped` events"),
+    ("project B attacks project A (every endpoint, page, websocket)", "tests/security/test_cross_project.py",
+     lambda p: f"{p['attempts']} attempts, {p['through']} got through"),
+    ("token rotated mid-job, spool uploaded with the new one", "tests/security/test_agent_drills.py::test_a_token_rotated_mid_job_loses_nothing",
+     lambda p: f"{p['through']} steps got in with the revoked token; {p['events_lost']} events lost"),
+    ("proxy answers 404, then 413, mid-job", "tests/security/test_agent_drills.py::test_a_proxy_answering_404_then_413_mid_job_loses_nothing",
+     lambda p: f"{p['refused']} answered by the proxy; {p['events_lost']} events lost"),
+    ("webhook receiver down 1 h (time simulated)", "tests/security/test_receiver_outage.py",
+     lambda p: f"{p['attempts']} attempts in all, delivered once when back; 0 notifications lost"),
+    ("200 stalled request bodies", "tests/security/test_hostile_bodies.py",
+     lambda p: f"+{int(p['stalled_rss_kib']) / 1024:.1f} MiB server RSS; each cut with 408; the server kept answering"),
 ]
 
 

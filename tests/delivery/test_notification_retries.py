@@ -1,6 +1,7 @@
 """Webhook notifications are never lost (issue 17, item 4): the sweep re-queues every pending one
 that is due, with attempts and a backoff up to hours, and one that gives up is `failed`, visible
-on the alert. Time is simulated (`now=`): the drill is a receiver down for an hour."""
+on the alert. Time is simulated (`now=`); the drill of a receiver down for an hour is in
+tests/security/test_receiver_outage.py."""
 from __future__ import annotations
 
 import json
@@ -82,26 +83,6 @@ def test_a_send_lost_after_commit_is_picked_up_by_the_sweep(alert, receiver):
     assert sweep(timezone.now()) == 1
     assert len(receiver.received) == 1 and Notification.objects.get().state == "sent"
     assert sweep(timezone.now() + timedelta(days=1)) == 0  # sent once, never again
-
-
-def test_a_receiver_down_for_an_hour_gets_every_notification_once_when_it_returns(alert, receiver):
-    notify.deliver(alert.id)
-    receiver.down = True
-    start = now = timezone.now()
-    while now < start + timedelta(hours=1):
-        sweep(now)
-        now += timedelta(seconds=2)  # the beat interval
-    note = Notification.objects.get()
-    assert note.state == "pending" and receiver.refused == note.attempts
-    assert 8 <= note.attempts <= 10  # backoff, not 1800 attempts
-    assert note.next_attempt_at - now <= notifications.BACKOFF_MAX
-    receiver.down = False
-    while Notification.objects.get().state == "pending":
-        assert now < start + timedelta(hours=4), "not delivered after the receiver returned"
-        sweep(now)
-        now += timedelta(seconds=2)
-    assert len(receiver.received) == 1 and Notification.objects.get().state == "sent"
-    assert receiver.received[0]["lockstep"]["alert"]["id"] == alert.id
 
 
 def test_the_backoff_grows_to_hours_and_a_notification_that_gives_up_is_shown_failed(alert, receiver, project):
