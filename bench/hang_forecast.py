@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -77,8 +79,10 @@ def trial(url: str, token: str, env: dict, args, n: int, clock: ForecastClock) -
     from dashboard.devstack.processes import kill_tree
 
     run = f"hang-{args.stall}-{int(time.time())}-{n}"
+    cache = tempfile.mkdtemp(prefix="lockstep-bench-hang-inductor-")  # rank 1's graph is compiled afresh
     job_env = dict(env, LOCKSTEP_URL=url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run, OMP_NUM_THREADS="1",
-                   TORCHINDUCTOR_COMPILE_THREADS="1", LOCKSTEP_SPOOL_DIR=f"/tmp/lockstep-bench-hang/{run}")
+                   TORCHINDUCTOR_COMPILE_THREADS="1", LOCKSTEP_SPOOL_DIR=f"/tmp/lockstep-bench-hang/{run}",
+                   TORCHINDUCTOR_CACHE_DIR=cache)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
            "-m", "agents", "run", "demo/hang_job.py", "--stall", args.stall, "--depth", str(args.depth),
            "--timeout", str(args.timeout)]
@@ -97,6 +101,7 @@ def trial(url: str, token: str, env: dict, args, n: int, clock: ForecastClock) -
     finally:
         kill_tree(job)
         job.wait()
+        shutil.rmtree(cache, ignore_errors=True)
     if stalled is None or run not in clock.seen:
         return None, float(args.timeout), {"run": run, "stalled": stalled, "stored": stored_alerts(url, token, run)}
     arrived, alert = clock.seen[run]
