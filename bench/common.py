@@ -34,7 +34,7 @@ def bench_env(db_name: str = "lockstep_bench") -> dict:
         LOCKSTEP_RATE_LIMIT="0",
         LOG_LEVEL="WARNING",
         LOCKSTEP_DB_POOL="4",
-        LOCKSTEP_DEV="1",  # a development SECRET_KEY: production settings refuse to start without one
+        SECRET_KEY=os.environ.get("SECRET_KEY", "lockstep-bench-only"),
     )
     return env
 
@@ -57,7 +57,7 @@ def fresh_database(env: dict) -> None:
 
 def setup_django(env: dict) -> None:
     os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "LOCKSTEP_RATE_LIMIT",
-                                           "LOCKSTEP_DEV")})
+                                           "SECRET_KEY")})
     sys.path.insert(0, str(ROOT))
     import django
 

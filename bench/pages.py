@@ -25,7 +25,7 @@ def configure() -> None:
     os.environ["DATABASE_URL"] = base.rsplit("/", 1)[0] + f"/{BENCH_DB}"
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
-    os.environ.setdefault("LOCKSTEP_DEV", "1")  # a development SECRET_KEY
+    os.environ.setdefault("SECRET_KEY", "lockstep-bench-only")
     os.environ["ALLOWED_HOSTS"] = "testserver"  # the in-process test client
     import psycopg
 

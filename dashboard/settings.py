@@ -1,15 +1,18 @@
 """Settings from the environment.
 
-DATABASE_URL / REDIS_URL point at real servers. Production fails closed: without SECRET_KEY,
-DATABASE_URL and REDIS_URL it refuses to start. Development mode (LOCKSTEP_DEV=1, which
-`manage.py up`, the test suite and the benches ask for) starts real PostgreSQL and Redis
-embedded from pip packages under LOCKSTEP_DATA_DIR (default ./var) where a URL is unset, so a
-newcomer needs nothing but Python, and accepts a development SECRET_KEY. There is no SQLite,
-in-memory channel layer or eager Celery path.
+DATABASE_URL / REDIS_URL point at real servers. With neither set, real PostgreSQL and Redis are
+started embedded from pip packages under LOCKSTEP_DATA_DIR (default ./var), so a newcomer needs
+nothing but Python (DESIGN 3.4); the process says so on stderr. With only one set, it refuses to
+start: half a configuration is a mistake, never a reason to start a database. SECRET_KEY comes
+from the environment, else from a key generated once for the data folder: never a public value.
+There is no SQLite, in-memory channel layer or eager Celery path.
 """
 from __future__ import annotations
 
 import os
+import secrets
+import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -19,7 +22,6 @@ from agents import protocol
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("LOCKSTEP_DATA_DIR", BASE_DIR / "var"))
-LOCKSTEP_DEV = os.environ.get("LOCKSTEP_DEV", "0").lower() in {"1", "true", "yes", "on"}
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -49,32 +51,54 @@ def _database(url: str) -> dict:
 def _service_urls() -> tuple[str, str]:
     database_url = os.environ.get("DATABASE_URL", "")
     redis_url = os.environ.get("REDIS_URL", "")
-    if not (database_url and redis_url):
-        if not LOCKSTEP_DEV:  # never a silent embedded database next to a production deployment
-            raise ImproperlyConfigured("DATABASE_URL and REDIS_URL must be set (or LOCKSTEP_DEV=1 for embedded "
-                                       "development servers, as `manage.py up` asks for)")
-        from dashboard.devstack import embedded
+    if database_url and redis_url:
+        return database_url, redis_url
+    if database_url or redis_url:
+        raise ImproperlyConfigured("set both DATABASE_URL and REDIS_URL, or neither for the embedded development "
+                                   f"servers under {DATA_DIR}")
+    from dashboard.devstack import embedded
 
-        database_url = database_url or embedded.postgres_url(DATA_DIR)
-        redis_url = redis_url or embedded.redis_url(DATA_DIR)
-    return database_url, redis_url
+    print(f"lockstep: DATABASE_URL and REDIS_URL are unset: embedded development PostgreSQL and Redis under "
+          f"{DATA_DIR} (set both for a deployment)", file=sys.stderr)
+    return embedded.postgres_url(DATA_DIR), embedded.redis_url(DATA_DIR)
+
+
+def _secret_key() -> str:
+    """SECRET_KEY, else one generated for this data folder on first use (mode 0600) and read by every
+    process that shares the folder. Hosts that share no folder must share SECRET_KEY (docs/operating.md)."""
+    if key := os.environ.get("SECRET_KEY", ""):
+        return key
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        try:
+            DATA_DIR.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=DATA_DIR, delete=False) as tmp:  # mode 0600
+                tmp.write(secrets.token_urlsafe(50))
+            try:
+                os.link(tmp.name, path)  # atomic, and only the first of processes starting together wins
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp.name)
+        except OSError as exc:
+            raise ImproperlyConfigured(f"set SECRET_KEY, or let Lockstep keep one in {DATA_DIR}: {exc}") from exc
+    return path.read_text().strip()
 
 
 DATABASE_URL, REDIS_URL = _service_urls()
-LOCKSTEP_EMBEDDED = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))  # `manage.py up` stops them
-LOCKSTEP_EMBEDDED_DATABASE = not os.environ.get("DATABASE_URL")  # only there does `manage.py up` add its demo login
+LOCKSTEP_EMBEDDED = not os.environ.get("DATABASE_URL")  # `manage.py up` stops them; only there it adds its demo login
 LOCKSTEP_PORT = int(os.environ.get("PORT", "8000"))  # default of `manage.py up --port`
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "lockstep-dev-only-change-me" if LOCKSTEP_DEV else "")
-if not SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY must be set (LOCKSTEP_DEV=1 accepts a public development key)")
+SECRET_KEY = _secret_key()
 DEBUG = _env_bool("DEBUG", False)
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
-# Browsers reach production over HTTPS (LOCKSTEP_HTTPS=0 for a plain-HTTP deployment): cookies only
-# over TLS, and HSTS. Behind a TLS-terminating proxy, LOCKSTEP_PROXY_TLS_HEADER names the header it
-# sets to "https" (e.g. X-Forwarded-Proto); only set it when the proxy overwrites that header.
-LOCKSTEP_HTTPS = _env_bool("LOCKSTEP_HTTPS", not LOCKSTEP_DEV)
+# A deployment that browsers reach over HTTPS sets LOCKSTEP_HTTPS=1: cookies only over TLS, and HSTS.
+# Off by default: on plain HTTP (a cluster-internal address, the development stack) secure cookies
+# would never come back and nobody could log in. Behind a TLS-terminating proxy,
+# LOCKSTEP_PROXY_TLS_HEADER names the header it sets to "https" (e.g. X-Forwarded-Proto); only set it
+# when the proxy overwrites that header.
+LOCKSTEP_HTTPS = _env_bool("LOCKSTEP_HTTPS", False)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = LOCKSTEP_HTTPS
 SECURE_HSTS_SECONDS = int(os.environ.get("LOCKSTEP_HSTS_SECONDS", "31536000")) if LOCKSTEP_HTTPS else 0
 _PROXY_TLS_HEADER = os.environ.get("LOCKSTEP_PROXY_TLS_HEADER", "")

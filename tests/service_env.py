@@ -10,4 +10,4 @@ os.environ.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lock
 os.environ.setdefault("REDIS_URL", f"redis://127.0.0.1:6379/{1 + os.getpid() % 15}")
 os.environ.setdefault("LOCKSTEP_TEST_DB", f"test_lockstep_{os.getpid()}")
 os.environ.setdefault("LOCKSTEP_SETTLE_TIMEOUT", "3")
-os.environ.setdefault("LOCKSTEP_DEV", "1")  # production settings refuse to start without SECRET_KEY
+os.environ.setdefault("SECRET_KEY", "lockstep-test-suite-only")  # not the data folder's generated key

@@ -1,9 +1,12 @@
-"""Defaults that fail closed (issue 17, item 7): production settings refuse to start without a
-secret key and the services' URLs, `manage.py up` adds its public demo login only to its own
-embedded database, and browsers get secure cookies and HSTS unless told otherwise."""
+"""Defaults that fail closed (issue 17, item 7): no public secret key, no database started from half a
+configuration, `manage.py up` adds its public demo login only to its own embedded database, and
+secure cookies and HSTS where the deployment says browsers come over HTTPS.
+
+Neither URL set is DESIGN 3.4's embedded development stack (README command 1, `tests/devstack/test_up.py`)."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +19,8 @@ from dashboard.tenancy.models import Project
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ("import django; django.setup(); from django.conf import settings as s; "
-         "print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, getattr(s, 'SECURE_PROXY_SSL_HEADER', None))")
+         "print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, "
+         "getattr(s, 'SECURE_PROXY_SSL_HEADER', None), s.SECRET_KEY)")
 SERVICES = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/lockstep", "REDIS_URL": "redis://127.0.0.1:6379/0"}
 
 
@@ -28,31 +32,36 @@ def _settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def test_production_refuses_to_start_without_a_secret_key(tmp_path):
-    refused = _settings(tmp_path, **SERVICES)
-    assert refused.returncode != 0 and "SECRET_KEY must be set" in refused.stderr
+def test_without_secret_key_each_data_folder_gets_its_own_private_key(tmp_path):
+    first, second = _settings(tmp_path, **SERVICES), _settings(tmp_path, **SERVICES)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr
+    key = first.stdout.split()[-1]
+    assert key == second.stdout.split()[-1] and len(key) >= 50  # every process of the folder signs alike
+    stored = tmp_path / "var" / "secret_key"
+    assert stored.read_text().strip() == key and stat.S_IMODE(stored.stat().st_mode) == 0o600
+    other = tmp_path / "other"
+    elsewhere = _settings(other, **SERVICES).stdout.split()[-1]
+    assert elsewhere != key  # no value shared by every installation, as a default in the code would be
+    given = _settings(tmp_path / "given", SECRET_KEY="k" * 50, **SERVICES)
+    assert given.stdout.split()[-1] == "k" * 50 and not (tmp_path / "given" / "var" / "secret_key").exists()
 
 
-def test_production_refuses_to_start_an_embedded_database_unasked(tmp_path):
-    refused = _settings(tmp_path, SECRET_KEY="k" * 50, REDIS_URL=SERVICES["REDIS_URL"])
-    assert refused.returncode != 0 and "DATABASE_URL and REDIS_URL must be set" in refused.stderr
+def test_half_a_configuration_refuses_to_start_and_starts_no_database(tmp_path):
+    for half in ({"REDIS_URL": SERVICES["REDIS_URL"]}, {"DATABASE_URL": SERVICES["DATABASE_URL"]}):
+        refused = _settings(tmp_path, SECRET_KEY="k" * 50, **half)
+        assert refused.returncode != 0 and "set both DATABASE_URL and REDIS_URL, or neither" in refused.stderr
     assert not (tmp_path / "var").exists()  # nothing was started or created
 
 
-def test_production_cookies_are_secure_with_hsts_and_a_proxy_header_only_when_named(tmp_path):
-    served = _settings(tmp_path, SECRET_KEY="k" * 50, **SERVICES)
-    assert served.returncode == 0, served.stderr
-    assert served.stdout.split() == ["True", "True", "31536000", "None"]
-    proxied = _settings(tmp_path, SECRET_KEY="k" * 50, LOCKSTEP_PROXY_TLS_HEADER="X-Forwarded-Proto", **SERVICES)
+def test_https_deployments_get_secure_cookies_hsts_and_a_proxy_header_only_when_named(tmp_path):
+    plain = _settings(tmp_path, SECRET_KEY="k" * 50, **SERVICES)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split()[:4] == ["False", "False", "0", "None"]  # plain HTTP keeps its logins
+    https = _settings(tmp_path, SECRET_KEY="k" * 50, LOCKSTEP_HTTPS="1", **SERVICES)
+    assert https.stdout.split()[:4] == ["True", "True", "31536000", "None"]
+    proxied = _settings(tmp_path, SECRET_KEY="k" * 50, LOCKSTEP_HTTPS="1", LOCKSTEP_PROXY_TLS_HEADER="X-Forwarded-Proto",
+                        **SERVICES)
     assert "('HTTP_X_FORWARDED_PROTO', 'https')" in proxied.stdout
-    plain = _settings(tmp_path, SECRET_KEY="k" * 50, LOCKSTEP_HTTPS="0", **SERVICES)
-    assert plain.stdout.split() == ["False", "False", "0", "None"]
-
-
-def test_development_mode_is_asked_for_and_keeps_plain_http(tmp_path):
-    dev = _settings(tmp_path, LOCKSTEP_DEV="1", **SERVICES)
-    assert dev.returncode == 0, dev.stderr
-    assert dev.stdout.split()[:2] == ["False", "False"]
 
 
 @pytest.mark.django_db

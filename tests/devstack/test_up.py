@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 def start_up(data_dir, port: int, sigint_ignored: bool = False) -> subprocess.Popen:
     """`sigint_ignored`: start it as a shell starts a background job (`up &`), with SIGINT ignored."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "LOCKSTEP_DEV", "SECRET_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
     env.update(LOCKSTEP_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return subprocess.Popen([sys.executable, "manage.py", "up", "--no-demo", "--port", str(port)], cwd=ROOT, env=env,

@@ -112,7 +112,7 @@ class Command(BaseCommand):
             signal.signal(signum, lambda *_: self.stopping.set())
         self.say(f"data folder {settings.DATA_DIR}; database and Redis ready")
         call_command("migrate", interactive=False, verbosity=0)
-        token = demo_login(settings.LOCKSTEP_EMBEDDED_DATABASE)
+        token = demo_login(settings.LOCKSTEP_EMBEDDED)
         # The children's environment: ours, the services' URLs, and a quicker rank_silent for the demo.
         env = {"LOCKSTEP_SILENT_AFTER": "15", **os.environ, "DATABASE_URL": settings.DATABASE_URL,
                "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
@@ -125,7 +125,7 @@ class Command(BaseCommand):
                                       "1", "--loglevel", "warning", "--schedule",
                                       str(settings.DATA_DIR / "celerybeat-schedule")], env),
             ]
-            login = f"login: {DEMO_USER} / {DEMO_PASSWORD}" if settings.LOCKSTEP_EMBEDDED_DATABASE else \
+            login = f"login: {DEMO_USER} / {DEMO_PASSWORD}" if settings.LOCKSTEP_EMBEDDED else \
                 "no demo login in the database DATABASE_URL names (manage.py createsuperuser adds yours)"
             self.say(f"Lockstep is up: {self.url}/   {login}")
             self.say(f"ingest token for project 'demo': {token}")
