@@ -7,7 +7,9 @@ trains a small compiled model and all-reduces its gradients itself (so the waiti
   * `compile`: its model gets deeper (a Python attribute Dynamo guards on), so the guard fails and
     Dynamo compiles a fresh, `--depth`-layer unrolled graph: a real slow recompile;
   * `data`: its DataLoader's next item blocks (a read that never returns: a real stall).
-The process group's timeout is `--timeout` seconds; nothing here sleeps in place of the work.
+With `--ddp` the model is `DDP(torch.compile(model))` instead, so the waiting ranks sit in DDP's
+bucket all-reduce inside backward, as most real jobs do. The process group's timeout is
+`--timeout` seconds; nothing here sleeps in place of the work.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -66,6 +69,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--ddp", action="store_true", help="DDP(torch.compile(model)): gradients all-reduced in backward")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     rank = dist.get_rank()
@@ -73,6 +77,8 @@ def main() -> None:
     torch.manual_seed(0)
     net = Net()
     model = torch.compile(net, dynamic=False)
+    if args.ddp:
+        model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
     batch = 8
     stall_item = args.stall_step * batch if late and args.stall == "data" else None
@@ -83,8 +89,9 @@ def main() -> None:
             print(f"rank {rank}: step {step} recompiles a {args.depth}-layer graph", flush=True)
             print(f"STALL {time.time():.3f}", flush=True)
         model(x).sum().backward()
-        for p in net.parameters():
-            dist.all_reduce(p.grad)
+        if not args.ddp:
+            for p in net.parameters():
+                dist.all_reduce(p.grad)
         optimizer.step()
         optimizer.zero_grad()
         print(f"rank {rank}: step {step} done", flush=True)

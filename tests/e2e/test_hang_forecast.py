@@ -19,13 +19,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 TIMEOUT_S = 20
 
 
-def hang(stack, tmp_path, stall: str, depth: int = 20):
+def hang(stack, tmp_path, stall: str, depth: int = 20, extra: tuple[str, ...] = ()):
     project, token = project_with_token(f"hang-{stall}")
     session = member_session(project, f"hang-{stall}")
     feed = alert_feed(stack, session)
     run_key = unique(f"hang-{stall}")
     job = torchrun(stack, token, run_key, "demo/hang_job.py",
-                   ["--stall", stall, "--timeout", str(TIMEOUT_S), "--depth", str(depth)], tmp_path / "spool")
+                   ["--stall", stall, "--timeout", str(TIMEOUT_S), "--depth", str(depth), *extra], tmp_path / "spool")
     return project, token, session, feed, run_key, job
 
 
@@ -77,4 +77,20 @@ def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, t
     assert first["rank"] == 1 and first["phase"] == "data" and first["since_step_s"] > 5
     assert {row["phase"] for row in held[-1][1:]} == {"collective"}
     assert shown_rank == "1" and "data" in shown_text and "holding the others up" in shown_text  # the page, live
+    assert code != 0 and "step 2 done" not in output
+
+
+def test_under_ddp_the_others_wait_inside_backward_and_the_stuck_rank_is_named(stack, tmp_path):
+    """DDP(torch.compile(model)): the waiting ranks' main threads sit in DDP's bucket all-reduce inside
+    autograd (C++), which the sampler sees as backward; the late rank is in its data loader."""
+    _, token, _, feed, run_key, job = hang(stack, tmp_path, "data", extra=("--ddp",))
+    with running(job):
+        wait_for_run(stack, token, run_key, job)
+        alert = feed.wait_for({"hang_forecast"}, timeout=180, run=run_key)["hang_forecast"]
+        alive_at_forecast = job.poll() is None
+        code, output = until_dead(job)
+    assert alive_at_forecast, output[-4000:]
+    assert alert["ranks"] == [1] and alert["details"]["waiting"] == [0, 2] and alert["step"] == 2
+    assert "in backward (DDP's all-reduce) of step 2" in alert["message"]
+    assert "rank 1 is waiting in the data loader at demo/hang_job.py:" in alert["message"]
     assert code != 0 and "step 2 done" not in output
