@@ -397,6 +397,13 @@ class FlightRecord(msgspec.Struct):
     dump: FRDump
 
 
+class FlightRecordReply(msgspec.Struct):
+    """200 answer of `POST /api/v1/flight-recorder`: stored, and how many of the server's requests it answered."""
+
+    stored: bool
+    answered: int
+
+
 class BodyError(ValueError):
     """A request body that cannot be read as sent; `status` is the HTTP answer it deserves."""
 

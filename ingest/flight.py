@@ -13,6 +13,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from agents import protocol
 from dashboard.ledger import flight as ledger_flight
 from dashboard.ledger import signals as ledger
 from dashboard.tenancy.models import Run
@@ -43,4 +44,4 @@ def _upload(request: HttpRequest) -> JsonResponse:
         asked = ledger_flight.answered(run.id, record.rank)
         transaction.on_commit(lambda: ledger.announce_flight_record(run.id, record.rank, asked))
     metrics.REQUESTS.labels("flight_recorder", "accepted", "200").inc()
-    return JsonResponse({"stored": True, "answered": len(asked)})
+    return JsonResponse(msgspec.to_builtins(protocol.FlightRecordReply(stored=True, answered=len(asked))))

@@ -37,9 +37,9 @@ def _post(summary: str, body: str, ok: str) -> dict:
 
 @cache
 def openapi() -> dict:
-    (batch, reply, bulk, bulk_reply, upload, blob_reply, err), components = msgspec.json.schema_components(
+    (batch, reply, bulk, bulk_reply, upload, blob_reply, record, record_reply, err), components = msgspec.json.schema_components(
         [protocol.Batch, protocol.IngestReply, protocol.Bulk, protocol.BulkReply, protocol.BlobUpload, protocol.BlobReply,
-         Error],
+         protocol.FlightRecord, protocol.FlightRecordReply, Error],
         ref_template="#/components/schemas/{name}",
     )
     components["Error"] = components.pop("Error", err)
@@ -51,6 +51,8 @@ def openapi() -> dict:
             "/api/v1/ingest/bulk": _post("Several ranks' batches in one transaction (a node relay's; gzip allowed)",
                                          bulk["$ref"], bulk_reply["$ref"]),
             "/api/v1/blobs": _post("Graph texts the server asked for in want_blobs", upload["$ref"], blob_reply["$ref"]),
+            "/api/v1/flight-recorder": _post("A rank's Flight Recorder dump, asked for by flight_recorder in an ingest reply",
+                                             record["$ref"], record_reply["$ref"]),
         },
         "components": {
             "schemas": components,

@@ -138,6 +138,7 @@ def test_a_request_rides_the_next_reply_the_upload_answers_it_and_the_alert_and_
         answer = client.generic("POST", "/api/v1/flight-recorder", gzip.compress(body), content_type="application/json",
                                 HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_CONTENT_ENCODING="gzip")
         assert answer.status_code == 200, answer.content
+        assert answer.json() == {"stored": True, "answered": 1}  # the one request of this rank
     bad = client.generic("POST", "/api/v1/flight-recorder", b'{"v":1}', content_type="application/json",
                          HTTP_AUTHORIZATION=f"Bearer {token}")
     assert bad.status_code == 400 and bad.json()["path"]

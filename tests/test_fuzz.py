@@ -162,9 +162,10 @@ def test_server_stays_healthy_after_hostile_input(post):
 def test_openapi_schema_describes_the_api(client):
     schema = client.get("/api/v1/schema").json()
     assert schema["openapi"].startswith("3.1")
-    assert set(schema["paths"]) == {"/api/v1/ingest", "/api/v1/ingest/bulk", "/api/v1/blobs"}
+    assert set(schema["paths"]) == {"/api/v1/ingest", "/api/v1/ingest/bulk", "/api/v1/blobs", "/api/v1/flight-recorder"}
     components = schema["components"]["schemas"]
-    assert {"Batch", "Grads", "Grad", "Compile", "BlobUpload", "IngestReply", "Bulk", "BulkReply", "Error"} <= set(components)
+    assert {"Batch", "Grads", "Grad", "Compile", "BlobUpload", "IngestReply", "Bulk", "BulkReply", "FlightRecord",
+            "FlightRecordReply", "Error"} <= set(components)
     bulk = schema["paths"]["/api/v1/ingest/bulk"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert bulk == {"$ref": "#/components/schemas/Bulk"}
     responses = schema["paths"]["/api/v1/ingest"]["post"]["responses"]
