@@ -18,8 +18,13 @@ from collections.abc import Iterator
 import msgspec
 
 GZIP_MAGIC = b"\x1f\x8b"
-GZIP_OVER = 1024
+GZIP_OVER = 1024  # smaller bodies go as they are: gzip would save little and cost a header
 QUARANTINE = "quarantine"
+
+
+def wire_body(raw: bytes) -> bytes:
+    """A batch body as it is sent and spooled: gzip'd past GZIP_OVER bytes (the magic tells which)."""
+    return gzip.compress(raw, 6) if len(raw) > GZIP_OVER else raw
 
 
 def file_name(rank: int, session: str, seq: int, gzipped: bool) -> str:
@@ -51,9 +56,8 @@ def split_body(body: bytes) -> list[tuple[str, bytes]] | None:
     out = []
     for i, part in enumerate((events[:half], events[half:])):
         derived = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lockstep-split:{session}:{seq}:{i}"))
-        raw = msgspec.json.encode({**batch, "session": derived, "seq": 0, "events": part})
-        gz = len(raw) > GZIP_OVER
-        out.append((file_name(rank, derived, 0, gz), gzip.compress(raw, 6) if gz else raw))
+        body = wire_body(msgspec.json.encode({**batch, "session": derived, "seq": 0, "events": part}))
+        out.append((file_name(rank, derived, 0, body[:2] == GZIP_MAGIC), body))
     return out
 
 

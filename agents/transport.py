@@ -9,7 +9,6 @@ each session's batches in seq order and deduplicates repeats.
 from __future__ import annotations
 
 import collections
-import gzip
 import logging
 import os
 import random
@@ -25,11 +24,10 @@ import msgspec
 
 from agents import packing, protocol
 from agents.config import Config
-from agents.spool import GZIP_MAGIC, Spool, file_name, split_body
+from agents.spool import GZIP_MAGIC, Spool, file_name, split_body, wire_body
 
 log = logging.getLogger("lockstep.agent")
 
-GZIP_OVER = 1024
 MAX_QUEUE = 200_000
 MAX_BATCH_EVENTS = 5_000
 BATCH_TARGET_BYTES = 2 * 1024 * 1024
@@ -127,8 +125,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def encode_body(batch: protocol.Batch) -> bytes:
-    body = protocol.encode(batch)
-    return gzip.compress(body, 6) if len(body) > GZIP_OVER else body
+    return wire_body(protocol.encode(batch))
 
 
 class Transport:
@@ -257,8 +254,7 @@ class Transport:
             self._queue.extendleft(reversed(events[half:]))
             return self._make_body(events[:half])
         self._seq += 1
-        body = gzip.compress(raw, 6) if len(raw) > GZIP_OVER else raw
-        return batch.seq, body, len(events)
+        return batch.seq, wire_body(raw), len(events)
 
     def _encodable(self, events: list[protocol.Event]) -> list[protocol.Event]:
         """Drop (and count) events that cannot be encoded, so one bad event can't sink a batch."""

@@ -25,10 +25,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents import protocol
 from dashboard.tenancy import auth
-from ingest import blobs, metrics, ratelimit, schema, validation, writers
 from dashboard.ledger import flight as ledger_flight
 from dashboard.ledger import signals as ledger
 from dashboard.tenancy.models import Project
+from ingest import blobs, metrics, ratelimit, schema, validation, writers
 from ingest.validation import Rejection
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,9 @@ def _authorized_body(request: HttpRequest, count: bool = True) -> tuple[Project,
     if request.content_type != "application/json":
         raise Rejection(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}")
     limit = settings.LOCKSTEP_MAX_BODY
-    declared = request.headers.get("Content-Length") or "0"
-    if not (declared.isascii() and declared.isdigit()):
+    declared = _declared_length(request.headers.get("Content-Length") or "0")
+    if declared is None:
         raise Rejection(400, "invalid Content-Length")
-    declared = int(declared)
     if declared > limit:
         raise Rejection(413, f"body exceeds {limit} bytes")
     raw = request.read(limit + 1)  # bounded even without a Content-Length (chunked)
@@ -142,10 +141,15 @@ def refused_before_body(headers: dict[str, str], query: bool = True):
         if not query:
             return UNDECIDED
         project = _project_for(token)
-    declared = headers.get("content-length")
-    if project is None or declared is None:
+    if project is None or "content-length" not in headers:
         return project is None
-    return not (declared.isascii() and declared.isdigit()) or int(declared) > settings.LOCKSTEP_MAX_BODY
+    declared = _declared_length(headers["content-length"])
+    return declared is None or declared > settings.LOCKSTEP_MAX_BODY
+
+
+def _declared_length(value: str) -> int | None:
+    """A Content-Length header as a size, or None when it is not one (a sign, spaces, digits of other scripts)."""
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 @csrf_exempt
