@@ -66,6 +66,10 @@ class RankStart(Event, tag="rank_start"):
     device: Short = ""
     versions: dict[Short, Short] = {}
     config_hash: Short = ""
+    # compiler settings that differ from torch's defaults, dotted ("inductor.triton.cudagraphs" -> "False")
+    settings: dict[Short, Text] = {}
+    # the same job's runs in other tools ("wandb" / "mlflow" -> URL), for links both ways
+    links: dict[Short, Text] = {}
     env: dict[Short, Text] = {}
     cache_dirs: dict[Short, Text] = {}
     cache_fs: dict[Short, CacheLocation] = {}  # per cache_dirs entry
@@ -293,6 +297,8 @@ class IngestReply(msgspec.Struct):
     # true: send a Flight Recorder dump (`POST /api/v1/flight-recorder`); absent otherwise, so the reply
     # is DESIGN 3.2's four fields exactly unless the server asks, and old agents ignore it
     flight_recorder: bool | msgspec.UnsetType = msgspec.UNSET
+    # backpressure: flush no more often than every this many seconds; absent while the server keeps up
+    flush_interval_s: float | msgspec.UnsetType = msgspec.UNSET
 
 
 class Bulk(msgspec.Struct):

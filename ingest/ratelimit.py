@@ -39,14 +39,28 @@ def over_limit(project_id: int, batches: int = 1) -> bool:
     """Count these batches in the project's window; raises BrokerDown when Redis is unreachable."""
     key = f"lockstep:rate:{project_id}:{int(time.time())}"
     try:
-        pipe = client().pipeline(transaction=False)
-        pipe.incrby(key, batches)
-        pipe.expire(key, 2)
-        count, _ = pipe.execute()
-    except (redis.RedisError, OSError, ValueError, AttributeError) as exc:
-        # not only RedisError: a connection torn down mid-handshake (a timeout under load) surfaces
-        # from redis-py as OSError, "I/O operation on closed file" or a None socket buffer (seen here)
-        log.warning("Redis unavailable: %s", exc)
-        raise BrokerDown(str(exc)) from exc
+        count = _count(key, batches)
+    except _DOWN:
+        # one more try on a fresh connection: a pooled socket that died under load (redis-py says
+        # "I/O operation on closed file") is not an outage, and a real outage refuses at once
+        client().connection_pool.disconnect()
+        try:
+            count = _count(key, batches)
+        except _DOWN as exc:
+            log.warning("Redis unavailable: %s", exc)
+            raise BrokerDown(str(exc)) from exc
     limit = settings.LOCKSTEP_RATE_LIMIT
     return 0 < limit < count
+
+
+# not only RedisError: a connection torn down mid-handshake (a timeout under load) surfaces from
+# redis-py as OSError, "I/O operation on closed file" (ValueError) or a None socket buffer
+_DOWN = (redis.RedisError, OSError, ValueError, AttributeError)
+
+
+def _count(key: str, batches: int) -> int:
+    pipe = client().pipeline(transaction=False)
+    pipe.incrby(key, batches)
+    pipe.expire(key, 2)
+    count, _ = pipe.execute()
+    return count

@@ -17,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 import requests
+from django.conf import settings as django_settings
 from django.db import OperationalError, connection
 
 from dashboard.devstack import embedded
@@ -62,6 +64,8 @@ def test_redis_client_torn_down_mid_request_is_503_not_500(post, settings, monke
     """What redis-py raised here when its connection timed out mid-handshake on a saturated host."""
 
     class Torn:
+        connection_pool = redis.ConnectionPool()  # nothing connected: disconnect() is a no-op
+
         def pipeline(self, transaction=False):
             raise failure
 
@@ -69,6 +73,28 @@ def test_redis_client_torn_down_mid_request_is_503_not_500(post, settings, monke
     response = post(make_batch())
     assert response.status_code == 503 and response["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
     assert IngestBatch.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_one_torn_redis_connection_is_retried_not_refused(post, monkeypatch):
+    """CI saw one of four concurrent batches refused because one pooled socket died ("I/O operation
+    on closed file"): a single torn connection is tried again on a fresh one, an outage is not."""
+    real = redis.Redis.from_url(django_settings.REDIS_URL)
+    torn = []
+
+    class TornOnce:
+        connection_pool = real.connection_pool
+
+        def pipeline(self, transaction=False):
+            if not torn:
+                torn.append(1)
+                raise ValueError("I/O operation on closed file.")
+            return real.pipeline(transaction=transaction)
+
+    monkeypatch.setattr(ratelimit, "_client", TornOnce())
+    response = post(make_batch())
+    assert response.status_code == 200, response.content
+    assert torn and IngestBatch.objects.count() == 1
 
 
 @pytest.mark.django_db
