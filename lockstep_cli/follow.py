@@ -1,0 +1,55 @@
+"""`alerts RUN --follow`: the run's live feed (`ws/runs/<key>/`, DESIGN 3.3) as it happens.
+
+The server takes websockets from logged-in users only (their session cookie), and checks the
+Origin header against its allowed hosts, as for a browser on its pages.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from lockstep_cli import exits
+from lockstep_cli.client import Client, path_of
+from lockstep_cli.exits import CliError
+
+
+@contextmanager
+def feed(client: Client, key: str) -> Iterator[Callable[[], Iterator[dict]]]:
+    """Open the run's feed; yields a function iterating its alert messages until it closes."""
+    try:
+        from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
+        from websockets.sync.client import connect
+    except ImportError:
+        raise CliError("--follow needs the websockets package: pip install 'lockstep-agent[cli]'", exits.USAGE) from None
+    if client.login is None:
+        raise CliError("--follow needs a login (live feeds take a user's session, not a project token): "
+                       "run `lockstep login`", exits.UNAUTHENTICATED)
+    url = client.url.replace("http", "ws", 1) + f"/ws/runs/{path_of(key)}/"
+    try:
+        ws = connect(url, origin=client.url, additional_headers={"Cookie": client.login.cookie_header()},
+                     open_timeout=15)
+    except InvalidStatus as err:
+        client.get(f"/runs/{path_of(key)}")  # says why when it can: 404, 401 ...
+        raise CliError(f"the server refused the live feed ({err.response.status_code})", exits.FORBIDDEN) from None
+    except (WebSocketException, OSError, TimeoutError) as err:
+        raise CliError(f"cannot open the live feed {url}: {err}", exits.UNREACHABLE) from None
+
+    def messages() -> Iterator[dict]:
+        try:
+            for raw in ws:
+                message = json.loads(raw)
+                if message.get("type") == "alert":
+                    yield message["alert"]
+        except ConnectionClosedOK:
+            pass
+        except WebSocketException as err:
+            code = getattr(getattr(err, "rcvd", None), "code", None)
+            if code == 4403:
+                raise CliError("the server closed the live feed: no longer allowed (logged out, or removed "
+                               "from the project)", exits.FORBIDDEN) from None
+            raise CliError(f"the live feed dropped: {err}", exits.UNREACHABLE) from None
+        raise CliError("the server closed the live feed", exits.UNREACHABLE)
+
+    with ws:
+        yield messages

@@ -1,0 +1,215 @@
+"""Lockstep from the command line: runs, alerts (live with --follow), compare, ack, silence, check.
+
+Server and credentials from flags or the environment (DESIGN 3.1's names): `--url` / LOCKSTEP_URL,
+`--token` / LOCKSTEP_TOKEN (a project token reads that project), or `lockstep login` (a user's
+projects; needed to acknowledge, silence and follow). Exit codes: lockstep_cli.exits, docs/cli.md.
+"""
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from lockstep_cli import exits, logins, tables
+from lockstep_cli.client import Client, path_of
+from lockstep_cli.exits import CliError
+from lockstep_cli.follow import feed
+
+STATUSES = ("running", "finished", "failed", "stalled")
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help="server URL (default $LOCKSTEP_URL)")
+    common.add_argument("--token", default=argparse.SUPPRESS, help="project token (default $LOCKSTEP_TOKEN)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print JSON (the API's own) instead of tables")
+    return common
+
+
+def parser() -> argparse.ArgumentParser:
+    common = _common()
+    p = argparse.ArgumentParser(prog="lockstep", parents=[common], description=__doc__.split("\n\n")[0],
+                                epilog="exit codes: 0 ok, 1 critical alerts firing (check), 2 usage, 3 server "
+                                       "unreachable, 4 not authenticated (401), 5 forbidden (403), 6 not found (404), "
+                                       "7 input refused (other 4xx), 8 server error")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+
+    def verb(name: str, text: str) -> argparse.ArgumentParser:
+        return verbs.add_parser(name, parents=[common], help=text, description=text)
+
+    runs = verb("runs", "your runs, newest first, with their firing alerts")
+    runs.add_argument("--status", choices=STATUSES, help="only runs of this status")
+    alerts = verb("alerts", "a run's alerts (the ranks named are the dissenters)")
+    alerts.add_argument("run", help="run key")
+    alerts.add_argument("--follow", "-f", action="store_true",
+                        help="then print each alert change as it happens (needs a login), until Ctrl-C")
+    compare = verb("compare", "runs side by side: environment, compile summary, frames, first differing step")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="2 to 8 run keys; the first is the reference")
+    ack = verb("ack", "acknowledge an alert: you are on it (needs a login; expires when the alert resolves)")
+    ack.add_argument("alert", type=int, help="alert id (see `lockstep alerts RUN`)")
+    silence = verb("silence", "mute notifications of matching alerts for a while (needs a login)")
+    silence.add_argument("--run", help="only this run's alerts")
+    silence.add_argument("--kind", help="only alerts of this kind, e.g. grad_divergence")
+    silence.add_argument("--rank", type=int, help="only alerts naming this rank")
+    silence.add_argument("--project", help="the project, when no --run names it and you have several")
+    silence.add_argument("--hours", type=float, default=2.0, help="how long (default 2)")
+    silence.add_argument("--comment", required=True, help="why (shown with the silence)")
+    check = verb("check", "exit 1 while a critical alert of RUN fires unacknowledged, else 0 (for CI)")
+    check.add_argument("run", help="run key")
+    login = verb("login", "log in as a user (kept in ~/.config/lockstep/logins.json, mode 0600)")
+    login.add_argument("--user", default=os.environ.get("USER"), help="user name (default $USER)")
+    login.add_argument("--password-stdin", action="store_true", help="read the password from stdin, not a prompt")
+    verb("logout", "end the stored login, on the server too")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    url = getattr(args, "url", None) or os.environ.get("LOCKSTEP_URL", "")
+    try:
+        if not url:
+            raise CliError("no server: pass --url or set LOCKSTEP_URL", exits.USAGE)
+        url = url.rstrip("/")
+        client = Client(url, getattr(args, "token", None) or os.environ.get("LOCKSTEP_TOKEN"), logins.load(url))
+        return COMMANDS[args.verb](client, args, getattr(args, "json", False))
+    except CliError as err:
+        print(f"lockstep: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        return exits.INTERRUPTED
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=None, sort_keys=True), flush=True)
+
+
+def runs_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    body = client.get("/runs", **({"status": args.status} if args.status else {}))
+    if as_json:
+        _print_json(body)
+        return exits.OK
+    rows = [[r["key"], r["project"], r["status"], r["world_size"], r["torch_version"], r["last_step"],
+             r["alerts"]["critical"], r["alerts"]["warning"], r["started_at"][:19]] for r in body["runs"]]
+    headers = ("run", "project", "status", "ranks", "torch", "last_step", "critical", "warning", "started")
+    print(tables.table(headers, rows) if rows else "no runs")
+    return exits.OK
+
+
+def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    if not args.follow:
+        body = client.get(f"/runs/{path_of(args.run)}/alerts")
+        _print_json(body) if as_json else print(tables.alerts(body["alerts"]))
+        return exits.OK
+    with feed(client, args.run) as messages:  # subscribed before listing: nothing falls in between
+        listed = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]
+        if as_json:
+            for alert in listed:
+                _print_json(alert)
+        else:
+            print(tables.alerts(listed), flush=True)
+            print(f"-- following {args.run} (Ctrl-C to stop)", flush=True)
+        for alert in messages():
+            if as_json:
+                _print_json(alert)
+            else:
+                print("  ".join(tables.cell(v) for v in tables.alert_row(alert)), flush=True)
+    return exits.OK
+
+
+def compare_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    body = client.get("/compare", runs=",".join(args.runs))
+    if as_json:
+        _print_json(body)
+        return exits.OK
+    keys = [r["key"] for r in body["runs"]]
+    print(tables.table(("run", "torch", "ranks"), [[r["key"], r["torch_version"], r["world_size"]] for r in body["runs"]]))
+    differing = [[row["field"], *row["values"]] for row in body["environment"] if not row["same"]]
+    print("\nenvironment: " + ("no differences" if not differing else f"{len(differing)} fields differ"))
+    if differing:
+        print(tables.table(("field", *keys), differing))
+    metrics = list(body["compile_summary"][0]) if body["compile_summary"] else []
+    print("\ncompile summary (per rank)")
+    print(tables.table(("", *keys), [[m, *(s.get(m) for s in body["compile_summary"])] for m in metrics]))
+    unequal = [f for f in body["frames"] if not f["graph_equal"]]
+    print(f"\nframes: {len(body['frames'])}, {len(unequal)} with different graphs")
+    if unequal:
+        print(tables.table(("frame", *(f"compiles {k}" for k in keys)),
+                           [[f["key"], *(c["compiles"] if c else None for c in f["cells"])] for f in unequal]))
+    print()
+    for fp in body["fingerprints"]:
+        where = f"first differs at step {fp['first_step']}" if fp["first_step"] is not None else "no step differs"
+        print(f"gradient fingerprints, {keys[0]} vs {fp['run']}: {where} ({fp['steps_compared']} steps compared)")
+    return exits.OK
+
+
+def ack_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    alert = client.post(f"/alerts/{args.alert}/ack", {})
+    if as_json:
+        _print_json(alert)
+    else:
+        print(f"acknowledged alert {alert['id']} ({alert['kind']}, run {alert['run']}) as {alert['acked_by']}")
+    return exits.OK
+
+
+def silence_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    fields = {"run": args.run, "kind": args.kind, "rank": args.rank, "project": args.project}
+    body = {"hours": args.hours, "comment": args.comment, **{k: v for k, v in fields.items() if v is not None}}
+    made = client.post("/silences", body)
+    if as_json:
+        _print_json(made)
+    else:
+        scope = ", ".join(f"{k} {made[k]}" for k in ("run", "kind", "rank") if made.get(k) is not None) or "everything"
+        print(f"silence {made['id']} in project {made['project']} ({scope}) until {made['expires_at']}")
+    return exits.OK
+
+
+def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    """Fails while a critical alert fires and nobody acknowledged it. An acknowledgement lasts until
+    the alert resolves, so one that fires again fails the check again."""
+    alerts = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]
+    critical = [a for a in alerts if a["severity"] == "critical" and a["state"] == "firing"]
+    unhandled = [a for a in critical if a["acked_by"] is None]
+    if as_json:
+        _print_json({"run": args.run, "ok": not unhandled, "firing": unhandled,
+                     "acknowledged": [a for a in critical if a["acked_by"] is not None]})
+    elif unhandled:
+        print(f"{args.run}: {len(unhandled)} critical alert(s) firing")
+        print(tables.alerts(unhandled))
+    else:
+        acked = len(critical) - len(unhandled)
+        print(f"{args.run}: no critical alert firing" + (f" unacknowledged ({acked} acknowledged)" if acked else ""))
+    return exits.FIRING if unhandled else exits.OK
+
+
+def login_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    if not args.user:
+        raise CliError("pass --user", exits.USAGE)
+    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass(f"password for {args.user}: ")
+    login = client.sign_in(args.user, password)
+    logins.save(client.url, login)
+    if as_json:
+        _print_json({"url": client.url, "user": login.user})
+    else:
+        print(f"logged in to {client.url} as {login.user}")
+    return exits.OK
+
+
+def logout_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    if client.login is None:
+        print(f"not logged in to {client.url}")
+        return exits.OK
+    client.sign_out()
+    logins.forget(client.url)
+    print(f"logged out of {client.url}")
+    return exits.OK
+
+
+COMMANDS: dict[str, Callable[[Client, argparse.Namespace, bool], int]] = {
+    "runs": runs_cmd, "alerts": alerts_cmd, "compare": compare_cmd, "ack": ack_cmd, "silence": silence_cmd,
+    "check": check_cmd, "login": login_cmd, "logout": logout_cmd,
+}

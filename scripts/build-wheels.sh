@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build Lockstep's two wheels into dist/ (or the folder given):
+#   lockstep-<v>-py3-none-any.whl        the server (`pip install .` builds the same)
+#   lockstep_agent-<v>-py3-none-any.whl  the agent and the `lockstep` command line, for training images
+# plus the wheels of the agent's own dependencies (msgspec; websockets for `lockstep-agent[cli]`)
+# for this machine's Python and platform, so the folder installs offline:
+#   pip install --no-index --find-links dist lockstep-agent
+# The build backend (hatchling, pinned in the pyproject files) comes from PyPI into pip's isolated
+# build environment; nothing else is fetched. PYTHON picks the interpreter (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-dist}"
+python="${PYTHON:-python3}"
+mkdir -p "$out"
+"$python" -m pip wheel --no-deps --wheel-dir "$out" . ./packaging/agent
+agent=$(ls "$out"/lockstep_agent-*.whl)
+"$python" -m pip download --only-binary=:all: --dest "$out" "$agent[cli]"
+ls -1 "$out"
