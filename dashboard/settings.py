@@ -196,6 +196,10 @@ CELERY_BEAT_SCHEDULE = {
     "deliver-pending-alerts": {"task": "dashboard.delivery.tasks.sweep", "schedule": 2.0, "options": {"expires": 2.0}},
     "prune-raw-partitions": {"task": "ingest.tasks.prune_raw", "schedule": 3600.0},
 }
+# Beat's own state (`worker -B`, `celery beat`): in the data folder or at LOCKSTEP_BEAT_SCHEDULE, never
+# in whatever folder the worker was started from (a `--schedule` flag still overrides it).
+CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("LOCKSTEP_BEAT_SCHEDULE") or str(DATA_DIR / "celerybeat-schedule")
+Path(CELERY_BEAT_SCHEDULE_FILENAME).parent.mkdir(parents=True, exist_ok=True)
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"

@@ -122,8 +122,7 @@ class Command(BaseCommand):
                 self.start("server", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", host,
                                       "--port", str(port), "--log-level", "warning"], env),
                 self.start("worker", [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency",
-                                      "1", "--loglevel", "warning", "--schedule",
-                                      str(settings.DATA_DIR / "celerybeat-schedule")], env),
+                                      "1", "--loglevel", "warning"], env),  # beat's file: CELERY_BEAT_SCHEDULE_FILENAME
             ]
             login = f"login: {DEMO_USER} / {DEMO_PASSWORD}" if settings.LOCKSTEP_EMBEDDED else \
                 "no demo login in the database DATABASE_URL names (manage.py createsuperuser adds yours)"
