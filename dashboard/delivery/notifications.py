@@ -1,4 +1,4 @@
-"""Notification bookkeeping: one `Notification` per alert revision per active webhook, sent once.
+"""Notification bookkeeping: one `Notification` per alert revision per active destination, sent once.
 
 `Notification(alert, webhook, revision)` is unique and a sent one is never sent again, so a
 retried or redelivered task does not notify twice. How a notification travels is the webhook's
@@ -29,10 +29,19 @@ MAX_ATTEMPTS = 16  # 10 s doubling to 6 h: about 35 hours of a receiver's outage
 QUEUE_LEASE = timedelta(seconds=60)  # a queued send not yet run is queued again after this (workers down)
 
 
-def queue(alert: Alert) -> list[int]:
-    """Notification rows for every active webhook of the alert's project (existing ones reused)."""
+def queue(alert: Alert, muted: bool = False) -> list[int]:
+    """Notification rows for every active destination of the alert's project (existing ones reused).
+
+    A muted (silenced or inhibited) revision notifies nobody, except that a resolve still reaches
+    the destinations that were told the alert fired: a PagerDuty incident or an Alertmanager alert
+    must not stay open because someone silenced it meanwhile."""
+    if muted and alert.state != Alert.State.RESOLVED:
+        return []
+    hooks = Webhook.objects.filter(project_id=alert.run.project_id, active=True)
+    if muted:
+        hooks = hooks.filter(notification__alert=alert, notification__state="sent").distinct()
     ids = []
-    for hook in Webhook.objects.filter(project_id=alert.run.project_id, active=True):
+    for hook in hooks:
         note, _ = Notification.objects.get_or_create(alert=alert, webhook=hook, revision=alert.revision)
         if note.state == "pending":
             ids.append(note.id)
@@ -64,14 +73,21 @@ def send(notification_id: int, now: datetime | None = None) -> bool:
     if note is None:
         return True
     try:
-        transports.for_webhook(note.webhook).notify(note.alert, idempotency_key(note))
+        receipt = transports.for_webhook(note.webhook).notify(note.alert, idempotency_key(note), previous_receipt(note))
     except transports.TransportError as exc:
         gave_up = note.attempts >= MAX_ATTEMPTS
         Notification.objects.filter(id=note.id).update(last_error=str(exc)[:LAST_ERROR_MAX_CHARS],
                                                        state="failed" if gave_up else "pending")
         return False
-    Notification.objects.filter(id=note.id).update(state="sent", sent_at=now, last_error="")
+    Notification.objects.filter(id=note.id).update(state="sent", sent_at=now, last_error="", receipt=receipt)
     return True
+
+
+def previous_receipt(note: Notification) -> transports.Receipt:
+    """What the destination was last sent for this alert (an earlier revision's receipt), or {}."""
+    return (Notification.objects.filter(alert_id=note.alert_id, webhook_id=note.webhook_id, state="sent",
+                                        revision__lt=note.revision)
+            .order_by("-revision").values_list("receipt", flat=True).first()) or {}
 
 
 def idempotency_key(note: Notification) -> str:
@@ -83,7 +99,7 @@ def _claim(notification_id: int, now: datetime) -> Notification | None:
     """The notification with this attempt counted and the next one scheduled (under a row lock,
     so a worker that dies mid-send is retried after the backoff); None unless it is pending."""
     with transaction.atomic():
-        note = (Notification.objects.select_for_update().select_related("alert__run", "webhook")
+        note = (Notification.objects.select_for_update(of=("self",)).select_related("alert__run__project", "webhook")
                 .filter(id=notification_id).first())
         if note is None or note.state != "pending":
             return None

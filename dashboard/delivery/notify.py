@@ -66,7 +66,7 @@ def deliver(alert_id: int) -> list[int]:
             return []
         push([alert])
         mute = silences.mute_state(alert)
-        notes = [] if mute["silenced"] or mute["inhibited"] else notifications.queue(alert)
+        notes = notifications.queue(alert, muted=mute["silenced"] or mute["inhibited"])
         lifecycle.mark_notified(alert)
     return notes
 

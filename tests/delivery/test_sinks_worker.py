@@ -1,0 +1,65 @@
+"""Every sink through the running stack: batches posted to uvicorn, slots settled and alerts raised by
+the Celery worker (with its beat sweep), notifications sent by its tasks to local receivers that
+speak Alertmanager's, PagerDuty's and a JSON webhook's API; a refused first attempt is sent again
+by the sweep after its backoff, with the same dedup key; a clean step resolves everywhere."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from dashboard.delivery.models import Webhook
+from tests.conftest import make_batch
+from tests.delivery.receivers import AlertmanagerReceiver, JsonReceiver, PagerDutyReceiver
+from tests.e2e.jobs import project_with_token
+from tests.stack import unique
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
+
+KEY = "0123456789abcdef0123456789ABCDEF"
+
+
+def wait(condition, what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.2)
+
+
+def test_the_worker_delivers_to_every_sink_retries_with_one_dedup_key_and_resolves(stack):
+    project, token = project_with_token("sinks")
+    am, pd, js = AlertmanagerReceiver(), PagerDutyReceiver(KEY), JsonReceiver()
+    try:
+        Webhook.objects.create(project=project, kind="alertmanager", url=am.url)
+        Webhook.objects.create(project=project, kind="pagerduty", url=pd.url + "/v2/enqueue", secret=KEY)
+        Webhook.objects.create(project=project, kind="json", url=js.url + "/in")
+        pd.fail_next = 1
+        run = unique("sinks-run")
+
+        def report(step: int, bad: set[int]) -> None:
+            for rank in range(3):
+                batch = make_batch(run=run, rank=rank, session=f"{run}-{rank}-{step}",
+                                   events=[{"t": "grad", "step": step, "fps": [step, 9 if rank in bad else 0]}])
+                response = requests.post(f"{stack.url}/api/v1/ingest", json=batch, timeout=10,
+                                         headers={"Authorization": f"Bearer {token}"})
+                assert response.status_code == 200, response.text
+
+        report(0, {1})
+        wait(lambda: am.active() and list(pd.incidents.values()) == ["triggered"] and js.requests, "alert delivered")
+        [firing] = am.active()
+        assert (firing["labels"]["run"], firing["labels"]["ranks"], firing["labels"]["severity"]) == (run, "1", "critical")
+        assert firing["labels"]["project"] == project.name and firing["labels"]["alertname"] == "grad_divergence"
+        assert len(pd.requests) == 2  # the refused attempt, then the sweep's retry after the backoff
+        assert js.bodies()[0]["alert"]["ranks"] == [1]
+
+        report(1, set())
+        wait(lambda: not am.active() and list(pd.incidents.values()) == ["resolved"] and len(js.requests) == 2,
+             "resolve delivered")
+        events = pd.bodies()
+        assert [e["event_action"] for e in events] == ["trigger", "trigger", "resolve"]
+        assert len({e["dedup_key"] for e in events}) == 1
+        assert js.bodies()[1]["alert"]["state"] == "resolved" and len(am.alerts) == 1
+    finally:
+        for receiver in (am, pd, js):
+            receiver.close()
