@@ -234,9 +234,11 @@ LOCKSTEP_BLOB_LEASE = float(os.environ.get("LOCKSTEP_BLOB_LEASE", "60"))  # seco
 LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # when set, /metrics needs it as bearer token
 # prometheus_client reads it too (at import, to pick per-process files); /metrics sums those files when set.
 PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
-# The lean route of ingest (ingest/fastpath.py): off with 0/false/no/off; its threads (default: one per pooled connection, else 4).
+# The lean route of ingest (ingest/fastpath.py): off with 0/false/no/off; its threads (default 16: a request
+# waiting for its group commit, ingest/groupcommit.py, holds a thread but no connection, and a group is
+# at most as many requests as there are threads).
 LOCKSTEP_INGEST_FASTPATH = os.environ.get("LOCKSTEP_INGEST_FASTPATH", "1").lower() not in {"0", "false", "no", "off"}
-LOCKSTEP_INGEST_THREADS = int(os.environ.get("LOCKSTEP_INGEST_THREADS", "0")) or LOCKSTEP_DB_POOL or 4
+LOCKSTEP_INGEST_THREADS = int(os.environ.get("LOCKSTEP_INGEST_THREADS", "0")) or 16
 
 LOGGING = {
     "version": 1,
