@@ -44,6 +44,9 @@ class NoopAgent:
     def step(self, n: int) -> None:
         pass
 
+    def log(self, loss: "float | torch.Tensor | None" = None, step: int | None = None) -> None:
+        pass
+
     def mark_crash(self, exc: BaseException, exit_code: int = 1) -> None:
         pass
 
@@ -110,7 +113,7 @@ class Agent:
 
         return protocol.RankStart(
             ts=time.time(), host=socket.gethostname()[:512], pid=os.getpid(), local_rank=self.cfg.local_rank,
-            device=env.device(self.cfg.local_rank), versions=env.versions(), config_hash=env.config_hash(),
+            device=env.device(self.cfg.local_rank), versions=env.versions(), config_hash=env.config_hash(), settings=env.settings(),
             env=env.filtered_env(), cache_dirs=(dirs := env.cache_dirs()), cache_fs=env.cache_locations(dirs),
             codegen=env.codegen(), collective_timeout_s=env.collective_timeout_s(),
             params=params or [], buckets=buckets or [], fp_algo=ALGO,
@@ -125,6 +128,16 @@ class Agent:
     def step(self, n: int) -> None:
         """Declare the optimizer step in progress: the next optimizer.step() is step n."""
         self.grads.set_step(n)
+
+    def log(self, loss: "float | torch.Tensor | None" = None, step: int | None = None) -> None:
+        """Hand over the training loss (a number or a tensor; a device tensor is read a step later,
+        never synchronizing the step): the compare page plots it across runs and measures the drift.
+        `step` defaults to the step in progress (see `GradTracker.log_loss`). Never raises."""
+        try:
+            if loss is not None:
+                self.grads.log_loss(loss, step)
+        except Exception:
+            pass
 
     def mark_end(self, status: str, exit_code: int | None = None, reason: str | None = None) -> None:
         """Remember how the process is ending; `close` reports it in rank_end."""

@@ -8,12 +8,15 @@ Artifacts are accumulated per compile id (frame_id, frame_compile_id) and folded
 """
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import json
+import linecache
 import logging
 import os
+import re
 import sys
-import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from typing import Callable, Iterator
 
 from agents import protocol
 from agents.graph_texts import GraphTexts
+from agents import normalize
 from agents.normalize import normalized
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -52,20 +56,14 @@ def suppressed() -> Iterator[None]:
         _suppress.on = prev
 
 
-def frame_key(filename: str, firstlineno: int | None, name: str) -> str:
-    """'path:firstlineno:co_name' with the path made the same on every rank and host."""
-    path = filename or "?"
-    if os.path.isabs(path):
-        roots = [sysconfig.get_paths().get("purelib", ""), sysconfig.get_paths().get("stdlib", ""), os.getcwd()]
-        for root in roots:
-            if root and path.startswith(root.rstrip("/") + "/"):
-                path = os.path.relpath(path, root)
-                break
-        else:
-            marker = "site-packages/"
-            if marker in path:
-                path = path.split(marker, 1)[1]
-    return f"{path}:{firstlineno if firstlineno is not None else 0}:{name or '?'}"
+def frame_key(filename: str, firstlineno: int | None, name: str, root: str | None = None) -> str:
+    """'path:firstlineno:co_name' with the path made the same on every rank, host and install
+    (`agents.normalize.frame_key`)."""
+    return normalize.frame_key(filename, firstlineno, name, root)
+
+
+def _is_user(filename: str) -> bool:
+    return normalize.library_path(filename) is None and not filename.startswith(_AGENT_DIR + os.sep)
 
 
 @dataclass
@@ -112,6 +110,7 @@ class CompileCapture(logging.Handler):
         self._frame_ids: dict[str, str] = {}  # Dynamo frame id ("3" of "3/0") -> frame
         self._compiling: dict[tuple, Compiling] = {}
         self._strings: dict[int, str] = {}  # torch's interned file names (trace "str" records)
+        self._root: str | None = None  # directory of the running script, as the first compile's stack names it
         self._lock = threading.Lock()
         self.now: Callable[[], float] = time.time  # event timestamps (replay uses the trace's own)
 
@@ -186,16 +185,33 @@ class CompileCapture(logging.Handler):
 
     def _start(self, cid: tuple, m: dict, pend: _Pending) -> None:
         """`dynamo_start`: the frame being compiled is the last entry of the stack torch logs."""
-        top = (m.get("stack") or [{}])[-1]
-        filename = self._filename(top.get("filename"))
-        if filename.startswith(_AGENT_DIR + os.sep):
+        stack = [(self._filename(e.get("filename")), e.get("line"), str(e.get("name") or ""))
+                 for e in (m.get("stack") or [{}]) if isinstance(e, dict)] or [("", None, "")]
+        if stack[-1][0].startswith(_AGENT_DIR + os.sep):
             return
-        frame = frame_key(filename, top.get("line"), str(top.get("name") or ""))
         compile_id = _compile_id(cid)
+        frame = self._frame_ids.get(compile_id.rsplit("/", 1)[0]) or self._frame_name(stack)
+        self._frame_ids[compile_id.rsplit("/", 1)[0]] = frame
         reason = _reason_text(pend.recompile_reason) if pend.recompile_reason else "first compile"
         self._compiling[cid] = Compiling(frame[:512], compile_id, reason[:16_384], time.monotonic(), threading.get_ident())
         self._emit(protocol.CompileStart(ts=self.now(), frame=frame[:512], compile_id=compile_id, reason=reason[:16_384],
                                          step=self._step()))
+
+    def _frame_name(self, stack: list[tuple[str, int | None, str]]) -> str:
+        """The frame's key from the stack (outermost first): the compiled function itself, or, for
+        Dynamo's wrapper around a module (`torch.compile(model)`), the user's call site; user paths
+        are taken relative to the running script's directory."""
+        if self._root is None:
+            scripts = [f for f, _, name in stack if name == "<module>" and _is_user(f)]
+            self._root = scripts[-1].replace("\\", "/").rpartition("/")[0] if scripts else ""
+        filename, line, name = stack[-1]
+        if normalize.is_wrapper(normalize.frame_path(filename, self._root)):
+            caller = next((e for e in reversed(stack[:-1]) if _is_user(e[0])), None)
+            if caller is not None:
+                filename, line, name = caller
+        elif _is_user(filename) and isinstance(line, int):
+            name = qualname(filename, line, name)
+        return frame_key(filename, line, name, self._root)[:512]
 
     def _artifact(self, pend: _Pending, name: str, payload: str | None) -> None:
         if name == "dynamo_graph_break_reason" and payload and payload not in pend.breaks:
@@ -234,15 +250,18 @@ class CompileCapture(logging.Handler):
         self._emit(event)
 
     def _frame(self, m: dict, filename: str) -> str:
-        """The frame's key; a compile that hit the recompile limit names no code object, so it
-        takes the key of its Dynamo frame id's earlier compiles ("3/8" -> frame id "3")."""
+        """The key `dynamo_start` gave this Dynamo frame id ("3/8" -> "3"), so every compile of one
+        code object, including one that hit the recompile limit and names no code, has one key."""
         frame_id = str(m.get("compile_id") or "").rsplit("/", 1)[0]
+        if frame_id in self._frame_ids:
+            return self._frame_ids[frame_id]
         if filename or m.get("co_name"):
-            frame = frame_key(filename, m.get("co_firstlineno"), m.get("co_name") or "")
+            stack = [_stack_entry(e) for e in m.get("stack_trace") or [] if isinstance(e, str)]
+            frame = self._frame_name([e for e in stack if e] + [(filename, m.get("co_firstlineno"), m.get("co_name") or "")])
             if frame_id:
                 self._frame_ids[frame_id] = frame
             return frame
-        return self._frame_ids.get(frame_id) or frame_key("", None, "")
+        return frame_key("", None, "")
 
     def _runtime(self, m: dict) -> None:
         """Runtime autotuning of a compile already reported (the agent's own compiles never are)."""
@@ -285,6 +304,43 @@ class CompileCapture(logging.Handler):
             cache_keys={k: _join(v) for k, v in pend.cache_keys.items()},
             graph_breaks=breaks if isinstance(breaks, int) and breaks >= 0 else len(pend.breaks),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _definitions(filename: str) -> dict[tuple[int, str], str]:
+    """(first line, name) -> qualified name of every function in a source file ({} if unreadable)."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return {}
+    found: dict[tuple[int, str], str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qual = prefix + child.name
+                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                if not isinstance(child, ast.ClassDef):
+                    found[(first, child.name)] = found[(child.lineno, child.name)] = qual
+                visit(child, qual + (".<locals>." if not isinstance(child, ast.ClassDef) else "."))
+
+    visit(tree, "")
+    return found
+
+
+def qualname(filename: str, firstlineno: int, name: str) -> str:
+    """`Block.forward` for a method (the code object's name is just `forward`), read from the source
+    file the way a traceback reads it; the bare name when the file cannot be read."""
+    return _definitions(filename).get((firstlineno, name), name)
+
+
+_STACK_LINE = re.compile(r"^Line: (\d+), Name: (.*), Filename: (.*)$")
+
+
+def _stack_entry(text: str) -> tuple[str, int, str] | None:
+    """One `compilation_metrics.stack_trace` entry: 'Line: 33, Name: main, Filename: /x/train.py'."""
+    m = _STACK_LINE.match(text)
+    return (m.group(3), int(m.group(1)), m.group(2)) if m else None
 
 
 def _compile_id(cid: tuple) -> str:

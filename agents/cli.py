@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import runpy
 import sys
 import time
@@ -34,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("spool_dir")
     up.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
     up.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
+    up.add_argument("--meta", action="append", default=[], type=_meta_item, metavar="KEY=VALUE",
+                    help="a version the spool lacks (driver=570.86, nccl=2.21.5, gpu=...), added to every rank's "
+                         "rank_start; repeatable")
     rp = verbs.add_parser("replay", help="ingest existing TORCH_TRACE logs (one *rank_N*.log per rank)",
                           description="Parse TORCH_TRACE files (the format tlparse reads: "
                                       "dedicated_log_torch_trace_rank_<r>_*.log) through the agent's capture code "
@@ -45,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
     rp.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
     rp.add_argument("--spool-dir", default=None, help="write the batches here (for `upload`) instead of sending")
+    rp.add_argument("--meta", action="append", default=[], type=_meta_item, metavar="KEY=VALUE",
+                    help="a version the trace does not hold (driver=570.86, nccl=2.21.5, cudnn=91002, ...); "
+                         "it overrides the trace's own; repeatable")
     rl = verbs.add_parser("relay", help="forward the batches of a node's ranks to the server in bulk",
                           description="Listen for the agents of this node (point their LOCKSTEP_URL here) and "
                                       "forward what they send within WINDOW seconds as one bulk request. It keeps "
@@ -54,6 +61,34 @@ def _parser() -> argparse.ArgumentParser:
     rl.add_argument("--window", type=float, default=WINDOW_S, help=f"seconds to gather batches (default {WINDOW_S})")
     rl.add_argument("--max-batches", type=int, default=MAX_BATCHES, help=f"per request (default {MAX_BATCHES})")
     return p
+
+
+META_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _meta_item(text: str) -> tuple[str, str]:
+    """`--meta key=value`: a version name and its value (bad input is refused before anything is sent)."""
+    key, sep, value = text.partition("=")
+    if not sep or not META_KEY.match(key.strip()) or not value.strip() or len(value) > 512:
+        raise argparse.ArgumentTypeError(f"--meta wants KEY=VALUE (key: letters, digits, _.-; value: 1-512 chars), "
+                                         f"got {text!r}")
+    return key.strip(), value.strip()
+
+
+def with_meta(body: bytes, meta: dict[str, str]) -> bytes:
+    """A spooled batch with `meta` added to the versions of its rank_start events (unchanged bytes
+    when it has none or when they are already there, so a repeated upload stays a duplicate)."""
+    import gzip
+
+    packed = body[:2] == b"\x1f\x8b"
+    batch = msgspec.json.decode(gzip.decompress(body) if packed else body)
+    starts = [e for e in batch.get("events", []) if isinstance(e, dict) and e.get("t") == "rank_start"]
+    if not meta or all({**e.get("versions", {}), **meta} == e.get("versions", {}) for e in starts):
+        return body
+    for event in starts:
+        event["versions"] = {**event.get("versions", {}), **meta}
+    raw = msgspec.json.encode(batch)
+    return gzip.compress(raw, mtime=0) if packed else raw
 
 
 def run_script(script: str, args: list[str]) -> int:
@@ -140,7 +175,7 @@ class Progress:
               f"({self.kept} kept in the spool, {self.quarantined} quarantined)", file=self.stream, flush=True)
 
 
-def upload(spool_dir: str, url: str | None, token: str | None) -> int:
+def upload(spool_dir: str, url: str | None, token: str | None, meta: dict[str, str] | None = None) -> int:
     if not url:
         print("upload: no --url and no LOCKSTEP_URL", file=sys.stderr)
         return 2
@@ -151,7 +186,7 @@ def upload(spool_dir: str, url: str | None, token: str | None) -> int:
     while pending:
         path = pending.pop(0)
         with open(path, "rb") as f:
-            body = f.read()
+            body = with_meta(f.read(), meta or {})
         outcome = _send(url, token, body)
         if outcome.kind == "split" and (halves := split_body(body)) is not None:
             pending[:0] = [spool.write(name, half) for name, half in halves]
@@ -183,7 +218,7 @@ def _keep(paths: list[str], outcome: Outcome, progress: Progress) -> None:
 
 
 def replay(trace_dir: str, run: str, url: str | None, token: str | None, spool_dir: str | None,
-           world_size: int | None) -> int:
+           world_size: int | None, meta: dict[str, str] | None = None) -> int:
     """Read TORCH_TRACE logs, then send the batches (or write them to a spool for `upload`)."""
     from agents.replay import batches as replay_batches
     from agents.spool import Spool, file_name
@@ -192,7 +227,7 @@ def replay(trace_dir: str, run: str, url: str | None, token: str | None, spool_d
     if not url and not spool_dir:
         print("replay: give --url (or LOCKSTEP_URL) or --spool-dir", file=sys.stderr)
         return 2
-    found = replay_batches(trace_dir, run, world_size)
+    found = replay_batches(trace_dir, run, world_size, meta)
     if not found:
         print(f"replay: no *rank_<N>*.log files under {trace_dir}", file=sys.stderr)
         return 2
@@ -218,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.verb == "run":
         return run_script(ns.script, ns.args)
     if ns.verb == "replay":
-        return replay(ns.trace_dir, ns.run, ns.url, ns.token, ns.spool_dir, ns.world_size)
+        return replay(ns.trace_dir, ns.run, ns.url, ns.token, ns.spool_dir, ns.world_size, dict(ns.meta))
     if ns.verb == "relay":
         if not ns.url:
             print("relay: no server URL (--url or LOCKSTEP_URL)", file=sys.stderr)
@@ -227,4 +262,4 @@ def main(argv: list[str] | None = None) -> int:
 
         relay.serve(ns.listen, ns.url, ns.window, ns.max_batches)
         return 0
-    return upload(ns.spool_dir, ns.url, ns.token)
+    return upload(ns.spool_dir, ns.url, ns.token, dict(ns.meta))

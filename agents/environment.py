@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.metadata
 import os
 import platform
 import re
+import warnings
 
 import torch
 
@@ -33,6 +35,24 @@ def versions() -> dict[str, str]:
         out["driver"] = driver
     if getattr(torch.version, "hip", None):
         out["hip"] = str(torch.version.hip)
+    out.update(_library_versions())
+    return out
+
+
+def _library_versions() -> dict[str, str]:
+    """cuDNN and NCCL as torch loaded them (absent on CPU builds: nothing is guessed)."""
+    out = {}
+    try:
+        if torch.backends.cudnn.is_available():
+            out["cudnn"] = str(torch.backends.cudnn.version())
+    except Exception:
+        pass
+    try:
+        if torch.cuda.is_available():
+            nccl = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:
+        pass
     return out
 
 
@@ -66,6 +86,48 @@ def config_hash() -> str:
         except Exception:
             h.update(modname.encode())
     return h.hexdigest()
+
+
+SETTINGS_MODULES = (("dynamo", "torch._dynamo.config"), ("inductor", "torch._inductor.config"),
+                    ("functorch", "torch._functorch.config"))
+
+
+def settings() -> dict[str, str]:
+    """Compiler settings that differ from torch's defaults ("inductor.triton.cudagraphs" -> "True"),
+    set in code or through the environment, so two runs or two ranks can name the one that differs
+    instead of comparing one config hash."""
+    out: dict[str, str] = {}
+    with warnings.catch_warnings():  # reading a deprecated key warns
+        warnings.simplefilter("ignore")
+        for prefix, modname in SETTINGS_MODULES:
+            out.update(_changed(prefix, modname))
+    return out
+
+
+def _changed(prefix: str, modname: str) -> dict[str, str]:
+    """`prefix.key` -> repr of each value of one torch config module that is not its default."""
+    try:
+        mod = importlib.import_module(modname)
+        entries = dict(getattr(mod, "_config", {}))
+    except Exception:
+        return {}
+    out: dict[str, str] = {}
+    for key, entry in sorted(entries.items()):
+        try:
+            if getattr(entry, "alias", None) or _is_default(mod, key, entry):
+                continue
+            out[f"{prefix}.{key}"[:512]] = normalize(repr(getattr(mod, key)))[:16_384]
+        except Exception:
+            continue
+    return out
+
+
+def _is_default(mod, key: str, entry) -> bool:
+    value = getattr(mod, key)
+    if repr(value) == repr(getattr(entry, "default", object())):
+        return True
+    check = getattr(mod, "_is_default", None)  # torch >= 2.5 tells environment overrides from defaults
+    return bool(check(key)) if callable(check) else False
 
 
 def filtered_env() -> dict[str, str]:

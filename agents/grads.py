@@ -158,6 +158,9 @@ class GradTracker:
         self._optimizers: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
         self._group_cache: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple]" = weakref.WeakKeyDictionary()
         self._inflight: list[_InFlight] = []
+        self._losses: list[tuple[int, torch.Tensor, object]] = []  # (step, host copy, device event) in flight
+        self._steps_seen = 0
+        self._log_after: bool | None = None  # log() called after optimizer.step() (learned at its first call)
         self._ring: collections.deque[tuple[int, str, dict[str, int]]] = collections.deque()
         self._lock = threading.Lock()
         self._handle = None
@@ -204,6 +207,7 @@ class GradTracker:
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         step = self._next_step
         self._next_step = step + 1
+        self._steps_seen += 1
         now = time.perf_counter()
         step_time = None if self._last_time is None else now - self._last_time
         self._last_time = now
@@ -289,9 +293,44 @@ class GradTracker:
             if self._on_layout is not None:
                 self._on_layout(names, buckets)
 
+    # the loss ------------------------------------------------------------------------
+    def log_loss(self, loss: "float | torch.Tensor", step: int | None = None) -> None:
+        """The loss of `step`, by default of the step in progress: the next optimizer.step()'s when
+        the job logs before stepping, the one just taken when it logs after (told by the first call:
+        had a step run already?). A device tensor travels with one async copy, read a step later."""
+        if step is None:
+            if self._log_after is None:
+                self._log_after = self._steps_seen > 0
+            step = self._next_step - 1 if self._log_after else self._next_step
+        if step < 0:
+            return
+        if not isinstance(loss, torch.Tensor):
+            self._emit(protocol.Step(ts=time.time(), step=step, loss=float(loss)))
+            return
+        value = loss.detach().reshape(-1)[:1].to(torch.float64)
+        if value.device.type != "cuda":
+            self._emit(protocol.Step(ts=time.time(), step=step, loss=float(value.sum())))
+            return
+        host = torch.empty(value.shape, dtype=torch.float64, pin_memory=True)
+        host.copy_(value, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        with self._lock:
+            self._losses.append((step, host, event))
+
+    def _drain_losses(self, block: bool) -> None:
+        with self._lock:
+            done = [block or item[2].query() for item in self._losses]
+            ready = [item for item, d in zip(self._losses, done) if d]
+            self._losses = [item for item, d in zip(self._losses, done) if not d]
+        for step, host, event in ready:
+            event.synchronize()
+            self._emit(protocol.Step(ts=time.time(), step=step, loss=float(host.sum())))
+
     # reading results ----------------------------------------------------------------
     def drain(self, block: bool = True) -> None:
         """Emit Grad events whose copies are done (all of them when `block`)."""
+        self._drain_losses(block)
         with self._lock:
             done = [block or i.pending.ready() for i in self._inflight]
             ready = [i for i, d in zip(self._inflight, done) if d]

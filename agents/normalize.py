@@ -51,3 +51,77 @@ def normalized(text: str, literals: tuple[str, ...] = ()) -> tuple[protocol.Grap
     content-addressed by `protocol.blob_hash`, the same digest)."""
     norm = normalize(text, literals)
     return protocol.GraphHash(raw=protocol.blob_hash(text), norm=protocol.blob_hash(norm)), norm
+
+
+# --- frame identity ----------------------------------------------------------------------
+# A frame key is 'path:line:name'. The path must read the same on every rank, host, install and
+# torch version: library files by their path inside the installation (`torch/nn/modules/linear.py`,
+# `contextlib.py`), the user's files relative to the directory of the script that runs (or by
+# their file name when they live elsewhere). Old keys stored with absolute paths are brought to
+# this form when read (`canonical_frame`), so runs recorded before keep aligning.
+
+_LIBRARY = re.compile(r"(?:^|[/\\])(?:site|dist)-packages[/\\](.+)$")
+_STDLIB = re.compile(r"(?:^|[/\\])lib(?:64)?[/\\](?:python|pypy)\d+(?:\.\d+)*t?[/\\](.+)$")
+# Code Dynamo compiles on the user's behalf: the frame is named by the user's call site instead.
+WRAPPER_PREFIXES = ("torch/_dynamo/", "torch/nn/modules/module.py", "torch/_compile.py")
+
+
+def library_path(filename: str) -> str | None:
+    """The path inside the installation for a file of an installed package or of the standard
+    library (site-packages, dist-packages, /usr/lib/pythonX.Y, venvs, conda), else None."""
+    for pattern in (_LIBRARY, _STDLIB):
+        m = pattern.search(filename)
+        if m:
+            return m.group(1).replace("\\", "/")
+    if filename.startswith("<"):  # <frozen runpy>, <string>
+        return filename
+    return None
+
+
+def user_path(filename: str, root: str | None) -> str:
+    """A user file relative to `root` (the running script's directory) when under it, else its name."""
+    path = filename.replace("\\", "/")
+    if root:
+        base = root.replace("\\", "/").rstrip("/") + "/"
+        if path.startswith(base):
+            return path[len(base):]
+    return path.rsplit("/", 1)[-1] or "?"
+
+
+def frame_path(filename: str, root: str | None = None) -> str:
+    return library_path(filename) or user_path(filename, root)
+
+
+def is_wrapper(path: str) -> bool:
+    """Dynamo's own wrapper code (what `torch.compile(module)` compiles in torch >= 2.5)."""
+    return path.startswith(WRAPPER_PREFIXES)
+
+
+def frame_key(filename: str, line: int | None, name: str, root: str | None = None) -> str:
+    return f"{frame_path(filename or '?', root)}:{line if line is not None else 0}:{name or '?'}"
+
+
+def split_frame(frame: str) -> tuple[str, int | None, str]:
+    """'path:line:name' -> (path, line, name); keys without a line give None."""
+    parts = frame.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return parts[0], int(parts[1]), parts[2]
+    path, _, name = frame.rpartition(":")
+    return (path, None, name) if path else (frame, None, "")
+
+
+def canonical_frame(frame: str) -> str:
+    """A stored key in today's form: absolute library paths made relative to their installation,
+    other absolute paths cut to the file name (keys the agent sends now pass unchanged)."""
+    path, line, name = split_frame(frame)
+    lib = library_path(path)
+    if lib is None and path.startswith("/"):
+        lib = path.rsplit("/", 1)[-1]
+    path = lib or path
+    return f"{path}:{line}:{name}" if line is not None else f"{path}:{name}"
+
+
+def frame_label(frame: str) -> str:
+    """How pages and alerts show a frame: 'model.py:88 Block.forward'."""
+    path, line, name = split_frame(canonical_frame(frame))
+    return f"{path}:{line} {name}" if line is not None else f"{path} {name}"

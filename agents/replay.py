@@ -73,8 +73,33 @@ def _glog_time(prefix: str, year: int) -> float | None:
     return t.timestamp() + float("0." + frac)
 
 
-def rank_events(path: str) -> list[protocol.Event]:
-    """rank_start, the Compile/GraphBreak events of one rank's trace, rank_end."""
+_METRIC_VERSIONS = {"pytorch_version": "torch", "python_version": "python", "cuda_version": "cuda",
+                    "triton_version": "triton"}
+_GPU = re.compile(r"system_info\[device\]: \{'name': '([^']{1,200})'")
+
+
+def trace_versions(meta: dict, payload: str | None, versions: dict[str, str]) -> None:
+    """What a trace says about the software it ran on: `compilation_metrics` names torch, Python,
+    CUDA and Triton (torch >= 2.6), the FX cache's key components the GPU, the `torch_version`
+    artifact torch; a value seen once is kept."""
+    metrics = meta.get("compilation_metrics")
+    if isinstance(metrics, dict):
+        for field, name in _METRIC_VERSIONS.items():
+            value = metrics.get(field)
+            if isinstance(value, str) and value.strip():
+                versions.setdefault(name, value.split()[0][:512])
+    artifact = (meta.get("artifact") or {}).get("name", "") if isinstance(meta.get("artifact"), dict) else ""
+    if artifact == "torch_version" and payload:
+        versions.setdefault("torch", payload.strip()[:512])
+    elif artifact.startswith("fx_graph_cache") and payload and "gpu" not in versions:
+        m = _GPU.search(payload)
+        if m:
+            versions["gpu"] = m.group(1)
+
+
+def rank_events(path: str, extra: dict[str, str] | None = None) -> list[protocol.Event]:
+    """rank_start, the Compile/GraphBreak events of one rank's trace, rank_end; `extra` versions
+    (`--meta key=value`: what the trace cannot know, such as the driver) override the trace's."""
     from agents.capture import CompileCapture
 
     events: list[protocol.Event] = []
@@ -94,9 +119,9 @@ def rank_events(path: str) -> list[protocol.Event]:
             m = meta["compilation_metrics"]
             if isinstance(m.get("start_time"), (int, float)):
                 clock["t"] = float(m["start_time"]) + float(m.get("entire_frame_compile_time_s") or 0)
-        if "artifact" in meta and (meta["artifact"] or {}).get("name") == "torch_version" and payload:
-            versions["torch"] = payload.strip()[:512]
+        trace_versions(meta, payload, versions)
         capture.feed(meta, payload)
+    versions.update(extra or {})
     start = protocol.RankStart(ts=first or clock["t"], host="replay", device="", versions=versions,
                                env={"LOCKSTEP_SOURCE": "replay:" + os.path.basename(path)[:400]})
     end = protocol.RankEnd(ts=last or clock["t"], status="ok", reason="replayed from TORCH_TRACE")
@@ -111,7 +136,8 @@ def session_for(run: str, rank: int, path: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"lockstep-replay:{run}:{rank}:{h.hexdigest()}"))
 
 
-def batches(trace_dir: str, run: str, world_size: int | None = None) -> list[protocol.Batch]:
+def batches(trace_dir: str, run: str, world_size: int | None = None,
+            extra: dict[str, str] | None = None) -> list[protocol.Batch]:
     """All batches for a trace directory, rank by rank, each rank's seqs from 0."""
     files = rank_files(trace_dir)
     if not files:
@@ -120,7 +146,7 @@ def batches(trace_dir: str, run: str, world_size: int | None = None) -> list[pro
     info = protocol.RunInfo(key=run, world_size=ws)
     out = []
     for rank, path in files.items():
-        events = rank_events(path)
+        events = rank_events(path, extra)
         session = session_for(run, rank, path)
         for seq, i in enumerate(range(0, len(events), BATCH_EVENTS)):
             out.append(protocol.Batch(v=protocol.PROTOCOL_VERSION, run=info, rank=rank, session=session, seq=seq,
