@@ -298,7 +298,8 @@ class CompileCapture(logging.Handler):
             fail_reason=str(m.get("fail_reason"))[:16_384] if m.get("fail_reason") else None,
             recompile_reason=str(reason)[:16_384] if reason else None,
             times=_times(m),
-            counts={k: int(m[k]) for k in _COUNT_KEYS if isinstance(m.get(k), int) and m[k] >= 0},
+            counts={**{k: int(m[k]) for k in _COUNT_KEYS if isinstance(m.get(k), int) and m[k] >= 0},
+                    **({"kernel_count": _kernels(pend.inductor)} if pend.inductor else {})},
             hashes=self._hashes(pend),
             cache={k: _join(v) for k, v in pend.cache.items()},
             cache_keys={k: _join(v) for k, v in pend.cache_keys.items()},
@@ -332,6 +333,14 @@ def qualname(filename: str, firstlineno: int, name: str) -> str:
     """`Block.forward` for a method (the code object's name is just `forward`), read from the source
     file the way a traceback reads it; the bare name when the file cannot be read."""
     return _definitions(filename).get((firstlineno, name), name)
+
+
+_KERNEL = re.compile(r"\basync_compile\.(?!wait\b)[a-z_]+\(")
+
+
+def _kernels(codes: list[str]) -> int:
+    """Kernels in Inductor's output code (each is compiled by one `async_compile.<backend>(` call)."""
+    return sum(len(_KERNEL.findall(code)) for code in codes)
 
 
 _STACK_LINE = re.compile(r"^Line: (\d+), Name: (.*), Filename: (.*)$")

@@ -87,14 +87,23 @@ def trace_versions(meta: dict, payload: str | None, versions: dict[str, str]) ->
         for field, name in _METRIC_VERSIONS.items():
             value = metrics.get(field)
             if isinstance(value, str) and value.strip():
-                versions.setdefault(name, value.split()[0][:512])
+                versions[name] = value.split()[0][:512]
     artifact = (meta.get("artifact") or {}).get("name", "") if isinstance(meta.get("artifact"), dict) else ""
     if artifact == "torch_version" and payload:
-        versions.setdefault("torch", payload.strip()[:512])
+        versions.setdefault("torch", _torch_version(payload))
     elif artifact.startswith("fx_graph_cache") and payload and "gpu" not in versions:
         m = _GPU.search(payload)
         if m:
             versions["gpu"] = m.group(1)
+
+
+def _torch_version(payload: str) -> str:
+    """The `torch_version` artifact: the bare version (torch <= 2.11) or JSON naming it (2.13)."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return payload.strip()[:512]
+    return str(value.get("pytorch_version", payload.strip()) if isinstance(value, dict) else value)[:512]
 
 
 def rank_events(path: str, extra: dict[str, str] | None = None) -> list[protocol.Event]:
