@@ -64,6 +64,7 @@ class Agent:
         from agents.capture import CompileCapture, install
         from agents.graph_texts import GraphTexts
         from agents.grads import GradTracker
+        from agents.links import Links, lockstep_run_url
         from agents.progress import Sampler
         from agents.transport import Transport
 
@@ -73,6 +74,7 @@ class Agent:
         self._end: tuple[str, int | None, str | None] = ("ok", None, None)
         self._crash: "crash.Crash | None" = None
         self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every, on_layout=self._layout_known)
+        self.links = Links(lockstep_run_url(cfg.page_url, cfg.run))
         start = self._rank_start()  # before the sender starts, so rank_start is the first event
         texts = GraphTexts()  # filled by the capture, asked for by the server through the transport
         self.capture = CompileCapture(self._emit, lambda: self.grads.step, texts=texts)
@@ -117,6 +119,7 @@ class Agent:
             env=env.filtered_env(), cache_dirs=(dirs := env.cache_dirs()), cache_fs=env.cache_locations(dirs),
             codegen=env.codegen(), collective_timeout_s=env.collective_timeout_s(),
             params=params or [], buckets=buckets or [], fp_algo=ALGO,
+            links=self.links.exchange(),  # the same job's W&B / MLflow runs, told this run's URL (agents/links.py)
         )
 
     def _layout_known(self, params: list[str], buckets: list[list[int]]) -> None:

@@ -41,6 +41,7 @@ class Config:
     progress_every: float  # seconds between looks at the main thread (agents/progress.py); 0: off
     flight_recorder: bool = True  # answer the server's Flight Recorder dump requests (LOCKSTEP_FLIGHT_RECORDER=0: off)
     fr_buffer_default: int = 0  # TORCH_FR_BUFFER_SIZE to set at attach (0: leave torch's setting alone)
+    page_url: str | None = None  # the server as people open it (LOCKSTEP_PAGE_URL, else LOCKSTEP_URL): links from W&B / MLflow
 
 
 def _flag(value: str | None) -> bool:
@@ -131,4 +132,5 @@ def resolve(
         progress_every=max(0.0, _num("LOCKSTEP_PROGRESS_EVERY", 0.5)),
         flight_recorder=(fr := env.get("LOCKSTEP_FLIGHT_RECORDER", "1").strip().lower() not in ("0", "false", "no", "off")),
         fr_buffer_default=FR_BUFFER_DEFAULT if fr and not any(env.get(v) for v in FR_BUFFER_VARS) else 0,
+        page_url=(env.get("LOCKSTEP_PAGE_URL") or url or "").rstrip("/") or None,
     )
