@@ -28,6 +28,7 @@ from dashboard.tenancy.models import RUN_STATUSES, Project, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
 from dashboard.web.pages import alerting, compare as comparing, frames
+from dashboard.web.pages.links import run_links
 from dashboard.web.problems import Problem
 from ingest.models import CompileEvent, GraphBreakEvent, StepReport
 
@@ -113,6 +114,7 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
         "ranks": found.ranks.values("rank", "host", "status", "last_step", "last_seen"),  # not `info`: 1024 JSON docs
         "alerts": alerts,
         "summary": run_headline_counts(found),
+        "links": run_links(found),
         "frames": found.compileslot_set.values_list("frame", flat=True).distinct().order_by("frame")[:200],
         "dissent_frames": set(frames_with_dissent),
         "baseline": Baseline.objects.select_related("baseline").filter(run=found).first(),
