@@ -232,6 +232,7 @@ LOCKSTEP_RATE_LIMIT = int(os.environ.get("LOCKSTEP_RATE_LIMIT", "5000"))  # batc
 LOCKSTEP_RETRY_AFTER = int(os.environ.get("LOCKSTEP_RETRY_AFTER", "5"))  # seconds, on 503
 LOCKSTEP_BLOB_LEASE = float(os.environ.get("LOCKSTEP_BLOB_LEASE", "60"))  # seconds one agent has to upload a wanted blob
 LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # when set, /metrics needs it as bearer token
+LOCKSTEP_METRICS_RUNS = int(os.environ.get("LOCKSTEP_METRICS_RUNS", "20"))  # active runs with per-run series on /metrics, newest first
 # prometheus_client reads it too (at import, to pick per-process files); /metrics sums those files when set.
 PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 # The lean route of ingest (ingest/fastpath.py): off with 0/false/no/off; its threads (default 16: a request
