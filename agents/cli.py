@@ -36,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--url", default=os.environ.get("LOCKSTEP_URL"), help="server URL (default $LOCKSTEP_URL)")
     up.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
     up.add_argument("--meta", action="append", default=[], type=_meta_item, metavar="KEY=VALUE",
-                    help="a version the spool lacks (driver=570.86, nccl=2.21.5, gpu=...), added to every rank's "
-                         "rank_start; repeatable")
+                    help="a version the spool lacks (driver=570.86, nccl=2.21.5, gpu=...) or a compiler setting "
+                         "(settings.inductor.fallback_random=True), added to every rank's rank_start; repeatable")
     rp = verbs.add_parser("replay", help="ingest existing TORCH_TRACE logs (one *rank_N*.log per rank)",
                           description="Parse TORCH_TRACE files (the format tlparse reads: "
                                       "dedicated_log_torch_trace_rank_<r>_*.log) through the agent's capture code "
@@ -50,8 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--token", default=os.environ.get("LOCKSTEP_TOKEN"), help="token (default $LOCKSTEP_TOKEN)")
     rp.add_argument("--spool-dir", default=None, help="write the batches here (for `upload`) instead of sending")
     rp.add_argument("--meta", action="append", default=[], type=_meta_item, metavar="KEY=VALUE",
-                    help="a version the trace does not hold (driver=570.86, nccl=2.21.5, cudnn=91002, ...); "
-                         "it overrides the trace's own; repeatable")
+                    help="a version the trace does not hold (driver=570.86, nccl=2.21.5, cudnn=91002, ...; it "
+                         "overrides the trace's own) or a compiler setting (settings.inductor.fallback_random=True); "
+                         "repeatable")
     rl = verbs.add_parser("relay", help="forward the batches of a node's ranks to the server in bulk",
                           description="Listen for the agents of this node (point their LOCKSTEP_URL here) and "
                                       "forward what they send within WINDOW seconds as one bulk request. It keeps "
@@ -75,18 +76,27 @@ def _meta_item(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _split_meta(meta: dict[str, str]) -> dict[str, dict[str, str]]:
+    """`settings.<key>=...` entries are compiler settings, every other key a version."""
+    return {"versions": {k: v for k, v in meta.items() if not k.startswith("settings.")},
+            "settings": {k[len("settings."):]: v for k, v in meta.items() if k.startswith("settings.")}}
+
+
 def with_meta(body: bytes, meta: dict[str, str]) -> bytes:
-    """A spooled batch with `meta` added to the versions of its rank_start events (unchanged bytes
-    when it has none or when they are already there, so a repeated upload stays a duplicate)."""
+    """A spooled batch with `meta` added to its rank_start events (unchanged bytes when it has none
+    or when they are already there, so a repeated upload stays a duplicate)."""
     import gzip
 
     packed = body[:2] == b"\x1f\x8b"
     batch = msgspec.json.decode(gzip.decompress(body) if packed else body)
     starts = [e for e in batch.get("events", []) if isinstance(e, dict) and e.get("t") == "rank_start"]
-    if not meta or all({**e.get("versions", {}), **meta} == e.get("versions", {}) for e in starts):
+    parts = _split_meta(meta)
+    if all({**e.get(f, {}), **add} == e.get(f, {}) for e in starts for f, add in parts.items()):
         return body
     for event in starts:
-        event["versions"] = {**event.get("versions", {}), **meta}
+        for field, add in parts.items():
+            if add:
+                event[field] = {**event.get(field, {}), **add}
     raw = msgspec.json.encode(batch)
     return gzip.compress(raw, mtime=0) if packed else raw
 

@@ -108,7 +108,8 @@ def _torch_version(payload: str) -> str:
 
 def rank_events(path: str, extra: dict[str, str] | None = None) -> list[protocol.Event]:
     """rank_start, the Compile/GraphBreak events of one rank's trace, rank_end; `extra` versions
-    (`--meta key=value`: what the trace cannot know, such as the driver) override the trace's."""
+    (`--meta key=value`: what the trace cannot know, such as the driver) override the trace's, and
+    `settings.<dotted key>` entries are the run's compiler settings (a trace does not say which differ)."""
     from agents.capture import CompileCapture
 
     events: list[protocol.Event] = []
@@ -130,8 +131,9 @@ def rank_events(path: str, extra: dict[str, str] | None = None) -> list[protocol
                 clock["t"] = float(m["start_time"]) + float(m.get("entire_frame_compile_time_s") or 0)
         trace_versions(meta, payload, versions)
         capture.feed(meta, payload)
-    versions.update(extra or {})
-    start = protocol.RankStart(ts=first or clock["t"], host="replay", device="", versions=versions,
+    settings = {k[len("settings."):]: v for k, v in (extra or {}).items() if k.startswith("settings.")}
+    versions.update({k: v for k, v in (extra or {}).items() if not k.startswith("settings.")})
+    start = protocol.RankStart(ts=first or clock["t"], host="replay", device="", versions=versions, settings=settings,
                                env={"LOCKSTEP_SOURCE": "replay:" + os.path.basename(path)[:400]})
     end = protocol.RankEnd(ts=last or clock["t"], status="ok", reason="replayed from TORCH_TRACE")
     return [start, *events, end]

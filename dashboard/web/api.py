@@ -172,7 +172,8 @@ def run_timeline(request: HttpRequest, who: Principal, key: str) -> JsonResponse
 
 @api_view
 def compare(request: HttpRequest, who: Principal) -> JsonResponse:
-    return JsonResponse(services.compare(who, request.GET.get("runs", "").split(",")))
+    """`?runs=a,b[,...]&tol=1e-3`: the first run is the reference; `verdict` sums it up."""
+    return JsonResponse(services.compare(who, request.GET.get("runs", "").split(","), request.GET.get("tol")))
 
 
 # --- actions -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dashboard.tenancy import access
 from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import RUN_STATUSES, Project, Run, with_status
 from dashboard.web.pages import compare as comparing
+from dashboard.web.pages import drift
 from dashboard.web.pages import timeline
 from dashboard.web.problems import Problem
 
@@ -75,12 +76,21 @@ def run_timeline(caller: Principal, key: str) -> dict:
     return timeline.timeline(run_for(caller, key))
 
 
-def compare(caller: Principal, keys: Iterable[str]) -> dict:
-    """The comparison of 2 to MAX_COMPARED distinct runs (blank keys ignored); the first is the reference."""
+def compare(caller: Principal, keys: Iterable[str], tolerance: str | None = None) -> dict:
+    """The comparison of 2 to MAX_COMPARED distinct runs (blank keys ignored); the first is the
+    reference; `tolerance` (`?tol=`) is the relative drift that counts, default 1e-3."""
     distinct = list(dict.fromkeys(k for k in keys if k))
     if not 2 <= len(distinct) <= MAX_COMPARED:
         raise Problem(400, "pass 2 to 8 run keys: ?runs=<key>,<key>[,...]")
-    return comparing.compare(runs_for(caller, distinct))
+    return comparing.compare(runs_for(caller, distinct), compare_tolerance(tolerance))
+
+
+def compare_tolerance(text: str | None) -> float:
+    try:
+        return drift.parse_tolerance(text)
+    except ValueError:
+        raise Problem(400, f"tol must be a number >= 0 (a relative difference, e.g. 1e-3), got {text!r}",
+                      path="tol") from None
 
 
 def _with_alert_counts(runs: QuerySet[Run]) -> QuerySet[Run]:

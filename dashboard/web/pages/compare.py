@@ -1,24 +1,38 @@
 """Runs side by side, typically one job under two PyTorch versions.
 
-Everything is aggregated per run in PostgreSQL; frames are aligned on a key without line
-numbers (library frames move between torch versions, the code they compile does not).
+Everything is aggregated per run in PostgreSQL. Frames are aligned on a key without line numbers
+or directories (`align_key`): the same code keeps its key when torch moves lines, when another
+install prefix or working directory changes the path, and in runs stored before the agent sent
+today's frame keys (`agents.normalize.canonical_frame` brings those to today's form when read).
 """
 from __future__ import annotations
 
-from dashboard.web.pages.timeline import OUTCOME_SQL
+import re
+
+from agents.normalize import canonical_frame, frame_label, split_frame
 from dashboard.tenancy.models import Rank, Run
 from dashboard.web import sql
+from dashboard.web.pages import drift as drifting
+from dashboard.web.pages import verdict as verdicts
+from dashboard.web.pages.timeline import OUTCOME_SQL
 
 CURVE_BINS = 200
 CURVE_RANKS = 64  # ranks sampled for the step-time curve (index probes: CURVE_BINS x CURVE_RANKS at most)
-ENV_SECTIONS = ("versions", "config_hash", "device", "collective_timeout_s", "fp_algo", "norm_v", "env", "cache_dirs")
+VERSION_RANKS = 64  # ranks whose versions are merged, so a value one rank lacks is not lost
+ENV_SECTIONS = ("versions", "settings", "config_hash", "device", "collective_timeout_s", "fp_algo", "norm_v", "env",
+                "cache_dirs")
+QUALNAME = re.compile(r"[\w<>]+(?:\.[\w<>]+)+")  # Block.forward, main.<locals>.step
+UNKNOWN = "unknown"
+DEFAULT = "default"  # a compiler setting the agent did not report is at torch's default
+SETTING_PREFIXES = ("settings.", "env.TORCH_", "env.TORCHINDUCTOR_", "env.TORCHDYNAMO_", "env.NCCL_")
 
 
-
-def frame_key(frame: str) -> str:
-    """'path:line:name' -> 'path:name': the same code keeps its key when lines shift."""
-    parts = frame.rsplit(":", 2)
-    return f"{parts[0]}:{parts[2]}" if len(parts) == 3 and parts[1].isdigit() else frame
+def align_key(frame: str) -> str:
+    """'file.py:name': the file name and the last part of the function's name, as stable as a frame
+    key can be across installs and versions (a qualified name the agent could not read is bare)."""
+    path, _, name = split_frame(canonical_frame(frame))
+    short = name.rsplit(".", 1)[-1] if QUALNAME.fullmatch(name) else name
+    return f"{path.rsplit('/', 1)[-1]}:{short}"
 
 
 # --- environment -------------------------------------------------------------------------
@@ -35,26 +49,46 @@ def flat_info(info: dict) -> dict[str, str]:
     return flat
 
 
-def run_environment(run: Run) -> tuple[dict[str, str], int]:
-    """The lowest rank's environment, and how many ranks report a different one."""
-    infos = list(Rank.objects.filter(run=run).exclude(info={}).order_by("rank").values_list("info", flat=True)[:4096])
-    if not infos:
-        return {"world_size": str(run.world_size)}, 0
-    env = flat_info(infos[0])
+def run_environment(run: Run) -> dict[str, str]:
+    """The lowest rank's environment, with every version any of the first ranks knows."""
+    ranks = Rank.objects.filter(run=run).exclude(info={}).order_by("rank")
+    first = ranks.values_list("info", flat=True).first()
+    env = flat_info(first) if first else {}
+    for versions in ranks.values_list("info__versions", flat=True)[:VERSION_RANKS]:
+        for key, value in (versions or {}).items() if isinstance(versions, dict) else ():
+            if value not in (None, ""):
+                env.setdefault(f"versions.{key}", str(value))
+    if run.torch_version:
+        env.setdefault("versions.torch", run.torch_version)
     env["world_size"] = str(run.world_size)
-    reference = flat_info(infos[0])
-    return env, sum(1 for other in infos[1:] if flat_info(other) != reference)
+    return env
 
 
-def environment_diff(runs: list[Run]) -> list[dict]:
+def missing(field: str, env: dict[str, str]) -> str:
+    """What a field a run lacks means: a version nobody sent is unknown; a setting the agent did not
+    send is at torch's default, unless the run was replayed from a trace that named no settings."""
+    if field.startswith("versions."):
+        return UNKNOWN
+    if not field.startswith("settings."):
+        return ""
+    replayed = env.get("env.LOCKSTEP_SOURCE", "").startswith("replay:")
+    return UNKNOWN if replayed and not any(f.startswith("settings.") for f in env) else DEFAULT
+
+
+def environment_diff(envs: list[dict[str, str]]) -> list[dict]:
     """One row per field: the value in every run and whether they all agree."""
-    envs = [run_environment(r)[0] for r in runs]
     fields = sorted(set().union(*envs), key=lambda f: (not f.startswith("versions."), f))
     rows = []
     for field in fields:
-        values = [env.get(field, "") for env in envs]
+        values = [env.get(field) or missing(field, env) for env in envs]
         rows.append({"field": field, "values": values, "same": len(set(values)) == 1})
     return rows
+
+
+def settings_diff(environment: list[dict]) -> list[dict]:
+    """The compiler settings and compiler/collective environment variables that differ."""
+    return [{"key": row["field"], "values": row["values"]} for row in environment
+            if not row["same"] and row["field"].startswith(SETTING_PREFIXES)]
 
 
 # --- compile summary ---------------------------------------------------------------------
@@ -86,34 +120,61 @@ def compile_summary(run: Run) -> dict:
 # --- frames ------------------------------------------------------------------------------
 
 def run_frames(run: Run) -> dict[str, dict]:
+    """Per aligned frame of one run: what its compiles cost and produced, per rank."""
     rows = sql.rows(
-        """
-        SELECT frame, count(DISTINCT index), count(DISTINCT rank), coalesce(sum(compile_time), 0),
-               max((detail->'counts'->>'graph_op_count')::bigint), array_agg(DISTINCT graph_norm ORDER BY graph_norm)
-        FROM {compile_events} WHERE run_id = %s GROUP BY frame
+        f"""
+        SELECT frame, count(DISTINCT rank), count(*), count(*) FILTER (WHERE index > 0), coalesce(sum(compile_time), 0),
+               max((detail->'counts'->>'graph_op_count')::bigint), max((detail->'counts'->>'guard_count')::bigint),
+               sum((detail->'counts'->>'kernel_count')::bigint)::float8, count(*) FILTER (WHERE ({OUTCOME_SQL}) = 'hit'),
+               count(*) FILTER (WHERE status <> 'ok'), array_agg(DISTINCT graph_norm ORDER BY graph_norm)
+        FROM {{compile_events}} WHERE run_id = %s GROUP BY frame
         """,
         [run.id],
     )
-    frames: dict[str, dict] = {}
-    for frame, n, ranks, time_s, ops, graphs in rows:
-        frames[frame_key(frame)] = {
-            "frame": frame, "compiles": n, "time_s": round(time_s / max(ranks, 1), 3), "ops": ops,
-            "graphs": [g for g in graphs if g],
+    breaks = dict(sql.rows("SELECT frame, count(*) FROM {graph_breaks} WHERE run_id = %s GROUP BY frame", [run.id]))
+    cells = {}
+    for frame, ranks, n, recompiles, time_s, ops, guards, kernels, hits, failures, graphs in rows:
+        per = max(ranks, 1)
+        cells[canonical_frame(frame)] = {
+            "frame": frame, "label": frame_label(frame), "ranks": ranks, "compiles": round(n / per, 2),
+            "recompiles": round(recompiles / per, 2), "time_s": round(time_s / per, 3), "ops": ops, "guards": guards,
+            "kernels": round(kernels / per, 2) if kernels is not None else None,
+            "cache_hit_rate": round(hits / n, 3) if n else None, "failures": failures,
+            "graph_breaks": round(breaks.get(frame, 0) / per, 2), "graphs": [g for g in graphs if g],
         }
-    return frames
+    return _by_align_key(cells)
 
 
-def frame_alignment(runs: list[Run]) -> list[dict]:
-    per_run = [run_frames(r) for r in runs]
+def _by_align_key(cells: dict[str, dict]) -> dict[str, dict]:
+    """Keyed by `align_key`, except frames of one run that share it: they keep 'path:name'."""
+    keys = [align_key(c) for c in cells]
+    out = {}
+    for (canonical, cell), key in zip(cells.items(), keys):
+        if keys.count(key) > 1:
+            path, _, name = split_frame(canonical)
+            key = f"{path}:{name}"
+        out[key] = cell
+    return out
+
+
+def frame_alignment(per_run: list[dict[str, dict]]) -> list[dict]:
     keys = sorted(set().union(*per_run))
     rows = []
     for key in keys:
         cells = [frames.get(key) for frames in per_run]
         present = [c for c in cells if c]
         same = len(present) == len(cells) and len({tuple(c["graphs"]) for c in present}) == 1
-        rows.append({"key": key, "cells": cells, "graph_equal": same})
-    rows.sort(key=lambda r: (r["graph_equal"], r["key"]))
+        label = next(c["label"] for c in cells if c)
+        rows.append({"key": key, "label": label, "cells": cells, "aligned": len(present) == len(cells),
+                     "graph_equal": same})
+    rows.sort(key=lambda r: (r["aligned"], r["graph_equal"], r["key"]))
     return rows
+
+
+def stored_frames(run: Run, key: str) -> list[str]:
+    """The frame keys as stored in `run` behind one aligned key (for the graph diff)."""
+    found = run_frames(run).get(key)
+    return [found["frame"]] if found else []
 
 
 # --- fingerprints and step times ---------------------------------------------------------
@@ -159,16 +220,27 @@ def step_curve(run: Run, bins: int = CURVE_BINS) -> list[list]:
     return [[s, round(a, 6), round(m, 6)] for s, a, m in rows]
 
 
-def compare(runs: list[Run]) -> dict:
+def torch_label(env: dict[str, str]) -> str:
+    return env.get("versions.torch") or UNKNOWN
+
+
+def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> dict:
     """The compare page and `GET /api/v1/compare` body; the first run is the reference."""
-    summaries = [compile_summary(r) for r in runs]
+    envs = [run_environment(r) for r in runs]
+    environment = environment_diff(envs)
+    per_run = [run_frames(r) for r in runs]
+    frames = frame_alignment(per_run)
+    numeric = drifting.drift(runs, tolerance)
+    runs_json = [{"key": r.key, "name": r.name, "torch_version": torch_label(env), "world_size": r.world_size}
+                 for r, env in zip(runs, envs)]
     return {
-        "runs": [{"key": r.key, "name": r.name, "torch_version": r.torch_version, "world_size": r.world_size}
-                 for r in runs],
-        "environment": environment_diff(runs),
-        "compile_summary": summaries,
-        "frames": frame_alignment(runs),
+        "runs": runs_json,
+        "verdict": verdicts.verdict(runs_json, frames, numeric),
+        "environment": environment,
+        "settings": settings_diff(environment),
+        "compile_summary": [compile_summary(r) for r in runs],
+        "frames": frames,
         "fingerprints": [first_fingerprint_difference(runs[0], other) for other in runs[1:]],
+        "drift": numeric,
         "step_times": {r.key: step_curve(r) for r in runs},
     }
-

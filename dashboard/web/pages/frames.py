@@ -20,6 +20,7 @@ from dashboard.detection.models import Alert
 from dashboard.ledger.models import CompileSlot
 from dashboard.tenancy.models import Run
 from dashboard.web import sql
+from dashboard.web.pages.compare import run_environment, stored_frames, torch_label
 from ingest.models import CompileEvent, GraphBreakEvent
 
 
@@ -214,9 +215,8 @@ def frame_view(run: Run, frame: str, index: int | None) -> dict:
 
 
 def aligned_events(run: Run, key: str) -> list[CompileEvent]:
-    """Compile records of an aligned frame key ('path:name', see compare.frame_key) on the lowest rank."""
-    path, _, name = key.rpartition(":")
-    events = CompileEvent.objects.filter(run=run, frame__startswith=f"{path}:", frame__endswith=f":{name}")
+    """Compile records of an aligned frame key (`compare.align_key`) on the lowest rank."""
+    events = CompileEvent.objects.filter(run=run, frame__in=stored_frames(run, key))
     first = events.order_by("rank").values_list("rank", flat=True).first()
     return list(events.filter(rank=first).order_by("index")) if first is not None else []
 
@@ -224,5 +224,5 @@ def aligned_events(run: Run, key: str) -> list[CompileEvent]:
 def cross_run_diff(a: Run, b: Run, key: str) -> list[DiffLine]:
     """The same frame in two runs (e.g. torch 2.11 vs 2.13), every compile of the lowest rank."""
     text = lambda run: "\n\n".join(compile_record(e) for e in aligned_events(run, key))  # noqa: E731
-    return unified_diff(text(a), text(b), f"{a.key} (torch {a.torch_version or '?'})",
-                        f"{b.key} (torch {b.torch_version or '?'})")
+    return unified_diff(text(a), text(b), f"{a.key} (torch {torch_label(run_environment(a))})",
+                        f"{b.key} (torch {torch_label(run_environment(b))})")

@@ -248,13 +248,14 @@ def compare(request: HttpRequest, caller: Principal) -> HttpResponse:
     if len(chosen) < 2:
         return render(request, "dashboard/compare.html", {
             "choose": True, "runs": caller.runs().order_by("-started_at")[:RUNS_LISTED], "chosen": chosen})
-    body = comparing.compare(chosen)
+    body = comparing.compare(chosen, services.compare_tolerance(request.GET.get("tol")))
     fields = ("compile_time_s", "graphs", "compiles", "recompiles", "graph_breaks", "cache_hit_rate", "failures")
     summary_rows = [(f, [s[f] for s in body["compile_summary"]]) for f in fields]
     return render(request, "dashboard/compare.html", {
         "choose": False, "chosen": chosen, "body": body, "summary_rows": summary_rows,
         "keys": ",".join(r.key for r in chosen), "fp": zip(chosen[1:], body["fingerprints"]),
-        "curves": body["step_times"],
+        "curves": body["step_times"], "drift": body["drift"],
+        "drift_vs": zip(chosen[1:], body["drift"]["vs"]), "tol": request.GET.get("tol") or body["drift"]["tolerance"],
     })
 
 
@@ -267,5 +268,6 @@ def compare_frame(request: HttpRequest, caller: Principal) -> HttpResponse:
     key = request.GET.get("frame", "")
     return render(request, "dashboard/compare_frame.html", {
         "base": base, "other": other, "key": key, "diff": frames.cross_run_diff(base, other, key),
+        "labels": [comparing.torch_label(comparing.run_environment(r)) for r in (base, other)],
         "keys": ",".join(r.key for r in chosen),
     })
