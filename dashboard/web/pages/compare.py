@@ -66,13 +66,12 @@ def run_environment(run: Run) -> dict[str, str]:
 
 def missing(field: str, env: dict[str, str]) -> str:
     """What a field a run lacks means: a version nobody sent is unknown; a setting the agent did not
-    send is at torch's default, unless the run was replayed from a trace that named no settings."""
+    send is at torch's default; a trace names none, so in a replayed run it is unknown."""
     if field.startswith("versions."):
         return UNKNOWN
     if not field.startswith("settings."):
         return ""
-    replayed = env.get("env.LOCKSTEP_SOURCE", "").startswith("replay:")
-    return UNKNOWN if replayed and not any(f.startswith("settings.") for f in env) else DEFAULT
+    return UNKNOWN if env.get("env.LOCKSTEP_SOURCE", "").startswith("replay:") else DEFAULT
 
 
 def environment_diff(envs: list[dict[str, str]]) -> list[dict]:
