@@ -144,3 +144,25 @@ def test_recompile_limit_hit_keeps_its_frame():
     assert len({e.frame for e in compiles}) == 1 and compiles[0].frame.endswith(":stormy")
     limit = compiles[-1]
     assert (limit.index, limit.status) == (torch._dynamo.config.recompile_limit, "eager")
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_a_compiled_module_is_named_by_its_class_and_a_torch_module_by_the_users_call_site():
+    block, seq = torch.compile(Block()), torch.compile(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
+
+    def run(step):
+        block(torch.randn(2, 3))
+        seq(torch.randn(2, 3))  # Dynamo compiles its own wrapper around torch's Sequential
+
+    frames = {e.frame for e in _capture(run) if isinstance(e, protocol.Compile)}
+    line = Block.forward.__code__.co_firstlineno
+    call = run.__code__.co_firstlineno + 2
+    assert frames == {f"test_capture.py:{line}:Block.forward", f"test_capture.py:{call}:run"}

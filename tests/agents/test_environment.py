@@ -35,3 +35,15 @@ def test_a_crash_names_type_message_and_innermost_frame():
         crash = describe(exc)
     assert (crash.exc_type, crash.reason) == ("RuntimeError", "RuntimeError: bad shape")
     assert crash.where.startswith("agents/test_environment.py:") and crash.where.endswith(" _inner")
+
+
+def test_settings_name_compiler_values_that_differ_from_torchs_defaults():
+    import torch
+
+    before = environment.settings()
+    assert "inductor.fallback_random" not in before
+    with torch._inductor.config.patch(fallback_random=True), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        after = environment.settings()
+    assert after["inductor.fallback_random"] == "True" and after["dynamo.automatic_dynamic_shapes"] == "False"
+    assert set(after) - set(before) == {"inductor.fallback_random", "dynamo.automatic_dynamic_shapes"}
+    assert environment.settings() == before

@@ -172,3 +172,35 @@ def test_groups_follow_a_param_group_added_mid_run():
                        ["local:group0.0", "local:group0.1", "local:group1.0", "local:group1.1"]]
     grads = [e for e in events if isinstance(e, protocol.Grad)]
     assert [len(e.fps) for e in grads] == [2, 2, 4, 4]
+
+
+def _losses(log_before_step: bool, steps: int = 4, explicit: dict | None = None) -> dict[int, float]:
+    events: list = []
+    tracker = GradTracker(events.append, grad_every=1, param_every=0)
+    tracker.install()
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for step in range(steps):
+            opt.zero_grad()
+            loss = model(torch.full((2, 4), float(step))).pow(2).mean() + 100 * step
+            loss.backward()
+            if log_before_step:
+                tracker.log_loss(loss)
+            opt.step()
+            if not log_before_step:
+                tracker.log_loss(loss.item())
+        for step, value in (explicit or {}).items():
+            tracker.log_loss(torch.tensor(value), step=step)
+        tracker.drain(block=True)
+    finally:
+        tracker.uninstall()
+    return {e.step: e.loss for e in events if isinstance(e, protocol.Step) and e.loss is not None}
+
+
+def test_a_logged_loss_belongs_to_its_step_whether_logged_before_or_after_optimizer_step():
+    for before in (True, False):
+        losses = _losses(before)
+        assert sorted(losses) == [0, 1, 2, 3], before
+        assert [int(losses[s] // 100) for s in range(4)] == [0, 1, 2, 3], before  # step s's loss is 100 s + ...
+    assert _losses(True, steps=1, explicit={7: 2.5})[7] == 2.5

@@ -62,3 +62,29 @@ def test_real_two_rank_cuda_trace_normalizes_equal():
         for a, b in zip(*texts):
             assert a != b  # raw text is rank-specific (cuda:0 vs cuda:1)
             assert hash_text(a).norm == hash_text(b).norm
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("/usr/lib/python3.12/contextlib.py", "contextlib.py"),
+    ("/opt/conda/lib/python3.11/site-packages/torch/nn/modules/linear.py", "torch/nn/modules/linear.py"),
+    ("/home/u/.venv/lib/python3.13t/site-packages/torch/_dynamo/external_utils.py", "torch/_dynamo/external_utils.py"),
+    ("/usr/lib/python3/dist-packages/numpy/core.py", "numpy/core.py"),
+    ("/root/.pyenv/versions/3.11.7/lib/python3.11/functools.py", "functools.py"),
+    ("<frozen runpy>", "<frozen runpy>"),
+])
+def test_library_frames_read_the_same_under_every_install(path, expected):
+    from agents.normalize import frame_path
+
+    assert frame_path(path) == expected
+
+
+def test_user_frames_are_relative_to_the_script_or_by_name_and_old_keys_canonicalise():
+    from agents.normalize import canonical_frame, frame_key, frame_label
+
+    assert frame_key("/work/a/proj/models/block.py", 88, "Block.forward", "/work/a/proj") == "models/block.py:88:Block.forward"
+    assert frame_key("/elsewhere/lib/block.py", 88, "Block.forward", "/work/a/proj") == "block.py:88:Block.forward"
+    assert frame_key("demo/ddp_job.py", 3, "main", "demo") == "ddp_job.py:3:main"
+    assert canonical_frame("/usr/lib/python3.12/contextlib.py:105:__init__") == "contextlib.py:105:__init__"
+    assert canonical_frame("/work/steering/probes/trace_scenario.py:20:gather") == "trace_scenario.py:20:gather"
+    assert canonical_frame("torch/_dynamo/external_utils.py:67:inner") == "torch/_dynamo/external_utils.py:67:inner"
+    assert frame_label("model.py:88:Block.forward") == "model.py:88 Block.forward"
