@@ -13,8 +13,9 @@ so a batch the server did not accept stays in that agent's spool and is resent, 
 without a relay (the relay restarting, or the server being down, loses nothing). Batches go
 upstream byte for byte, so a resend through the relay or straight to the server is the same
 batch. One bad batch does not sink its neighbours: when the server refuses a bulk request with a
-4xx, each batch is sent on its own and gets its own answer. Graph-text uploads (`/api/v1/blobs`)
-pass through unchanged. Standard library and msgspec only, like the rest of the agent.
+4xx, each batch is sent on its own and gets its own answer. The server's backpressure passes
+through: each batch's answer carries its `flush_interval_s`, a 429 or 503 its Retry-After, and
+the agents slow their flushes themselves. Graph-text uploads (`/api/v1/blobs`) pass through unchanged. Standard library and msgspec only, like the rest of the agent.
 """
 from __future__ import annotations
 

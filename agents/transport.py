@@ -34,6 +34,7 @@ BATCH_TARGET_BYTES = 2 * 1024 * 1024
 BACKOFF_BASE = 0.25
 BACKOFF_MAX = 10.0  # a returning backend is used within ~10 s; jitter spreads a cluster
 HTTP_TIMEOUT = 10.0
+MAX_SERVER_INTERVAL = 60.0  # a server's backpressure is honoured up to this flush interval
 
 
 @dataclass
@@ -155,6 +156,7 @@ class Transport:
         self._closing = False
         self._deadline = float("inf")
         self._last_heartbeat = time.monotonic()
+        self.server_interval: float | None = None  # the server's backpressure (`IngestReply.flush_interval_s`)
         self.stats = {"sent_batches": 0, "spooled_batches": 0, "dropped_events": 0, "quarantined_batches": 0}
         self._thread = threading.Thread(target=self._run, name="lockstep-sender", daemon=True)
         self._thread.start()
@@ -199,13 +201,20 @@ class Transport:
                 log.debug("lockstep sender error: %s", e)
                 time.sleep(0.1)
 
+    @property
+    def flush_interval(self) -> float:
+        """The configured interval, or the longer one the server's last reply asked for while it is loaded."""
+        return max(self.cfg.flush_interval, self.server_interval or 0.0)
+
     def _until_flush(self) -> float:
         """Seconds to the next multiple of the flush interval on the wall clock (at least a tenth of it).
 
         The ranks of a node share that clock, so they flush together: a node relay then forwards
         their batches as one request, where their agreeing grad reports share rows on the server.
+        The server's intervals are the agent's default doubled (`ingest.backpressure`), so ranks told
+        different ones still meet at the longer one's multiples.
         """
-        interval = self.cfg.flush_interval
+        interval = self.flush_interval
         wait = interval - time.time() % interval
         return wait if wait >= interval / 10 else wait + interval
 
@@ -357,6 +366,9 @@ class Transport:
             self._count_drop(n, "quarantined")
             return
         self.stats["sent_batches"] += 1
+        if outcome.reply:
+            asked = outcome.reply.flush_interval_s
+            self.server_interval = None if asked is msgspec.UNSET else min(float(asked), MAX_SERVER_INTERVAL)
         if outcome.reply and outcome.reply.detail and self._on_detail:
             for event in self._on_detail(list(outcome.reply.detail)):
                 self.put(event)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache, wraps
@@ -48,7 +49,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.test.utils import override_settings
 from django.urls import Resolver404, URLResolver, get_resolver, get_urlconf, set_script_prefix
 
-from ingest import views
+from ingest import backpressure, groupcommit, views
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -109,6 +110,7 @@ class LeanHandler(ASGIHandler):
         except TimeoutError:  # a slow body holds a connection, never a pool thread
             await self.send_response(views.error(408, f"body not received within {settings.LOCKSTEP_BODY_TIMEOUT:g} s"), send)
             return
+        scope[backpressure.ARRIVED] = time.monotonic()  # its wait for a pool thread counts as load
         response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body)
         await self.send_response(response, send)
 
@@ -169,10 +171,13 @@ class LeanHandler(ASGIHandler):
 
 
 def _refused_on_thread(headers: dict[str, str]) -> bool:
+    """Outside a request (no request_finished returns its connection): the lookup's pooled connection goes back at once."""
     try:
         return views.refused_before_body(headers)
     except DatabaseError:
         return False
+    finally:
+        groupcommit.release_connection()
 
 
 class LeanRoutes:

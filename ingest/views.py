@@ -3,8 +3,8 @@
 Error contract (DESIGN 3.2): 400 malformed (with the failing path), 401 bad token (a run key is
 per project, so another project's run is never in the way), 409 same (session, seq) with other content, 413 too large, 415 wrong content
 type, 429 + Retry-After when a project sends faster than LOCKSTEP_RATE_LIMIT, 503 +
-Retry-After while PostgreSQL or Redis is unreachable (the batch was not accepted: the agent keeps
-it and resends), 422 for a batch the database refuses although it passed validation (a resend
+Retry-After while PostgreSQL or Redis is unreachable or the process is overloaded
+(`ingest.backpressure`; the batch was not accepted: the agent keeps it and resends), 422 for a batch the database refuses although it passed validation (a resend
 could not cure it; the agent quarantines it). Bad input never reaches the database and never
 yields a 500.
 """
@@ -28,7 +28,7 @@ from dashboard.tenancy import auth
 from dashboard.ledger import flight as ledger_flight
 from dashboard.ledger import signals as ledger
 from dashboard.tenancy.models import Project
-from ingest import blobs, metrics, ratelimit, schema, validation, writers
+from ingest import backpressure, blobs, groupcommit, metrics, ratelimit, schema, validation, writers
 from ingest.validation import Rejection
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def _guarded(handler: Callable[[HttpRequest], JsonResponse], request: HttpReques
     try:
         response = handler(request)
     except Rejection as rejection:
-        retry = 1 if rejection.status == 429 else None
+        retry = backpressure.retry_after() if rejection.status in (429, 503) else None
         response = error(rejection.status, rejection.error, rejection.path, retry)
     except ratelimit.BrokerDown:
         response = error(503, "broker unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
@@ -160,29 +160,46 @@ def ingest(request: HttpRequest) -> JsonResponse:
 
 
 def _ingest(request: HttpRequest) -> JsonResponse:
+    arrived = _admitted(request)
     project, body = _authorized_body(request)
     batch = validation.decode(body)
-    return JsonResponse(msgspec.to_builtins(_accept(project, [(batch, writers.digest(body))], "ingest")[0]))
+    return JsonResponse(msgspec.to_builtins(_accept(project, [(batch, writers.digest(body))], "ingest", arrived)[0]))
 
 
 def _ingest_bulk(request: HttpRequest) -> JsonResponse:
+    arrived = _admitted(request)
     project, body = _authorized_body(request, count=False)
     decoded = validation.decode_bulk(body)
     _limit(project, len(decoded))  # each batch counts against the rate limit, as it would sent alone
-    replies = _accept(project, [(batch, writers.digest(raw)) for batch, raw in decoded], "bulk")
+    replies = _accept(project, [(batch, writers.digest(raw)) for batch, raw in decoded], "bulk", arrived)
     return JsonResponse(msgspec.to_builtins(protocol.BulkReply(results=replies)))
 
 
-def _accept(project: Project, items: list[tuple[protocol.Batch, str]], endpoint: str) -> list[protocol.IngestReply]:
-    """Store the batches, queue what they completed, and answer each as `POST /api/v1/ingest` would."""
-    stored = writers.store_many(items, project, bulk=endpoint == "bulk")
+def _admitted(request: HttpRequest) -> float:
+    """When the request's body arrived (`ingest.backpressure`); a 503 for one that already waited
+    past SHED_AFTER_S for a thread: its agent keeps the batch and resends it after Retry-After."""
+    now = time.monotonic()
+    waited = backpressure.waited(getattr(request, "scope", None), now)
+    if waited > backpressure.SHED_AFTER_S:
+        raise Rejection(503, f"server overloaded (the batch waited {waited:.1f} s for a thread); retry later")
+    return now - waited
+
+
+def _accept(project: Project, items: list[tuple[protocol.Batch, str]], endpoint: str,
+            arrived: float) -> list[protocol.IngestReply]:
+    """Store the batches (in this process's next group commit), queue what they completed, and
+    answer each as `POST /api/v1/ingest` would, with the flush interval the load calls for."""
+    stored = groupcommit.store(project, items, bulk=endpoint == "bulk")
+    backpressure.observe(time.monotonic() - arrived)
+    interval = backpressure.flush_interval()
     ledger.announce_ready([slot for s in stored for slot in s.ready])
     want = set(blobs.wanted(sorted({h for s in stored for h in s.graph_hashes})))
     replies = []
     for (batch, _), s in zip(items, stored):
         replies.append(protocol.IngestReply(accepted=s.accepted, duplicate=s.duplicate,
                                             want_blobs=[h for h in s.graph_hashes if h in want], detail=_details(batch, s),
-                                            flight_recorder=True if ledger_flight.HANDOUT_STEP in (s.detail or []) else msgspec.UNSET))
+                                            flight_recorder=True if ledger_flight.HANDOUT_STEP in (s.detail or []) else msgspec.UNSET,
+                                            flush_interval_s=interval))
         want.difference_update(s.graph_hashes)  # each wanted text is asked of one batch only
         _count(batch, s, endpoint)
     return replies

@@ -54,16 +54,38 @@ def digest(body: bytes) -> str:
 
 
 class _Resent(Exception):
-    """A (session, seq) claim failed: roll the request's writes back, then tell a resend from a conflict."""
+    """A (session, seq) claim failed: roll the group's writes back, then tell a resend from a conflict."""
 
-    def __init__(self, index: int):
-        self.index = index
+    def __init__(self, written: "_Written"):
+        self.written = written
+
+
+class _Refused(Exception):
+    """A batch the database would take but the run forbids (a changed world size): its request is refused."""
+
+    def __init__(self, job: int, rejection: Rejection):
+        self.job = job
+        self.rejection = rejection
+
+
+@dataclass
+class Job:
+    """One request's batches (one rank's, or a node relay's several) and their project."""
+
+    project: Project
+    items: list[tuple[protocol.Batch, str]]
+    bulk: bool = False
+
+
+Outcome = list[Stored] | Exception  # a request's answer per batch, or why it was refused (Rejection, DatabaseError)
 
 
 @dataclass
 class _Written:
     """One batch's part of the transaction, and what its after-commit part needs."""
 
+    job: int
+    index: int  # within its job
     batch: protocol.Batch
     digest: str
     run: Run
@@ -75,45 +97,73 @@ class _Written:
 
 
 def store(batch: protocol.Batch, project: Project, body_digest: str) -> Stored:
-    """One rank's batch (`POST /api/v1/ingest`)."""
-    return store_many([(batch, body_digest)], project)[0]
+    """One rank's batch, on its own."""
+    outcome = store_group([Job(project, [(batch, body_digest)])])[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome[0]
 
 
-def store_many(items: list[tuple[protocol.Batch, str]], project: Project, bulk: bool = False) -> list[Stored]:
-    """Write batches (one rank's, or a node relay's several) in one transaction: all or nothing.
+def store_group(jobs: list[Job]) -> list[Outcome]:
+    """Write the batches of several requests in one transaction (`ingest.groupcommit`), each request
+    all or nothing and answered on its own.
 
-    Round trips of a steady request: BEGIN, one COPY (2) of every batch's grad rows, one prepared
+    Round trips of a steady group: BEGIN, one COPY (2) of every batch's grad rows, one prepared
     statement per run for the claims, the ranks' facts, watermarks, slots and detail requests,
-    COMMIT, then run liveness once per run and per batch the slots it completed. Rows are
+    COMMIT, then run liveness once per run and the slots its batches completed. Rows are
     written before the claims, so their row locks are held only until COMMIT. A batch already
-    received (a resend, rare) rolls the request back; it is then written again without that
-    batch, which answers as a duplicate, or refused whole (409) when its content differs. A
-    deadlock or serialization failure (a concurrent batch won a race) is tried again, up to
-    RACE_ATTEMPTS times in all, before it is answered as a 503.
+    received (a resend, rare) rolls the group back; it is then written again without that
+    batch, which answers as a duplicate, or without its request, refused whole (409), when its
+    content differs; a request whose run forbids a batch (400) leaves the same way. A deadlock or
+    serialization failure (a concurrent group won a race) is tried again, up to RACE_ATTEMPTS
+    times in all. Any other database error of a group is retried request by request, so only
+    the request that causes it is refused (422 or 503) and its neighbours are stored.
     """
     now = datetime.now(timezone.utc)
-    partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
-    duplicates: set[int] = set()
+    try:
+        partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
+    except DatabaseError as exc:
+        return [exc] * len(jobs)
+    refused: dict[int, Exception] = {}
+    duplicates: set[tuple[int, int]] = set()
     attempt = 0
-    while True:
+    written: list[tuple[int, _Written | None]] = []
+    while len(refused) < len(jobs):
+        live = [j for j in range(len(jobs)) if j not in refused]
         try:
             with transaction.atomic():
-                written = _write_all(items, duplicates, project, now, bulk)
+                written = _write_all(jobs, live, duplicates, now)
             break
+        except _Refused as exc:
+            refused[exc.job] = exc.rejection
+        except _Resent as resent:
+            w = resent.written
+            previous = IngestBatch.objects.get(session=w.batch.session, seq=w.batch.seq)
+            if previous.digest == w.digest:
+                duplicates.add((w.job, w.index))
+            else:
+                refused[w.job] = Rejection(409, f"batch seq {w.batch.seq} of session {w.batch.session} was already received"
+                                                " with other content", f"batches[{w.index}].seq" if jobs[w.job].bulk else "seq")
         except DatabaseError as exc:
             attempt += 1
-            if not _lost_a_race(exc) or attempt == RACE_ATTEMPTS:
-                raise
+            if _lost_a_race(exc) and attempt < RACE_ATTEMPTS:
+                forget_runs()
+                time.sleep(random.uniform(0, 0.02 * attempt))  # the other transaction commits meanwhile
+                continue
             forget_runs()
-            time.sleep(random.uniform(0, 0.02 * attempt))  # the other transaction commits meanwhile
-        except _Resent as resent:
-            batch, body_digest = items[resent.index]
-            previous = IngestBatch.objects.get(session=batch.session, seq=batch.seq)
-            if previous.digest != body_digest:
-                raise Rejection(409, f"batch seq {batch.seq} of session {batch.session} was already received with other content",
-                                f"batches[{resent.index}].seq" if bulk else "seq") from None
-            duplicates.add(resent.index)
-    return _after_commit(written)
+            if len(live) == 1:
+                refused[live[0]] = exc
+                written = []
+                break
+            for j in live:  # one request's batch may be the cause: each request on its own
+                refused[j] = store_group([jobs[j]])[0]
+            written = []
+            break
+    stored = _after_commit([w for _, w in written])
+    outcomes: list[Outcome] = [refused[j] if j in refused else [] for j in range(len(jobs))]
+    for (j, _), one in zip(written, stored):
+        outcomes[j].append(one)
+    return outcomes
 
 
 RACE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
@@ -126,23 +176,28 @@ def _lost_a_race(exc: DatabaseError) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) in RACE_SQLSTATES
 
 
-def _write_all(items: list[tuple[protocol.Batch, str]], duplicates: set[int], project: Project,
-               now: datetime, bulk: bool) -> list[_Written | None]:
-    """Each batch's own rows, then one COPY of every batch's grad rows, then the claims."""
-    written: list[_Written | None] = []
-    for i, (batch, body_digest) in enumerate(items):
-        try:
-            written.append(None if i in duplicates else _write_events(batch, body_digest, project, now))
-        except Rejection as rejection:  # a changed world size
-            raise rejection.within(f"batches[{i}]") if bulk else rejection
-    grad_parts = grad_copy([(w.run.id, w.batch.rank, w.grads) for w in written if w], now)
+def _write_all(jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]],
+               now: datetime) -> list[tuple[int, _Written | None]]:
+    """Each batch's own rows, then one COPY of every batch's grad rows, then the claims;
+    (job, its written batch or None for a duplicate) per batch, in the jobs' order."""
+    written: list[tuple[int, _Written | None]] = []
+    for j in live:
+        job = jobs[j]
+        for i, (batch, body_digest) in enumerate(job.items):
+            try:
+                written.append((j, None if (j, i) in duplicates else _write_events(j, i, batch, body_digest, job.project, now)))
+            except Rejection as rejection:  # a changed world size
+                raise _Refused(j, rejection.within(f"batches[{i}]") if job.bulk else rejection) from None
+    fresh = [w for _, w in written if w]
+    grad_parts = grad_copy([(w.run.id, w.batch.rank, w.grads) for w in fresh], now)
     if grad_parts:
         _copy_stream(GradReport._meta.db_table, GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
-    _claim_all(written)
+    _claim_all(fresh)
     return written
 
 
-def _write_events(batch: protocol.Batch, body_digest: str, project: Project, now: datetime) -> _Written:
+def _write_events(job: int, index: int, batch: protocol.Batch, body_digest: str, project: Project,
+                  now: datetime) -> _Written:
     """Everything of one batch but its grad rows (copied with the other batches') and its claim."""
     run = _run(batch, project)
     by_type = defaultdict(list)
@@ -154,7 +209,7 @@ def _write_events(batch: protocol.Batch, body_digest: str, project: Project, now
         WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
     compiles = by_type.get(protocol.Compile, [])
     ready = slots.touch(run, compiles)  # compile slots (the rare kind); grad slots in _claim
-    return _Written(batch, body_digest, run, by_type, grads, ready)
+    return _Written(job, index, batch, body_digest, run, by_type, grads, ready)
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -196,21 +251,20 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
     return run
 
 
-def _claim_all(written: list[_Written | None]) -> None:
+def _claim_all(written: list[_Written]) -> None:
     """Claim every batch's (session, seq) and record its facts: one statement per run, for batches of
-    distinct ranks (a rank's n-th batch in one request, rare for n > 1, goes into the n-th statement)."""
+    distinct ranks (a rank's n-th batch in one group, rare for n > 1, goes into the n-th statement)."""
     nth: Counter = Counter()
-    waves: dict[tuple[int, int], list[tuple[int, _Written]]] = {}
-    for i, w in enumerate(written):
-        if w is not None:
-            n = nth[w.run.id, w.batch.rank]
-            nth[w.run.id, w.batch.rank] += 1
-            waves.setdefault((w.run.id, n), []).append((i, w))
+    waves: dict[tuple[int, int], list[_Written]] = {}
+    for w in written:
+        n = nth[w.run.id, w.batch.rank]
+        nth[w.run.id, w.batch.rank] += 1
+        waves.setdefault((w.run.id, n), []).append(w)
     for wave in waves.values():
         _claim(wave)
 
 
-def _claim(wave: list[tuple[int, _Written]]) -> None:
+def _claim(wave: list[_Written]) -> None:
     """Claim (session, seq) of each batch, record the ranks' facts, report the grad steps and hand
     out detail requests, in one statement.
 
@@ -221,16 +275,16 @@ def _claim(wave: list[tuple[int, _Written]]) -> None:
     claimed. A rank_end's status is written by a second statement (`_record_ends`):
     ON CONFLICT DO UPDATE sees only the proposed row, which cannot say "this batch ended".
     """
-    run = wave[0][1].run
-    batches = [w.batch for _, w in wave]
-    starts = [w.by_type.get(protocol.RankStart, [None])[-1] for _, w in wave]
+    run = wave[0].run
+    batches = [w.batch for w in wave]
+    starts = [w.by_type.get(protocol.RankStart, [None])[-1] for w in wave]
     params = {
         "run": run.id, "ws": run.world_size, "session": [b.session for b in batches], "seq": [b.seq for b in batches],
-        "digest": [w.digest for _, w in wave], "rank": [b.rank for b in batches], "events": [len(b.events) for b in batches],
+        "digest": [w.digest for w in wave], "rank": [b.rank for b in batches], "events": [len(b.events) for b in batches],
         "host": [st.host if st else "" for st in starts], "pid": [st.pid if st else None for st in starts],
         "info": [msgspec.json.encode(st).decode() if st else None for st in starts],
         "step": [_last_step(b.events) for b in batches],
-        **slots.grad_reports_params([(w.batch.rank, group, steps) for _, w in wave for group, steps in w.grads.groups]),
+        **slots.grad_reports_params([(w.batch.rank, group, steps) for w in wave for group, steps in w.grads.groups]),
     }
     claimed, watermarks, asked, late_ready = _query(
             f"""
@@ -252,13 +306,13 @@ def _claim(wave: list[tuple[int, _Written]]) -> None:
         params,
     )[0]
     claimed = set(claimed)
-    for i, w in wave:
+    for w in wave:
         if w.batch.rank not in claimed:
-            raise _Resent(i)
+            raise _Resent(w)
         w.before = watermarks.get(str(w.batch.rank), {})
         w.asked = asked.get(str(w.batch.rank), [])
-    wave[0][1].ready += [(slots.GRAD, slot_id) for slot_id in late_ready]
-    _record_ends(run, [w for _, w in wave if protocol.RankEnd in w.by_type])
+    wave[0].ready += [(slots.GRAD, slot_id) for slot_id in late_ready]
+    _record_ends(run, [w for w in wave if protocol.RankEnd in w.by_type])
 
 
 def _record_ends(run: Run, ended: list[_Written]) -> None:

@@ -102,7 +102,7 @@ def test_database_error_is_503_with_retry_after(post, settings, monkeypatch):
     def down(*args, **kwargs):
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(writers, "store_many", down)
+    monkeypatch.setattr(writers, "store_group", down)
     response = post(make_batch())
     assert response.status_code == 503
     assert response["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
