@@ -21,3 +21,16 @@ def test_outcome_of_several_lookups():
     assert cache_outcome({"inductor": "hit,miss"}, "inductor") == "miss"
     assert cache_outcome({"inductor": "hit,hit"}, "inductor") == "hit"
     assert cache_outcome({}, "inductor") is None
+
+
+def test_ranks_running_other_compiler_settings_are_named():
+    reports = {0: {"cache": {"inductor": "hit"}}, 1: {"cache": {"inductor": "miss"}}, 2: {"cache": {"inductor": "hit"}}}
+    info = {0: {"settings": {"inductor.fx_graph_cache": "True"}},
+            1: {"settings": {"inductor.fx_graph_cache": "True", "inductor.triton.cudagraphs": "False"}},
+            2: {"settings": {"inductor.fx_graph_cache": "True"}}}
+    [f] = findings_of(compile_view(reports, index=0, rank_info=info), "cache_divergence")
+    assert f.message.endswith("(rank 1 runs with `inductor.triton.cudagraphs=False`)")
+    assert f.details["settings"] == {"inductor.triton.cudagraphs": {"0": "default", "1": "False", "2": "default"}}
+    same = {r: {"settings": {"inductor.fx_graph_cache": "True"}} for r in range(3)}
+    [quiet] = findings_of(compile_view(reports, index=0, rank_info=same), "cache_divergence")
+    assert "runs with" not in quiet.message and "settings" not in quiet.details

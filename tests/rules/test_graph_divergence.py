@@ -19,3 +19,9 @@ def test_equal_graphs_raise_nothing():
 
 def test_single_report_cannot_diverge():
     assert graph(compile_view({0: {}}, index=0, accountable={0, 1})) == []
+
+
+def test_the_graph_of_a_rank_with_other_settings_names_them():
+    info = {0: {}, 1: {"settings": {"dynamo.assume_static_by_default": "False"}}, 2: {}}
+    [finding] = graph(compile_view({0: {}, 1: {"graph_norm": "f" * 16}, 2: {}}, index=0, rank_info=info))
+    assert "rank 1 runs with `dynamo.assume_static_by_default=False`" in finding.message

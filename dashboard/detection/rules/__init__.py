@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from functools import wraps
 from typing import Callable, Iterable, Iterator
 
-from dashboard.detection.consensus import Consensus
+from dashboard.detection.consensus import Consensus, consensus
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,33 @@ def load_all() -> None:
 def ranks_text(ranks: Iterable[int]) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def settings_split(view: CompileSlotView) -> tuple[str, dict[str, dict[str, str]]]:
+    """How the compiler settings of the slot's ranks differ ("rank 1 runs with
+    `inductor.triton.cudagraphs=False`"), and per key the ranks' values; ("", {}) when they agree.
+    A setting a rank did not report is at torch's default."""
+    infos = {r: view.rank_info.get(r) or {} for r in view.reports}
+    settings = {r: info.get("settings") or {} for r, info in infos.items()}
+    keys = sorted(set().union(*settings.values())) if settings else []
+    parts, split = [], {}
+    for key in keys:
+        values = {r: str(s.get(key, "default")) for r, s in settings.items()}
+        verdict = consensus(values)
+        if not verdict.dissenters:
+            continue
+        split[key] = {str(r): v for r, v in sorted(values.items())}
+        by_value: dict[str, list[int]] = {}
+        for r in verdict.dissenters:
+            by_value.setdefault(values[r], []).append(r)
+        parts += [f"{ranks_text(rs)} {'runs' if len(rs) == 1 else 'run'} with `{key}={v}`" for v, rs in by_value.items()]
+    return "; ".join(parts), split
+
+
+def with_settings(message: str, view: CompileSlotView) -> tuple[str, dict]:
+    """`message`, plus how the ranks' compiler settings differ when they do (and the details key)."""
+    text, split = settings_split(view)
+    return (f"{message} ({text})" if text else message), ({"settings": split} if split else {})
 
 
 def differing_buckets(view: GradSlotView) -> list[int]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dashboard.detection import subjects
-from dashboard.detection.rules import CompileSlotView, Finding, cache_outcome, first_step, ranks_text, rule
+from dashboard.detection.rules import CompileSlotView, Finding, cache_outcome, first_step, ranks_text, rule, with_settings
 
 
 @rule("cache_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
@@ -13,13 +13,14 @@ def cache_divergence(view: CompileSlotView):
         hits = {r for r, o in outcomes.items() if o == "hit"}
         misses = set(outcomes) - hits
         if hits and misses:
+            message, settings = with_settings(f"{ranks_text(misses).capitalize()} missed the {stage} cache for "
+                                              f"{view.frame} while {ranks_text(hits)} hit it", view)
             yield Finding(
                 severity="warning",
                 ranks=tuple(sorted(misses)),
                 step=first_step(view.reports, misses),
                 frame=view.frame,
-                message=f"{ranks_text(misses).capitalize()} missed the {stage} cache for {view.frame} "
-                f"while {ranks_text(hits)} hit it",
-                details={"index": view.index, "stage": stage, "hit": sorted(hits), "miss": sorted(misses)},
+                message=message,
+                details={"index": view.index, "stage": stage, "hit": sorted(hits), "miss": sorted(misses), **settings},
             )
             return

@@ -22,7 +22,7 @@ from typing import Iterator, NamedTuple
 from dashboard.detection import subjects
 from dashboard.detection.consensus import Consensus, consensus
 from dashboard.detection.rules import (CompileSlotView, Finding, cache_key, compile_outcome, first_step, ranks_text, rule,
-                                       short_key)
+                                       settings_split, short_key)
 
 Location = tuple[str, str, str]  # ("host", host, path) or ("fs", fsid, path): equal tuples are one directory
 
@@ -157,6 +157,7 @@ def judge(view: CompileSlotView, key: str, place: Dir, ranks: list[int]) -> Iter
         return
     verdict = consensus(written)
     details = _details(view, key, place, ranks, facts)
+    note, split = settings_split(view)
     what = ("differ only in rank-specific text (device index, rank)" if details["diff"] == "rank-specific text only"
             else "differ in the generated code itself")
     fix = "give each rank (or node type) its own TORCHINDUCTOR_CACHE_DIR"
@@ -165,8 +166,9 @@ def judge(view: CompileSlotView, key: str, place: Dir, ranks: list[int]) -> Iter
         frame=view.frame,
         message=f"{view.frame} (compile #{view.index}): {ranks_text(written)} share Inductor cache dir {place.text} and "
         f"compiled different code under the same FX key {short_key(key)}: the texts {what}"
-        + (f"; {how}" if how else "") + f". Whichever rank wrote last, the others will load its code: {fix}",
-        details={**details, "tie": verdict.tie, "hint": fix},
+        + (f"; {how}" if how else "") + (f"; {note}" if note else "")
+        + f". Whichever rank wrote last, the others will load its code: {fix}",
+        details={**details, "tie": verdict.tie, "hint": fix, **({"settings": split} if split else {})},
     )
 
 
