@@ -4,7 +4,8 @@ Request counters live in each process; with several ASGI worker processes set
 PROMETHEUS_MULTIPROC_DIR (an empty folder shared by them) and prometheus_client sums them.
 Detection state (slots waiting to settle, settle latency, Celery queue depth) is read from
 PostgreSQL and Redis at scrape time, so every process reports the same cluster-wide truth.
-Events per second is `rate(lockstep_ingest_events_total[1m])`.
+Events per second is `rate(lockstep_ingest_events_total[1m])`. Layers above ingest add theirs
+through `register` (detection's per-project and per-run health: dashboard/detection/metrics.py).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ EVENTS = Counter("lockstep_ingest_events", "Events accepted (one entry of `event
 RANK_STEPS = Counter("lockstep_ingest_rank_steps", "Grad rank-steps accepted (a `grads` event counts each step)")
 SECONDS = Histogram("lockstep_ingest_request_seconds", "Request handling time", ["endpoint"],
                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+COLLECTORS: list = []  # cluster-state collectors of the layers above ingest (detection's health), see `register`
 SETTLE_QUEUE = "celery"  # Celery's default queue: a Redis list the settle tasks wait in
 LATENCY_WINDOW_S = 300
 
@@ -65,6 +67,13 @@ class DetectionState:
         yield latency
 
 
+def register(collector) -> None:
+    """Add a collector of a layer that may read what ingest may not (alerts): the layer contract keeps
+    ingest from importing it, so it registers itself here from its AppConfig.ready."""
+    if collector not in COLLECTORS:
+        COLLECTORS.append(collector)
+
+
 def render() -> bytes:
     """This process's request counters (every process's, summed, under PROMETHEUS_MULTIPROC_DIR), then the cluster gauges."""
     if settings.PROMETHEUS_MULTIPROC_DIR:
@@ -74,4 +83,6 @@ def render() -> bytes:
         counters = REGISTRY
     state = CollectorRegistry()
     state.register(DetectionState())
+    for collector in COLLECTORS:
+        state.register(collector)
     return generate_latest(counters) + generate_latest(state)

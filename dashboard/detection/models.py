@@ -92,3 +92,17 @@ class Baseline(models.Model):
 
     class Meta:
         db_table = "dashboard_baseline"
+
+
+class RunTally(models.Model):
+    """A run's compile totals over all its ranks, as the periodic check last counted them (`tally.py`):
+    /metrics reads one row per run instead of every rank's compile events at every scrape."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="tally")
+    recompiles = models.BigIntegerField(default=0)
+    graph_breaks = models.BigIntegerField(default=0)
+    compile_seconds = models.FloatField(default=0.0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "detection_runtally"

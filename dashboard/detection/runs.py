@@ -6,10 +6,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
-from dashboard.detection import flight, lifecycle
+from dashboard.detection import flight, lifecycle, tally
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import RankProgress, RunView, clean_subjects, evaluate, hang_forecast
 from dashboard.tenancy.models import Rank, Run, rank_failed
@@ -34,10 +34,10 @@ def rank_rows(run: Run) -> list[dict]:
     return list(Rank.objects.filter(run=run).values("rank", "last_step", "status"))
 
 
-def view_of(run: Run) -> RunView:
+def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
     now = timezone.now()
     ranks = list(Rank.objects.filter(run=run).values_list("rank", "last_seen", "status", "info"))
-    compile_total = CompileEvent.objects.filter(run=run).aggregate(s=Sum("compile_time"))["s"] or 0.0
+    compile_total = (totals or tally.compile_totals(run)).seconds
     return RunView(
         run_id=run.id,
         world_size=run.world_size,
@@ -142,7 +142,9 @@ def ask_flight_records(run: Run, changed: list[int]) -> list[tuple[int, int]]:
 
 def check(run: Run) -> list[int]:
     with transaction.atomic():
-        view = view_of(run)
+        totals = tally.compile_totals(run)
+        view = view_of(run, totals)
+        tally.record(run, totals)  # for /metrics (detection/metrics.py)
         findings = evaluate(view)
         return lifecycle.apply(run, findings, clean_subjects(view, findings), None)
 
