@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
@@ -98,18 +99,19 @@ class Servers:
         return total / tick
 
 
-def start_servers(env: dict, ingest: int, celery: int) -> Servers:
+def start_servers(env: dict, ingest: int, celery: int, root: Path = ROOT) -> Servers:
+    """`root`: the source tree the processes run (another checkout compares two versions side by side)."""
     port = free_port()
-    env = dict(env, PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="lockstep-prom-"))
+    env = dict(env, PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="lockstep-prom-"), PYTHONPATH=str(root))
     log = open(Path(tempfile.gettempdir()) / "lockstep-bench-servers.log", "ab")
     procs = [subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--workers", str(ingest), "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
     if celery:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "--concurrency", str(celery), "--loglevel", "warning"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     servers = Servers(f"http://127.0.0.1:{port}", procs)
     _wait_http(port)
     return servers
@@ -171,3 +173,39 @@ def project_member(name: str) -> tuple[str, str]:
     client = Client()
     client.force_login(user)
     return ProjectToken.issue(project), client.cookies["sessionid"].value
+
+
+def raw_copy(packed: dict, ranks: int, run_key: str, together: int = 1) -> tuple[int, int, float]:
+    """The same grad events (another run), pre-encoded, through one binary COPY: the ceiling.
+
+    `together=1`: one row per rank-step, nothing shared (the P1 anchor: the events as rows).
+    `together=8`: the rows ingest stores for 8 ranks per request (agreeing ranks share a row).
+    Returns (rank-steps, rows, seconds).
+    """
+    from django.db import connection
+
+    from agents import protocol
+    from ingest import partitions, pgcopy, writers
+    from dashboard.tenancy.models import Project, Run
+
+    project = Project.objects.get(name="bench")
+    run = Run.objects.create(project=project, key=f"{run_key}-rawcopy-{together}", world_size=ranks)
+    now = datetime.now(timezone.utc)
+    partitions.ensure_around(now)
+    rows = [pgcopy.HEADER]
+    rank_steps = 0
+    for body in packed.values():
+        events = writers.GradEvents([protocol.msgspec.json.decode(body, type=protocol.Grads)], [])
+        for first in range(0, ranks, together):
+            rows += writers.grad_copy([(run.id, rank, events) for rank in range(first, min(first + together, ranks))], now)
+        rank_steps += events.rows * ranks
+    rows.append(pgcopy.TRAILER)
+    data = b"".join(rows)
+    cols = ", ".join(f'"{c}"' for c in writers.GRAD_COLUMNS)
+    connection.ensure_connection()
+    raw = connection.connection
+    started = time.perf_counter()
+    with raw.transaction(), raw.cursor() as cur, cur.copy(f"COPY ingest_gradreport ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+        for i in range(0, len(data), 1 << 20):
+            copy.write(data[i:i + (1 << 20)])
+    return rank_steps, len(rows) - 2, time.perf_counter() - started

@@ -29,10 +29,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
-from common import (bench_env, compile_burst, fingerprints, fresh_database, gzip_body, print_table, recording,
-                    setup_django, start_servers)
+from common import (bench_env, compile_burst, fingerprints, fresh_database, gzip_body, print_table, raw_copy,
+                    recording, setup_django, start_servers)
 
 PENDING_GRAD = 'lockstep_slots_pending{kind="grad"}'
 MLFLOW_ANCHOR = "MLflow tracking server log_batch: 1.6k-3.3k points/s on this kind of machine"
@@ -124,42 +123,6 @@ def send_all(url: str, token: str, requests: list[Request], connections: int) ->
     for t in threads:
         t.join()
     return tally, time.perf_counter() - started
-
-
-def raw_copy(packed: dict, ranks: int, run_key: str, together: int = 1) -> tuple[int, int, float]:
-    """The same grad events (another run), pre-encoded, through one binary COPY: the ceiling.
-
-    `together=1`: one row per rank-step, nothing shared (the P1 anchor: the events as rows).
-    `together=8`: the rows ingest stores for 8 ranks per request (agreeing ranks share a row).
-    Returns (rank-steps, rows, seconds).
-    """
-    from django.db import connection
-
-    from agents import protocol
-    from ingest import partitions, pgcopy, writers
-    from dashboard.tenancy.models import Project, Run
-
-    project = Project.objects.get(name="bench")
-    run = Run.objects.create(project=project, key=f"{run_key}-rawcopy-{together}", world_size=ranks)
-    now = datetime.now(timezone.utc)
-    partitions.ensure_around(now)
-    rows = [pgcopy.HEADER]
-    rank_steps = 0
-    for body in packed.values():
-        events = writers.GradEvents([protocol.msgspec.json.decode(body, type=protocol.Grads)], [])
-        for first in range(0, ranks, together):
-            rows += writers.grad_copy([(run.id, rank, events) for rank in range(first, min(first + together, ranks))], now)
-        rank_steps += events.rows * ranks
-    rows.append(pgcopy.TRAILER)
-    data = b"".join(rows)
-    cols = ", ".join(f'"{c}"' for c in writers.GRAD_COLUMNS)
-    connection.ensure_connection()
-    raw = connection.connection
-    started = time.perf_counter()
-    with raw.transaction(), raw.cursor() as cur, cur.copy(f"COPY ingest_gradreport ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
-        for i in range(0, len(data), 1 << 20):
-            copy.write(data[i:i + (1 << 20)])
-    return rank_steps, len(rows) - 2, time.perf_counter() - started
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -27,7 +27,7 @@ TAU_S = 2.0
 BASE_INTERVAL_S = 0.5  # the agent's default LOCKSTEP_FLUSH_INTERVAL
 MAX_INTERVAL_S = 16.0
 SHED_AFTER_S = 4.0
-ARRIVED = "lockstep.arrived"  # ASGI scope key: time.monotonic() when the lean route had the body
+ARRIVED = "lockstep.arrived"  # ASGI scope key: time.monotonic() when the lean route had the body, less its token lookup's wait
 
 
 class _Load:

@@ -100,8 +100,11 @@ class LeanHandler(ASGIHandler):
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="lockstep-lean")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.monotonic()
         try:
-            if await self._refused(scope):  # the view answers without the body: a bad token costs no memory, no wait
+            refused = await self._refused(scope)
+            looked_up = time.monotonic()
+            if refused:  # the view answers without the body: a bad token costs no memory, no wait
                 body = io.BytesIO()
             else:
                 body = await asyncio.wait_for(self.read_body(receive), settings.LOCKSTEP_BODY_TIMEOUT)
@@ -110,7 +113,8 @@ class LeanHandler(ASGIHandler):
         except TimeoutError:  # a slow body holds a connection, never a pool thread
             await self.send_response(views.error(408, f"body not received within {settings.LOCKSTEP_BODY_TIMEOUT:g} s"), send)
             return
-        scope[backpressure.ARRIVED] = time.monotonic()  # its wait for a pool thread counts as load
+        # the server's own waits (a token lookup's, then the view's, for a pool thread) count as load; the upload does not
+        scope[backpressure.ARRIVED] = time.monotonic() - (looked_up - started)
         response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body)
         await self.send_response(response, send)
 
