@@ -18,9 +18,6 @@ from lockstep_cli.client import Client, path_of
 from lockstep_cli.exits import CliError
 from lockstep_cli.follow import feed
 
-STATUSES = ("running", "finished", "failed", "stalled")
-
-
 def _common() -> argparse.ArgumentParser:
     """Options every command takes, before or after its name."""
     common = argparse.ArgumentParser(add_help=False)
@@ -43,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
         return verbs.add_parser(name, parents=[common], help=text, description=text)
 
     runs = verb("runs", "your runs, newest first, with their firing alerts")
-    runs.add_argument("--status", choices=STATUSES, help="only runs of this status")
+    runs.add_argument("--status", help="only runs of this status: running, finished, failed or stalled")
     alerts = verb("alerts", "a run's alerts (the ranks named are the dissenters)")
     alerts.add_argument("run", help="run key")
     alerts.add_argument("--follow", "-f", action="store_true",
@@ -85,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_json(value: object) -> None:
-    print(json.dumps(value, indent=None, sort_keys=True), flush=True)
+    print(json.dumps(value, sort_keys=True), flush=True)
 
 
 def runs_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
@@ -103,7 +100,10 @@ def runs_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
 def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     if not args.follow:
         body = client.get(f"/runs/{path_of(args.run)}/alerts")
-        _print_json(body) if as_json else print(tables.alerts(body["alerts"]))
+        if as_json:
+            _print_json(body)
+        else:
+            print(tables.alerts(body["alerts"]))
         return exits.OK
     with feed(client, args.run) as messages:  # subscribed before listing: nothing falls in between
         listed = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]

@@ -6,13 +6,15 @@
 # for this machine's Python and platform, so the folder installs offline:
 #   pip install --no-index --find-links dist lockstep-agent
 # The build backend (hatchling, pinned in the pyproject files) comes from PyPI into pip's isolated
-# build environment; nothing else is fetched. PYTHON picks the interpreter (default python3).
+# build environment; nothing else is fetched. PYTHON picks the interpreter (default .venv/bin/python,
+# else python3).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="${1:-dist}"
-python="${PYTHON:-python3}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="$(realpath -m "${1:-$root/dist}")"
+cd "$root"
+python="${PYTHON:-$(if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo python3; fi)}"
 mkdir -p "$out"
 "$python" -m pip wheel --no-deps --wheel-dir "$out" . ./packaging/agent
-agent=$(ls "$out"/lockstep_agent-*.whl)
+agent=$(ls -t "$out"/lockstep_agent-*.whl | head -n 1)
 "$python" -m pip download --only-binary=:all: --dest "$out" "$agent[cli]"
 ls -1 "$out"

@@ -190,6 +190,8 @@ def test_failures_have_distinct_exit_codes_and_change_nothing(stack, team, tmp_p
     assert subprocess.run([sys.executable, "-m", "lockstep_cli", "runs"], capture_output=True, timeout=60,
                           env={**_env(stack, home, team.token), "LOCKSTEP_URL": ""}).returncode == 2
 
+    bogus = lockstep(stack, home, "runs", "--status", "bogus", token=team.token)
+    assert bogus.returncode == 7 and "unknown status 'bogus'" in bogus.stderr
     missing = lockstep(stack, home, "check", unique("no-such-run"), token=team.token)
     assert missing.returncode == 6 and "404" in missing.stderr
     outsider_token = ProjectToken.issue(Project.objects.create(name=unique("other")))

@@ -8,6 +8,7 @@ import base64
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import zipfile
@@ -33,7 +34,24 @@ def _clean_env(**extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory) -> Path:
+def torch_venv(tmp_path_factory):
+    """A clean venv getting torch in the background (pip unpacking it takes as long as building the
+    wheels, which run meanwhile); `agent_venv` waits for it."""
+    venv = tmp_path_factory.mktemp("agent-venv")
+    base = getattr(sys, "_base_executable", sys.executable)
+    script = f"'{base}' -m venv '{venv}' && '{venv}/bin/python' -m pip install -q --no-compile {TORCH}"
+    proc = subprocess.Popen(["bash", "-c", script], env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        yield venv, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def dist(torch_venv, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     _run(["bash", ROOT / "scripts" / "build-wheels.sh", out], env={**os.environ, "PYTHON": sys.executable})
     return out
@@ -51,15 +69,13 @@ def _metadata(wheel: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def agent_venv(dist, tmp_path_factory) -> Path:
-    """A clean venv with torch, then the agent from dist/ alone, offline, as docs/packaging.md says."""
-    venv = tmp_path_factory.mktemp("agent-venv")
-    base = getattr(sys, "_base_executable", sys.executable)
-    _run([base, "-m", "venv", venv], env=_clean_env())
-    python = venv / "bin" / "python"
-    _run([python, "-m", "pip", "install", "-q", "--no-compile", TORCH], env=_clean_env())  # no .pyc: half the time
-    _run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", dist, "lockstep-agent[cli]"],
-         env=_clean_env())
+def agent_venv(torch_venv, dist) -> Path:
+    """The venv with torch, then the agent from dist/ alone, offline, as docs/packaging.md says."""
+    venv, proc = torch_venv
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--find-links", dist,
+          "lockstep-agent[cli]"], env=_clean_env())
     return venv
 
 
@@ -96,9 +112,9 @@ def test_agent_from_the_wheel_runs_a_two_rank_job_offline(agent_venv, tmp_path):
     assert "Lockstep per-rank agent" in _run([agent_venv / "bin" / "lockstep-agent", "--help"], cwd=job, env=env)
     assert "usage: lockstep" in _run([agent_venv / "bin" / "lockstep", "--help"], cwd=job, env=env)
 
-    steps = 4
-    _run([python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", free_port(),
-          "-m", "agents", "run", "ddp_job.py", "--steps", steps, "--backend", "gloo"], cwd=job, env=env, timeout=240)
+    steps = 3
+    _run([python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", free_port(), "-m", "agents",
+          "run", "ddp_job.py", "--steps", steps, "--depth", "1", "--backend", "gloo"], cwd=job, env=env, timeout=240)
 
     events = _spooled_events(spool)
     assert set(events) == {0, 1}
