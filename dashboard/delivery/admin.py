@@ -21,11 +21,14 @@ class WebhookForm(forms.ModelForm):
         model = Webhook
         fields = ("project", "kind", "url", "secret", "clear_secret", "active")
 
-    def clean_secret(self) -> str:
-        typed = self.cleaned_data.get("secret", "")
-        if self.data.get("clear_secret"):
-            return ""
-        return typed or (self.instance.secret if self.instance.pk else "")
+    def clean(self) -> dict:
+        """Decide the secret before the model's own checks see it (they need the kept one)."""
+        data = super().clean()
+        if data.get("clear_secret"):
+            data["secret"] = ""
+        elif not data.get("secret") and self.instance.pk:
+            data["secret"] = self.instance.secret
+        return data
 
 
 @admin.register(Webhook)

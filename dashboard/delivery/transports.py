@@ -108,11 +108,13 @@ class Alertmanager(Transport):
         return {"labels": labels}
 
     def labels(self, alert: Alert) -> dict[str, str]:
-        return {
+        """Empty values are left out (an empty label is no label to Alertmanager): a run-wide alert has no ranks."""
+        labels = {
             "alertname": alert.kind, "project": alert.run.project.name, "run": alert.run.key, "kind": alert.kind,
             "subject": alert.subject[:self.SUBJECT_MAX_CHARS], "severity": alert.severity,
             "ranks": rank_ranges(alert.ranks, self.RANKS_MAX_CHARS),
         }
+        return {name: value for name, value in labels.items() if value}
 
     def posted(self, alert: Alert, labels: dict[str, str]) -> dict:
         resolved = alert.state == Alert.State.RESOLVED

@@ -18,6 +18,7 @@ from dashboard.delivery.models import Notification, Webhook
 from dashboard.detection import settle
 from dashboard.detection.models import Alert, Silence
 from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Run
 from tests.conftest import make_batch
 from tests.delivery.receivers import AlertmanagerReceiver, JsonReceiver, PagerDutyReceiver
 
@@ -176,6 +177,13 @@ def test_a_resolve_reaches_the_destinations_told_it_fired_even_when_silenced_mea
     assert list(pagerduty.incidents.values()) == ["resolved"] and json_receiver.requests == []
 
 
+def test_a_run_wide_alert_has_no_ranks_label(project):
+    run_wide = Alert(run=Run(key="r", world_size=2, project=project), kind="recompile_storm", subject="compile-share",
+                     severity="warning", ranks=[])
+    labels = transports.Alertmanager(Webhook(kind="alertmanager")).labels(run_wide)
+    assert "ranks" not in labels and labels["subject"] == "compile-share" and labels["severity"] == "warning"
+
+
 def test_rank_labels_are_ranges_cut_to_a_bounded_length():
     assert transports.rank_ranges([5, 1, 3, 2, 9, 8], 64) == "1-3,5,8-9"
     assert transports.rank_ranges([], 64) == ""
@@ -210,5 +218,9 @@ def test_the_admin_never_shows_a_secret_and_keeps_it_when_left_empty(client, pro
     hook.refresh_from_db()
     assert hook.secret == ROUTING_KEY
     assert isinstance(transports.for_webhook(hook), transports.PagerDuty)
+    cleared = {**form, "kind": "json", "url": "https://hooks.example/in", "secret": "", "clear_secret": "on"}
+    assert client.post(f"/admin/delivery/webhook/{hook.id}/change/", cleared).status_code == 302
+    hook.refresh_from_db()
+    assert (hook.kind, hook.secret) == ("json", "")
     assert transports.PagerDuty(Webhook(kind="pagerduty")).webhook.url == "" and \
         transports.PagerDuty.EVENTS_URL == "https://events.pagerduty.com/v2/enqueue"
