@@ -13,6 +13,8 @@ import pytest
 from dashboard.devstack.processes import stop_groups
 from tests.stack import ROOT
 
+pytestmark = pytest.mark.e2e  # a real Celery worker, like tests/e2e/
+
 
 def _worker_with_beat(cwd: Path, env: dict, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1",

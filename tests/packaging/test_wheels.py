@@ -18,6 +18,8 @@ import pytest
 
 from tests.stack import ROOT, free_port
 
+pytestmark = pytest.mark.e2e  # real torchrun jobs, like tests/e2e/
+
 TORCH = "torch==2.13.0"  # the CPU build on this machine's disk (pip finds it)
 
 
