@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_browser_pages import login, page, team  # noqa: F401 (fixtures)
+from tests.e2e.test_browser_pages import login, page, shot, team  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -50,6 +50,7 @@ def test_two_torch_versions_of_one_job_side_by_side(stack, page, team, tmp_path)
         page.wait_for_selector(f"{chart} canvas")
     assert page.get_attribute("#drift-loss", "data-series") == "2"
     assert page.get_attribute("#drift-grad", "data-series") == "2"
+    shot(page, "compare-versions")
     drift = page.locator("ul.drift").inner_text()
     assert "first bitwise difference at step" in drift and "within tolerance through step 11" in drift
 
