@@ -1,9 +1,9 @@
 """Health per project and per active run on /metrics, for Grafana (docs/grafana/lockstep.json).
 
 Ingest serves /metrics but may not read alerts (the layer contract), so this collector lives here
-and registers itself with `ingest.metrics` when the app is ready. Everything is computed at scrape
-time in PostgreSQL, a handful of aggregate queries, so the cost follows the number of active runs,
-never their ranks times steps:
+and registers itself with `ingest.metrics` when the app is ready. Each scrape runs a handful of
+grouped queries in PostgreSQL whose cost follows the active runs and their ranks, never their
+ranks' raw events (compile totals come from `RunTally`, one row per run):
 
 * per project (label `project`): firing alerts by kind and severity, active runs, silent ranks,
   settle lag. These cover every active run.
