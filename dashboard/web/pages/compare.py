@@ -17,7 +17,7 @@ from dashboard.web.pages import verdict as verdicts
 from dashboard.web.pages.timeline import OUTCOME_SQL
 
 CURVE_BINS = 200
-CURVE_RANKS = 64  # ranks sampled for the step-time curve (index probes: CURVE_BINS x CURVE_RANKS at most)
+CURVE_RANKS = 16  # ranks sampled for the step-time curve (index probes: CURVE_BINS x CURVE_RANKS at most)
 VERSION_RANKS = 64  # ranks whose versions are merged, so a value one rank lacks is not lost
 ENV_SECTIONS = ("versions", "settings", "config_hash", "device", "collective_timeout_s", "fp_algo", "norm_v", "env",
                 "cache_dirs")
@@ -92,56 +92,46 @@ def settings_diff(environment: list[dict]) -> list[dict]:
 
 # --- compile summary ---------------------------------------------------------------------
 
-def compile_summary(run: Run) -> dict:
-    compiles, graphs, ranks, time_s, recompiles, failures, hits = sql.rows(
-        f"""
-        SELECT count(*), count(DISTINCT (frame, index)), count(DISTINCT rank), coalesce(sum(compile_time), 0),
-               count(*) FILTER (WHERE index > 0), count(*) FILTER (WHERE status <> 'ok'),
-               count(*) FILTER (WHERE ({OUTCOME_SQL}) = 'hit')
-        FROM {{compile_events}} WHERE run_id = %s
-        """,
-        [run.id],
-    )[0]
-    breaks = sql.rows("SELECT count(*) FROM {graph_breaks} WHERE run_id = %s", [run.id])[0][0]
-    per_rank = max(ranks, 1)
-    return {
-        "compile_time_s": round(time_s / per_rank, 3),  # per rank: what each rank spent compiling
-        "graphs": graphs,
-        "compiles": compiles,
-        "recompiles": round(recompiles / per_rank, 2),
-        "graph_breaks": round(breaks / per_rank, 2),
-        "cache_hit_rate": round(hits / compiles, 3) if compiles else None,
-        "failures": failures,
-        "ranks_reporting": ranks,
-    }
-
-
-# --- frames ------------------------------------------------------------------------------
-
-def run_frames(run: Run) -> dict[str, dict]:
-    """Per aligned frame of one run: what its compiles cost and produced, per rank."""
+def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
+    """The run's compile summary and, per aligned frame, what its compiles cost and produced (per
+    rank), from one pass over the run's compile events. A rank compiles a frame's compile #0 once,
+    so those rows count the frame's ranks; the run's ranks are the most any frame has."""
     rows = sql.rows(
         f"""
-        SELECT frame, count(DISTINCT rank), count(*), count(*) FILTER (WHERE index > 0), coalesce(sum(compile_time), 0),
-               max((detail->'counts'->>'graph_op_count')::bigint), max((detail->'counts'->>'guard_count')::bigint),
-               sum((detail->'counts'->>'kernel_count')::bigint)::float8, count(*) FILTER (WHERE ({OUTCOME_SQL}) = 'hit'),
-               count(*) FILTER (WHERE status <> 'ok'), array_agg(DISTINCT graph_norm ORDER BY graph_norm)
+        SELECT frame, count(*) FILTER (WHERE index = 0), count(*), count(*) FILTER (WHERE index > 0), max(index) + 1,
+               coalesce(sum(compile_time), 0), max((detail->'counts'->>'graph_op_count')::bigint),
+               max((detail->'counts'->>'guard_count')::bigint), sum((detail->'counts'->>'kernel_count')::bigint)::float8,
+               count(*) FILTER (WHERE ({OUTCOME_SQL}) = 'hit'), count(*) FILTER (WHERE status <> 'ok'),
+               array_agg(DISTINCT graph_norm)
         FROM {{compile_events}} WHERE run_id = %s GROUP BY frame
         """,
         [run.id],
     )
     breaks = dict(sql.rows("SELECT frame, count(*) FROM {graph_breaks} WHERE run_id = %s GROUP BY frame", [run.id]))
     cells = {}
-    for frame, ranks, n, recompiles, time_s, ops, guards, kernels, hits, failures, graphs in rows:
+    for frame, ranks, n, recompiles, slots, time_s, ops, guards, kernels, hits, failures, graphs in rows:
         per = max(ranks, 1)
         cells[canonical_frame(frame)] = {
             "frame": frame, "label": frame_label(frame), "ranks": ranks, "compiles": round(n / per, 2),
             "recompiles": round(recompiles / per, 2), "time_s": round(time_s / per, 3), "ops": ops, "guards": guards,
             "kernels": round(kernels / per, 2) if kernels is not None else None,
             "cache_hit_rate": round(hits / n, 3) if n else None, "failures": failures,
-            "graph_breaks": round(breaks.get(frame, 0) / per, 2), "graphs": [g for g in graphs if g],
+            "graph_breaks": round(breaks.get(frame, 0) / per, 2), "graphs": sorted(g for g in graphs if g),
+            "_totals": (n, recompiles, slots, time_s, hits, failures),
         }
-    return _by_align_key(cells)
+    return summarize(cells, sum(breaks.values())), _by_align_key(cells)
+
+
+def summarize(cells: dict[str, dict], breaks: int) -> dict:
+    ranks = max((c["ranks"] for c in cells.values()), default=0)
+    per = max(ranks, 1)
+    n, recompiles, graphs, time_s, hits, failures = (sum(t) for t in zip(*(c.pop("_totals") for c in cells.values()))) \
+        if cells else (0, 0, 0, 0.0, 0, 0)
+    return {
+        "compile_time_s": round(time_s / per, 3),  # per rank: what each rank spent compiling
+        "graphs": graphs, "compiles": n, "recompiles": round(recompiles / per, 2), "graph_breaks": round(breaks / per, 2),
+        "cache_hit_rate": round(hits / n, 3) if n else None, "failures": failures, "ranks_reporting": ranks,
+    }
 
 
 def _by_align_key(cells: dict[str, dict]) -> dict[str, dict]:
@@ -172,7 +162,7 @@ def frame_alignment(per_run: list[dict[str, dict]]) -> list[dict]:
 
 def stored_frames(run: Run, key: str) -> list[str]:
     """The frame keys as stored in `run` behind one aligned key (for the graph diff)."""
-    found = run_frames(run).get(key)
+    found = run_compiles(run)[1].get(key)
     return [found["frame"]] if found else []
 
 
@@ -227,8 +217,8 @@ def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> d
     """The compare page and `GET /api/v1/compare` body; the first run is the reference."""
     envs = [run_environment(r) for r in runs]
     environment = environment_diff(envs)
-    per_run = [run_frames(r) for r in runs]
-    frames = frame_alignment(per_run)
+    compiles = [run_compiles(r) for r in runs]
+    frames = frame_alignment([per_frame for _, per_frame in compiles])
     numeric = drifting.drift(runs, tolerance)
     runs_json = [{"key": r.key, "name": r.name, "torch_version": torch_label(env), "world_size": r.world_size}
                  for r, env in zip(runs, envs)]
@@ -237,7 +227,7 @@ def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> d
         "verdict": verdicts.verdict(runs_json, frames, numeric),
         "environment": environment,
         "settings": settings_diff(environment),
-        "compile_summary": [compile_summary(r) for r in runs],
+        "compile_summary": [summary for summary, _ in compiles],
         "frames": frames,
         "fingerprints": [first_fingerprint_difference(runs[0], other) for other in runs[1:]],
         "drift": numeric,

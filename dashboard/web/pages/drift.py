@@ -4,9 +4,9 @@ Two torch versions rarely agree bit for bit (a reordered reduction changes the l
 step 0), so "first differing step" alone cannot tell a drift of 1e-7 from one of 10%. Each run's
 series comes from its lowest rank: the loss the job handed to `agent.log`, and the gradient norm
 the agent computes with the fingerprints (DDP replicas hold one norm; other groups are read for
-that rank). The relative difference at a step is |a - b| / max(|a|, |b|). Every step is compared
-(one index range per run for the loss, one index probe per step for the norm); the curves sent to
-the browser are sampled down to CURVE_BINS points.
+that rank). The relative difference at a step is |a - b| / max(|a|, |b|). The loss is compared at
+every step (one index range per run), the norm at up to NORM_STEPS evenly spread steps (one index
+probe each); the curves sent to the browser are sampled down to CURVE_BINS points.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dashboard.web import sql
 
 DEFAULT_TOLERANCE = 1e-3
 CURVE_BINS = 200
+NORM_STEPS = 2000  # gradient norms compared per run (every step of runs up to that long)
 SERIES = ("loss", "grad_norm")
 
 
@@ -33,7 +34,8 @@ def loss_series(run: Run, rank: int) -> dict[int, float]:
 
 
 def grad_norm_series(run: Run, rank: int) -> dict[int, float]:
-    """One norm per step: group "ddp" (replicas agree: any row of the step), else the rank's own."""
+    """One norm per step, at NORM_STEPS steps at most, evenly spread (one index probe each): group
+    "ddp" (replicas agree: any row of the step), else the rank's own."""
     groups = {g: (lo, hi) for g, lo, hi in sql.rows(
         'SELECT "group", min(step), max(step) FROM {grad_slots} WHERE run_id = %s GROUP BY "group"', [run.id])}
     group = "ddp" if "ddp" in groups else min(groups, default=None)
@@ -42,11 +44,11 @@ def grad_norm_series(run: Run, rank: int) -> dict[int, float]:
         return {}
     rows = sql.rows(
         """
-        SELECT s.step, g.norm FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS s(step),
+        SELECT s.step, g.norm FROM generate_series(%(lo)s::bigint, %(hi)s::bigint, %(stride)s::bigint) AS s(step),
           LATERAL (SELECT norm FROM {grad_reports} WHERE run_id = %(run)s AND step = s.step AND "group" = %(group)s
                    AND norm IS NOT NULL AND (%(group)s = 'ddp' OR %(rank)s = ANY(ranks)) LIMIT 1) g
         """,
-        {"lo": lo, "hi": hi, "run": run.id, "group": group, "rank": rank},
+        {"lo": lo, "hi": hi, "stride": max(1, -(-(hi - lo + 1) // NORM_STEPS)), "run": run.id, "group": group, "rank": rank},
     )
     return {step: norm for step, norm in rows if math.isfinite(norm)}
 
