@@ -174,8 +174,9 @@ def main() -> None:
                         failed = len(tally["failures"]) + len(warm["failures"])
                         results.setdefault((size, mode, label), []).append(
                             (tally["rank_steps"] / wall, tally["ok"] / wall, 1000 * cpu / len(timed), failed))
-                        if failed:
-                            print(f"{label} {size} {mode}: {failed} failed, e.g. {(warm['failures'] + tally['failures'])[0]}")
+                        print(f"{label}, {size} step(s)/batch, {mode}: {tally['rank_steps'] / wall:,.0f} rank-steps/s,"
+                              f" {tally['ok'] / wall:,.0f} requests/s, {failed} failed"
+                              + (f", e.g. {(warm['failures'] + tally['failures'])[0]}" if failed else ""), flush=True)
                         loads.append(os.getloadavg()[0])
     finally:
         for servers in started.values():
