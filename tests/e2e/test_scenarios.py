@@ -185,6 +185,7 @@ def test_a_rank_that_raises_in_the_step_crashed(stack, team, tmp_path):
     assert first["details"]["exc_type"] == "RuntimeError", shown
     # The step it died in: step 2 (its last optimizer step was 1), however the message words it.
     assert re.search(r"\bstep 2\b|after step 1\b", text.replace("rank 1 hit a bad batch at step 2", "")), shown
-    # The compile just before: the model's forward, loaded from the cache or compiled.
-    assert first["details"]["last_compile"]["frame"] == "torch/_dynamo/external_utils.py:67:inner", shown
+    # The compile just before: the model (a torch Sequential: Dynamo compiles its own wrapper, so the
+    # frame is named by the user's call site), loaded from the cache or compiled.
+    assert re.fullmatch(r"scenarios\.py:\d+:main", first["details"]["last_compile"]["frame"]), shown
     assert run_status(stack, token, key, "failed") == "failed"
