@@ -94,18 +94,22 @@ def settings_diff(environment: list[dict]) -> list[dict]:
 
 def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
     """The run's compile summary and, per aligned frame, what its compiles cost and produced (per
-    rank), from one pass over the run's compile events. A rank compiles a frame's compile #0 once,
-    so those rows count the frame's ranks; the run's ranks are the most any frame has."""
+    rank), from one pass over the run's compile events (plain aggregates, so PostgreSQL hashes
+    instead of sorting). A rank compiles a frame's compile #0 once, so those rows count the frame's
+    ranks; the run's ranks are the most any frame has. Ops, guards, kernels and graphs are the
+    lowest rank's (the JSON of the other ranks' records is never parsed)."""
     rows = sql.rows(
         f"""
         SELECT frame, count(*) FILTER (WHERE index = 0), count(*), count(*) FILTER (WHERE index > 0), max(index) + 1,
-               coalesce(sum(compile_time), 0), max((detail->'counts'->>'graph_op_count')::bigint),
-               max((detail->'counts'->>'guard_count')::bigint), sum((detail->'counts'->>'kernel_count')::bigint)::float8,
+               coalesce(sum(compile_time), 0),
+               max((detail->'counts'->>'graph_op_count')::bigint) FILTER (WHERE rank = %(rank)s),
+               max((detail->'counts'->>'guard_count')::bigint) FILTER (WHERE rank = %(rank)s),
+               sum((detail->'counts'->>'kernel_count')::bigint) FILTER (WHERE rank = %(rank)s),
                count(*) FILTER (WHERE ({OUTCOME_SQL}) = 'hit'), count(*) FILTER (WHERE status <> 'ok'),
-               array_agg(DISTINCT graph_norm)
-        FROM {{compile_events}} WHERE run_id = %s GROUP BY frame
+               array_agg(graph_norm) FILTER (WHERE rank = %(rank)s)
+        FROM {{compile_events}} WHERE run_id = %(run)s GROUP BY frame
         """,
-        [run.id],
+        {"run": run.id, "rank": drifting.lowest_rank(run)},
     )
     breaks = dict(sql.rows("SELECT frame, count(*) FROM {graph_breaks} WHERE run_id = %s GROUP BY frame", [run.id]))
     cells = {}
@@ -114,9 +118,9 @@ def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
         cells[canonical_frame(frame)] = {
             "frame": frame, "label": frame_label(frame), "ranks": ranks, "compiles": round(n / per, 2),
             "recompiles": round(recompiles / per, 2), "time_s": round(time_s / per, 3), "ops": ops, "guards": guards,
-            "kernels": round(kernels / per, 2) if kernels is not None else None,
+            "kernels": float(kernels) if kernels is not None else None,
             "cache_hit_rate": round(hits / n, 3) if n else None, "failures": failures,
-            "graph_breaks": round(breaks.get(frame, 0) / per, 2), "graphs": sorted(g for g in graphs if g),
+            "graph_breaks": round(breaks.get(frame, 0) / per, 2), "graphs": sorted({g for g in graphs or () if g}),
             "_totals": (n, recompiles, slots, time_s, hits, failures),
         }
     return summarize(cells, sum(breaks.values())), _by_align_key(cells)

@@ -26,11 +26,12 @@ def lowest_rank(run: Run) -> int | None:
 
 
 def loss_series(run: Run, rank: int) -> dict[int, float]:
+    """The loss of each step of one rank (a step logged twice keeps one of its values)."""
     rows = sql.rows(
-        "SELECT step, min(loss) FROM {step_reports} WHERE run_id = %s AND rank = %s AND loss IS NOT NULL GROUP BY step",
+        "SELECT step, loss FROM {step_reports} WHERE run_id = %s AND rank = %s AND loss IS NOT NULL ORDER BY step DESC",
         [run.id, rank],
     )
-    return {step: loss for step, loss in rows if loss is not None and math.isfinite(loss)}
+    return {step: loss for step, loss in rows if math.isfinite(loss)}
 
 
 def grad_norm_series(run: Run, rank: int) -> dict[int, float]:
