@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     client.force_login(user)
     runs = ",".join(keys)
     body = client.get(f"/api/v1/compare?runs={runs}").json()
-    print(f"P9 (2 runs of {args.ranks} ranks x {args.steps} steps), server time in ms, n={args.n}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"P9 (2 runs of {args.ranks} ranks x {args.steps} steps), server time in ms, n={args.n}, "
+          f"load average {load} on {os.cpu_count()} cores")
     print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
     worst = 0.0
     for name, url in (("compare page", f"/compare/?runs={runs}"), ("compare API", f"/api/v1/compare?runs={runs}")):
