@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import heapq
 import json
 import os
 import random
@@ -98,7 +97,7 @@ class Simulation:
         conn = await self.pool.get()
         try:
             if conn is None:
-                conn = await asyncio.open_connection(self.host, self.port)
+                conn = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), HTTP_TIMEOUT)
             reader, writer = conn
             path = "/api/v1/ingest" if self.args.ranks_per_request == 1 else "/api/v1/ingest/bulk"
             writer.write((f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
@@ -107,7 +106,7 @@ class Simulation:
             status, headers, payload = await asyncio.wait_for(_response(reader), HTTP_TIMEOUT)
             self.pool.put_nowait(conn)
             return status, headers, payload
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):  # a torn answer too
             if conn is not None:
                 conn[1].close()
             self.pool.put_nowait(None)
@@ -153,7 +152,7 @@ class Simulation:
             got[1] = now
 
     async def run_for(self, seconds: float) -> None:
-        for _ in range(self.args.connections):
+        for _ in range(self.args.connections or len(self.senders)):
             self.pool.put_nowait(None)
         self.t0 = time.time()
         until = self.t0 + seconds
@@ -193,7 +192,8 @@ def main() -> None:
     parser.add_argument("--ranks-per-request", type=int, default=1, help="8: node relays")
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes")
-    parser.add_argument("--connections", type=int, default=256, help="client connections (the agents share them)")
+    parser.add_argument("--connections", type=int, default=0,
+                        help="client connections the agents share (0: one each, as real agents have: the queue forms in the server)")
     args = parser.parse_args()
 
     env = bench_env()
@@ -215,8 +215,9 @@ def main() -> None:
         servers.stop()
     rows.append(("load average (1 min)", f"{min(loads):.1f}-{max(loads):.1f}",
                  f"{os.cpu_count()} CPUs shared by the simulated agents, the servers, PostgreSQL (and whatever else runs)"))
+    conns = f"{args.connections} client connections" if args.connections else "one client connection per agent"
     print_table(f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
-                f" {args.connections} client connections, {args.buckets} buckets", rows)
+                f" {conns}, {args.buckets} buckets", rows)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -98,8 +99,15 @@ class LeanHandler(ASGIHandler):
             self.load_middleware(is_async=False)
         self.threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="lockstep-lean")
+        self._waiting: dict[int, float] = {}  # arrivals waiting for a thread, oldest first (a thread or the loop takes one off)
+        self._numbers = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._waiting and time.monotonic() - next(iter(self._waiting.values()), time.monotonic()) > backpressure.SHED_AFTER_S:
+            # the oldest waiting request is past its shedding point: this one would wait longer still,
+            # into its agent's timeout; refused at once, its body unread (`ingest.backpressure`)
+            await self.send_response(views.error(503, "server overloaded; retry later", retry_after=backpressure.retry_after()), send)
+            return
         started = time.monotonic()
         try:
             refused = await self._refused(scope)
@@ -115,7 +123,12 @@ class LeanHandler(ASGIHandler):
             return
         # the server's own waits (a token lookup's, then the view's, for a pool thread) count as load; the upload does not
         scope[backpressure.ARRIVED] = time.monotonic() - (looked_up - started)
-        response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body)
+        number = next(self._numbers)
+        self._waiting[number] = scope[backpressure.ARRIVED]
+        try:
+            response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body, number)
+        finally:
+            self._waiting.pop(number, None)  # a job cancelled before it started
         await self.send_response(response, send)
 
     async def _refused(self, scope: Scope) -> bool:
@@ -144,9 +157,10 @@ class LeanHandler(ASGIHandler):
             if not message.get("more_body", False):
                 return io.BytesIO(b"".join(chunks))
 
-    def _respond(self, scope: Scope, body: io.BytesIO) -> HttpResponseBase:
+    def _respond(self, scope: Scope, body: io.BytesIO, number: int) -> HttpResponseBase:
         """On a pool thread, what WSGIHandler.__call__ does: the request signals around the chain, and
         the response closed (request_finished: this thread's connections go back) once rendered."""
+        self._waiting.pop(number, None)
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body)

@@ -3,18 +3,23 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
+import time
 
+import psycopg
 import pytest
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
+from django.db import connection
 from django.urls import URLPattern, get_resolver, resolve, reverse
 
 from agents import protocol
-from ingest import views
+from ingest import backpressure, groupcommit, views
 from ingest.fastpath import LeanRoutes, is_lean
 from ingest.models import GradReport, IngestBatch
 from tests.conftest import make_batch, per_rank
+from tests.stack import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -238,3 +243,44 @@ def test_json_nested_too_deeply_is_a_400(route, token):
     body = b'{"v": 1, "run": {"key": "deep", "world_size": 1, "meta": {"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}}"
     status, _, content = call(route, body, headers_for(token))
     assert status == 400 and "error" in json.loads(content)
+
+
+def test_while_the_oldest_waiting_request_is_past_shedding_a_new_one_is_refused_at_once(token, monkeypatch):
+    """One pool thread, held by a batch stalled in PostgreSQL (a table lock another session holds);
+    a second batch waits for the thread past SHED_AFTER_S; a third is answered 503 + Retry-After on
+    the event loop while the thread is still held, and the waiting one is shed when it gets it."""
+    monkeypatch.setattr(backpressure, "SHED_AFTER_S", 0.3)
+    app = LeanRoutes(get_asgi_application(), threads=1)
+    answers: dict[int, int] = {}
+
+    def send(rank: int) -> None:
+        answers[rank] = call(app, json.dumps(make_batch(rank=rank)).encode(), headers_for(token))[0]
+
+    locker = psycopg.connect(database_url(connection.settings_dict))
+    try:
+        locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
+        held = threading.Thread(target=send, args=(0,))
+        held.start()
+        _wait(lambda: groupcommit._committer.leading)
+        waiting = threading.Thread(target=send, args=(1,))
+        waiting.start()
+        _wait(lambda: app.handler._waiting)
+        time.sleep(backpressure.SHED_AFTER_S + 0.2)
+        status, headers, _ = call(app, json.dumps(make_batch(rank=2)).encode(), headers_for(token))
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert held.is_alive()  # answered without waiting for the thread
+    finally:
+        locker.commit()
+        locker.close()
+    held.join(30)
+    waiting.join(30)
+    app.shutdown()
+    assert answers == {0: 200, 1: 503}
+    assert list(IngestBatch.objects.values_list("rank", flat=True)) == [0]
+
+
+def _wait(condition, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
