@@ -12,7 +12,9 @@ average falls back, the field goes away and agents return to their own interval.
 A request that already waited SHED_AFTER_S for a thread is answered 503 without being stored,
 with Retry-After: its agent keeps the batch in its spool and resends it, where waiting longer
 would have run into the agent's 10 s timeout (`agents.transport.HTTP_TIMEOUT`) with the batch
-perhaps stored anyway. 429s and these 503s carry Retry-After of the current interval.
+perhaps stored anyway. While the oldest request waiting for a thread is past that point, a new
+one is refused the same way on the event loop at once, its body unread (`ingest.fastpath`).
+429s and these 503s carry Retry-After of the current interval.
 """
 from __future__ import annotations
 

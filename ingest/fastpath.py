@@ -100,10 +100,11 @@ class LeanHandler(ASGIHandler):
         self.threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="lockstep-lean")
         self._waiting: dict[int, float] = {}  # arrivals waiting for a thread, oldest first (a thread or the loop takes one off)
+        self._waiting_lock = threading.Lock()
         self._numbers = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._waiting and time.monotonic() - next(iter(self._waiting.values()), time.monotonic()) > backpressure.SHED_AFTER_S:
+        if self._oldest_wait() > backpressure.SHED_AFTER_S:
             # the oldest waiting request is past its shedding point: this one would wait longer still,
             # into its agent's timeout; refused at once, its body unread (`ingest.backpressure`)
             await self.send_response(views.error(503, "server overloaded; retry later", retry_after=backpressure.retry_after()), send)
@@ -124,12 +125,23 @@ class LeanHandler(ASGIHandler):
         # the server's own waits (a token lookup's, then the view's, for a pool thread) count as load; the upload does not
         scope[backpressure.ARRIVED] = time.monotonic() - (looked_up - started)
         number = next(self._numbers)
-        self._waiting[number] = scope[backpressure.ARRIVED]
+        with self._waiting_lock:
+            self._waiting[number] = scope[backpressure.ARRIVED]
         try:
             response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body, number)
         finally:
-            self._waiting.pop(number, None)  # a job cancelled before it started
+            self._started(number)  # a job cancelled before it started
         await self.send_response(response, send)
+
+    def _oldest_wait(self) -> float:
+        """Seconds the longest-waiting request has waited for a pool thread (0: none waits)."""
+        with self._waiting_lock:
+            oldest = next(iter(self._waiting.values()), None)
+        return 0.0 if oldest is None else time.monotonic() - oldest
+
+    def _started(self, number: int) -> None:
+        with self._waiting_lock:
+            self._waiting.pop(number, None)
 
     async def _refused(self, scope: Scope) -> bool:
         """`views.refused_before_body` from the headers: on the loop when the token is cached, else
@@ -160,7 +172,7 @@ class LeanHandler(ASGIHandler):
     def _respond(self, scope: Scope, body: io.BytesIO, number: int) -> HttpResponseBase:
         """On a pool thread, what WSGIHandler.__call__ does: the request signals around the chain, and
         the response closed (request_finished: this thread's connections go back) once rendered."""
-        self._waiting.pop(number, None)
+        self._started(number)
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body)
