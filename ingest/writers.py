@@ -1,8 +1,9 @@
-"""Write one validated batch: all-or-nothing, idempotent per (session, seq), raw rows by binary COPY.
+"""Write validated batches: all-or-nothing per request, idempotent per (session, seq), raw rows by binary COPY.
 
-One transaction per batch: the (session, seq) claim, the rank/run facts, every raw row and the
-slot counters commit together or not at all, so a batch is either accepted whole or can be
-resent whole. Grad rows (nearly all of the volume) are encoded by `ingest.pgcopy`; the rare
+One transaction per group of requests (`ingest.groupcommit`; a request is one rank's batch or a
+relay's several): each request's (session, seq) claims, rank/run facts, raw rows and slot
+counters commit together or not at all, so a request is either accepted whole or can be resent
+whole, and a request the group cannot take leaves it without taking its neighbours along. Grad rows (nearly all of the volume) are encoded by `ingest.pgcopy`; the rare
 kinds go through psycopg's binary `write_row`.
 """
 from __future__ import annotations
@@ -124,25 +125,25 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
         partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
     except DatabaseError as exc:
         return [exc] * len(jobs)
-    refused: dict[int, Exception] = {}
+    apart: dict[int, Outcome] = {}  # requests answered outside the group's transaction: refused, or stored alone
     duplicates: set[tuple[int, int]] = set()
     attempt = 0
     written: list[tuple[int, _Written | None]] = []
-    while len(refused) < len(jobs):
-        live = [j for j in range(len(jobs)) if j not in refused]
+    while len(apart) < len(jobs):
+        live = [j for j in range(len(jobs)) if j not in apart]
         try:
             with transaction.atomic():
                 written = _write_all(jobs, live, duplicates, now)
             break
         except _Refused as exc:
-            refused[exc.job] = exc.rejection
+            apart[exc.job] = exc.rejection
         except _Resent as resent:
             w = resent.written
             previous = IngestBatch.objects.get(session=w.batch.session, seq=w.batch.seq)
             if previous.digest == w.digest:
                 duplicates.add((w.job, w.index))
             else:
-                refused[w.job] = Rejection(409, f"batch seq {w.batch.seq} of session {w.batch.session} was already received"
+                apart[w.job] = Rejection(409, f"batch seq {w.batch.seq} of session {w.batch.session} was already received"
                                                 " with other content", f"batches[{w.index}].seq" if jobs[w.job].bulk else "seq")
         except DatabaseError as exc:
             attempt += 1
@@ -152,15 +153,15 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
                 continue
             forget_runs()
             if len(live) == 1:
-                refused[live[0]] = exc
+                apart[live[0]] = exc
                 written = []
                 break
             for j in live:  # one request's batch may be the cause: each request on its own
-                refused[j] = store_group([jobs[j]])[0]
+                apart[j] = store_group([jobs[j]])[0]
             written = []
             break
     stored = _after_commit([w for _, w in written])
-    outcomes: list[Outcome] = [refused[j] if j in refused else [] for j in range(len(jobs))]
+    outcomes: list[Outcome] = [apart[j] if j in apart else [] for j in range(len(jobs))]
     for (j, _), one in zip(written, stored):
         outcomes[j].append(one)
     return outcomes
