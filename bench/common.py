@@ -209,3 +209,38 @@ def raw_copy(packed: dict, ranks: int, run_key: str, together: int = 1) -> tuple
         for i in range(0, len(data), 1 << 20):
             copy.write(data[i:i + (1 << 20)])
     return rank_steps, len(rows) - 2, time.perf_counter() - started
+
+
+def timed_get(client, url: str, n: int) -> list[float]:
+    """Milliseconds of `n` GETs of `url` through a Django test client, sorted, after one warm-up
+    (connections, template cache)."""
+    client.get(url)
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        response = client.get(url)
+        samples.append((time.perf_counter() - start) * 1000)
+        assert response.status_code == 200, (url, response.status_code, response.content[:300])
+    return sorted(samples)
+
+
+def configure_in_process(db: str) -> None:
+    """Django set up in this process against database `db` (made and migrated when missing), for
+    benches that time views through the test client."""
+    base = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lockstep")
+    os.environ["DATABASE_URL"] = base.rsplit("/", 1)[0] + f"/{db}"
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("SECRET_KEY", "lockstep-bench-only")
+    os.environ["ALLOWED_HOSTS"] = "testserver"  # the in-process test client
+    import psycopg
+
+    with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone():
+            conn.execute(f"CREATE DATABASE {db}")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)

@@ -19,29 +19,17 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import configure_in_process, timed_get  # noqa: E402
 
 BENCH_DB = "lockstep_bench_compare"
 TARGET_MS = 500
 
 
 def configure() -> None:
-    base = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lockstep")
-    os.environ["DATABASE_URL"] = base.rsplit("/", 1)[0] + f"/{BENCH_DB}"
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
-    os.environ.setdefault("SECRET_KEY", "lockstep-bench-only")
-    os.environ["ALLOWED_HOSTS"] = "testserver"
-    import psycopg
-
-    with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone():
-            conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    configure_in_process(BENCH_DB)
 
 
 def tables() -> dict[str, str]:
@@ -120,17 +108,6 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
             cur.execute(f"ANALYZE {table}")
 
 
-def timed(client, url: str, n: int) -> list[float]:
-    client.get(url)  # warm-up: connections, template cache
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        response = client.get(url)
-        samples.append((time.perf_counter() - start) * 1000)
-        assert response.status_code == 200, (url, response.status_code, response.content[:300])
-    return sorted(samples)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
@@ -162,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
     worst = 0.0
     for name, url in (("compare page", f"/compare/?runs={runs}"), ("compare API", f"/api/v1/compare?runs={runs}")):
-        samples = timed(client, url, args.n)
+        samples = timed_get(client, url, args.n)
         median, p90 = statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.9))]
         worst = max(worst, median)
         print(f"{name:<16}{median:>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}{TARGET_MS:>10}  {'yes' if median <= TARGET_MS else 'NO'}")

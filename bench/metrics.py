@@ -17,6 +17,7 @@ import sys
 import time
 
 from bench import pages
+from bench.common import configure_in_process, timed_get
 
 BENCH_DB = "lockstep_bench_metrics"
 
@@ -28,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("-n", type=int, default=15)
     args = parser.parse_args(argv)
-    pages.BENCH_DB = BENCH_DB  # bench/pages.py's setup and data, in a database of this bench's own
-    pages.configure()
+    configure_in_process(BENCH_DB)  # bench/pages.py's data, in a database of this bench's own
     from django.test import Client
     from django.utils import timezone
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     Rank.objects.filter(run__key__in=keys).update(last_seen=timezone.now())
     print(f"prepared {args.runs} runs in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     client = Client()
-    scrape = sorted(pages.timed(client, "/metrics", args.n))
+    scrape = timed_get(client, "/metrics", args.n)
     health = sorted(_timed(lambda: list(HealthCollector().collect()), args.n))
     body = client.get("/metrics").content.decode()
     series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))

@@ -16,28 +16,16 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import configure_in_process, timed_get  # noqa: E402
 
 BENCH_DB = "lockstep_bench_pages"  # own name: other benchmarks recreate lockstep_bench
 
 
 def configure() -> None:
-    base = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lockstep")
-    os.environ["DATABASE_URL"] = base.rsplit("/", 1)[0] + f"/{BENCH_DB}"
-    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
-    os.environ.setdefault("SECRET_KEY", "lockstep-bench-only")
-    os.environ["ALLOWED_HOSTS"] = "testserver"  # the in-process test client
-    import psycopg
-
-    with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone():
-            conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    configure_in_process(BENCH_DB)
 
 
 def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
@@ -121,17 +109,6 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
             cur.execute(f"ANALYZE {table}")
 
 
-def timed(client, url: str, n: int) -> list[float]:
-    client.get(url)  # warm-up: connections, template cache
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        response = client.get(url)
-        samples.append((time.perf_counter() - start) * 1000)
-        assert response.status_code == 200, (url, response.status_code)
-    return samples
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
@@ -165,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
     worst = 0.0
     for name, url in rows:
-        samples = sorted(timed(client, url, args.n))
+        samples = timed_get(client, url, args.n)
         p90 = samples[min(len(samples) - 1, int(len(samples) * 0.9))]
         worst = max(worst, statistics.median(samples))
         ok = "yes" if statistics.median(samples) <= 300 else "NO"
