@@ -69,15 +69,17 @@ class _Committer:
         return group
 
     def _write(self, group: list[_Queued]) -> None:
+        outcomes: list = [RuntimeError("the group's writer was interrupted")] * len(group)
         try:
             outcomes = writers.store_group([q.job for q in group])
         except Exception as exc:  # after commit, or a bug: every request of the group hears it (a resend is a duplicate)
             outcomes = [exc] * len(group)
-        with self.cv:
-            for q, outcome in zip(group, outcomes, strict=True):
-                q.outcome = outcome
-            self.leading = False
-            self.cv.notify_all()
+        finally:  # whatever happened, the followers are answered and the next leader may start
+            with self.cv:
+                for q, outcome in zip(group, outcomes):
+                    q.outcome = outcome
+                self.leading = False
+                self.cv.notify_all()
 
 
 _committer = _Committer()
