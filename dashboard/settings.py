@@ -21,7 +21,17 @@ from django.core.exceptions import ImproperlyConfigured
 from agents import protocol
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(os.environ.get("LOCKSTEP_DATA_DIR", BASE_DIR / "var"))
+
+
+def _default_data_dir() -> Path:
+    """./var in a checkout (beside manage.py); for an installed server (`pip install .`) the user's data
+    folder, never site-packages."""
+    if (BASE_DIR / "manage.py").is_file():
+        return BASE_DIR / "var"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "lockstep"
+
+
+DATA_DIR = Path(os.environ.get("LOCKSTEP_DATA_DIR") or _default_data_dir())
 
 
 def _env_bool(name: str, default: bool) -> bool:

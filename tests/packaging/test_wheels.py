@@ -186,6 +186,11 @@ def test_server_wheel_holds_settings_templates_static_and_migrations(dist, tmp_p
     assert all(f.startswith(str(target)) for f in found["migration_files"]), found["migration_files"]
     assert found["migrations"] == _tree_migrations()
     assert found["beat"] == str(tmp_path / "data" / "celerybeat-schedule")
+    env.pop("LOCKSTEP_DATA_DIR")  # an installed server's default data folder: the user's, not site-packages
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME="")
+    beat = _run([sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+                 "print(settings.CELERY_BEAT_SCHEDULE_FILENAME)"], cwd=tmp_path, env=env).strip()
+    assert beat == str(tmp_path / "home" / ".local" / "share" / "lockstep" / "celerybeat-schedule")
     with zipfile.ZipFile(_wheel(dist, "lockstep")) as z:
         scripts = z.read(next(n for n in z.namelist() if n.endswith("entry_points.txt"))).decode()
     assert "lockstep = lockstep_cli.main:main" in scripts and "lockstep-agent = agents.cli:main" in scripts
