@@ -70,13 +70,20 @@ def _env(stack, home, token: str | None, url: str | None = None) -> dict:
     return env
 
 
+def _interactive_sigint() -> None:
+    """Ctrl-C as a terminal's foreground command gets it: a suite started in the background (`&`, as CI
+    may) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Follow:
     """`lockstep alerts RUN --follow` running, its stdout lines collected as they come."""
 
     def __init__(self, stack, home, key: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "lockstep_cli", "alerts", key, "--follow"],
                                      env=_env(stack, home, None), cwd=home, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                     preexec_fn=_interactive_sigint)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 

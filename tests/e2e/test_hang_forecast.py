@@ -69,7 +69,7 @@ def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, t
         code, output = until_dead(job)
     assert alive_at_forecast, output[-4000:]
     assert alert["ranks"] == [1] and alert["frame"] is None
-    assert "rank 1 is waiting in the data loader at demo/hang_job.py:" in alert["message"]
+    assert "rank 1 is waiting in the data loader at hang_job.py:" in alert["message"]
     assert ":__getitem__" in alert["message"]
     held = [s for s in strips if s[0]["holding"]]
     assert held, strips[-3:]
@@ -92,5 +92,5 @@ def test_under_ddp_the_others_wait_inside_backward_and_the_stuck_rank_is_named(s
     assert alive_at_forecast, output[-4000:]
     assert alert["ranks"] == [1] and alert["details"]["waiting"] == [0, 2] and alert["step"] == 2
     assert "in backward (DDP's all-reduce) of step 2" in alert["message"]
-    assert "rank 1 is waiting in the data loader at demo/hang_job.py:" in alert["message"]
+    assert "rank 1 is waiting in the data loader at hang_job.py:" in alert["message"]
     assert code != 0 and "step 2 done" not in output
