@@ -35,14 +35,14 @@ LOWER = {"ATEN_CPU_CAPABILITY": LOWER_ISA.lower()}
 MISMATCH = re.compile(r"rank (\d): compiled != eager in (\d+) of 1000 elements")
 
 
-def isa_job(stack, token: str, key: str, tmp_path, per_rank: dict, cache_dir=None) -> str:
+def isa_job(stack, token: str, key: str, tmp_path, per_rank: dict, cache_dir=None, must_succeed: bool = True) -> str:
     """The 2-rank job under per-rank settings; returns its output (all ranks)."""
     env = {"PER_RANK_ENV": json.dumps(per_rank)}
     if cache_dir is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     with running(torchrun(stack, token, key, str(WRAPPER), JOB, tmp_path / f"spool-{key}", ranks=2, extra_env=env,
                           via_agent_cli=False)) as job:
-        return finish(job)
+        return finish(job) if must_succeed else job.communicate(timeout=180)[0].decode(errors="replace")
 
 
 def artifacts(stack, token: str, key: str) -> dict[str, dict]:
@@ -76,7 +76,11 @@ def test_cold_shared_cache_with_another_isa_on_rank_1_warns(stack, team, tmp_pat
     rank 1 (no strict majority of 2: rank 0 is the reference), with both ISAs in the details."""
     token, feed = team
     key = f"isa-cold-{uuid.uuid4().hex[:6]}"
-    output = isa_job(stack, token, key, tmp_path, {"1": LOWER}, cache_dir=tmp_path / "shared-cache")
+    # The helper is both ranks' first compile, so both miss it. The model compiles after it, and one rank
+    # may write its entry before the other looks it up: on an AVX512 host that rank runs it, on an AVX2
+    # host the scalar rank crashes building it (the warm test's case), so the exit is not asserted there.
+    output = isa_job(stack, token, key, tmp_path, {"1": LOWER}, cache_dir=tmp_path / "shared-cache",
+                     must_succeed=HOST_ISA == "AVX512")
     feed.wait_for({"rank_specific_artifact"}, 60, run=key)
     helper, found = elementwise_alert(stack, token, key, "warning")
     assert helper["ranks"] == [1]
