@@ -10,8 +10,8 @@ from ingest import views as ingest
 from ingest.fastpath import lean
 
 urlpatterns = [
-    path("api/v1/ingest", lean(ingest.ingest), name="ingest"),
-    path("api/v1/ingest/bulk", lean(ingest.ingest_bulk), name="ingest-bulk"),
+    path("api/v1/ingest", lean(ingest.ingest, on_loop="ingest"), name="ingest"),
+    path("api/v1/ingest/bulk", lean(ingest.ingest_bulk, on_loop="bulk"), name="ingest-bulk"),
     path("api/v1/blobs", lean(ingest.upload_blobs), name="blobs"),
     path("api/v1/flight-recorder", ingest_flight.upload_flight_record, name="flight-recorder"),
     path("api/v1/schema", ingest.openapi, name="api-schema"),

@@ -51,17 +51,17 @@ from django.test.utils import override_settings
 from django.urls import Resolver404, URLResolver, get_resolver, get_urlconf, set_script_prefix
 
 from ingest import backpressure, groupcommit, views
+from ingest.loop import LoopIngest, Receive, Scope, Send, read_body
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 View = Callable[..., HttpResponseBase]
 
 
-def lean(view: View) -> View:
+def lean(view: View, on_loop: str | None = None) -> View:
     """Mark a route of dashboard/urls.py for the lean route: a synchronous view that answers in
-    full and needs nothing per request from the async stack (the middleware chain still runs)."""
+    full and needs nothing per request from the async stack (the middleware chain still runs).
+    `on_loop` ("ingest" or "bulk"): an agents' endpoint that `ingest.loop` serves on the event
+    loop, with this view's checks and answers."""
     if iscoroutinefunction(view):
         raise TypeError(f"{view.__qualname__}: the lean route runs synchronous views only")
 
@@ -70,24 +70,30 @@ def lean(view: View) -> View:
         return view(request, *args, **kwargs)
 
     marked.lean_route = True
+    marked.on_loop = on_loop
     return marked
 
 
 def is_lean(scope: Scope) -> bool:
     """Whether Django's resolver maps this request's path (less the script prefix, as ASGIRequest
     takes it) to a view marked `lean`."""
-    return _resolves_to_lean(get_resolver(get_urlconf()), scope["path"].removeprefix(get_script_prefix(scope)))
+    return lean_route(scope) is not None
+
+
+def lean_route(scope: Scope) -> View | None:
+    """The marked view this request's path resolves to, or None."""
+    return _lean_view(get_resolver(get_urlconf()), scope["path"].removeprefix(get_script_prefix(scope)))
 
 
 @lru_cache(maxsize=1024)
-def _resolves_to_lean(resolver: URLResolver, path_info: str) -> bool:
+def _lean_view(resolver: URLResolver, path_info: str) -> View | None:
     """Remembered per resolver (a changed ROOT_URLCONF or cleared URL caches give a new one): the
     answer is asked for on the event loop before every request."""
     try:
         match = resolver.resolve(path_info)
     except Resolver404:
-        return False
-    return getattr(match.func, "lean_route", False)
+        return None
+    return match.func if getattr(match.func, "lean_route", False) else None
 
 
 class LeanHandler(ASGIHandler):
@@ -98,7 +104,7 @@ class LeanHandler(ASGIHandler):
         with override_settings(MIDDLEWARE=settings.LEAN_MIDDLEWARE):  # load_middleware reads only settings.MIDDLEWARE
             self.load_middleware(is_async=False)
         self.threads = threads
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="lockstep-lean")
+        self.executor = ThreadPoolExecutor(threads, thread_name_prefix="lockstep-lean")
         self._waiting: dict[int, float] = {}  # arrivals waiting for a thread, oldest first (a thread or the loop takes one off)
         self._waiting_lock = threading.Lock()
         self._numbers = itertools.count()
@@ -116,7 +122,7 @@ class LeanHandler(ASGIHandler):
             if refused:  # the view answers without the body: a bad token costs no memory, no wait
                 body = io.BytesIO()
             else:
-                body = await asyncio.wait_for(self.read_body(receive), settings.LOCKSTEP_BODY_TIMEOUT)
+                body = await asyncio.wait_for(read_body(receive), settings.LOCKSTEP_BODY_TIMEOUT)
         except RequestAborted:
             return
         except TimeoutError:  # a slow body holds a connection, never a pool thread
@@ -128,7 +134,7 @@ class LeanHandler(ASGIHandler):
         with self._waiting_lock:
             self._waiting[number] = scope[backpressure.ARRIVED]
         try:
-            response = await asyncio.get_running_loop().run_in_executor(self._executor, self._respond, scope, body, number)
+            response = await asyncio.get_running_loop().run_in_executor(self.executor, self._respond, scope, body, number)
         finally:
             self._started(number)  # a job cancelled before it started
         await self.send_response(response, send)
@@ -149,25 +155,8 @@ class LeanHandler(ASGIHandler):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         refused = views.refused_before_body(headers, query=False)
         if refused is views.UNDECIDED:
-            refused = await asyncio.get_running_loop().run_in_executor(self._executor, _refused_on_thread, headers)
+            refused = await asyncio.get_running_loop().run_in_executor(self.executor, _refused_on_thread, headers)
         return refused
-
-    async def read_body(self, receive: Receive) -> io.BytesIO:
-        """The body as Django's handler reads it, keeping LOCKSTEP_MAX_BODY + 1 bytes at most (enough
-        for the view to answer 413) and draining the rest."""
-        keep = settings.LOCKSTEP_MAX_BODY + 1
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise RequestAborted()
-            chunk = message.get("body", b"")
-            if size < keep and chunk:
-                chunks.append(chunk[:keep - size])
-                size += len(chunks[-1])
-            if not message.get("more_body", False):
-                return io.BytesIO(b"".join(chunks))
 
     def _respond(self, scope: Scope, body: io.BytesIO, number: int) -> HttpResponseBase:
         """On a pool thread, what WSGIHandler.__call__ does: the request signals around the chain, and
@@ -195,9 +184,9 @@ class LeanHandler(ASGIHandler):
                 pass
             connections.close_all()
 
-        for future in [self._executor.submit(close) for _ in range(self.threads)]:
+        for future in [self.executor.submit(close) for _ in range(self.threads)]:
             future.result()
-        self._executor.shutdown(wait=True)
+        self.executor.shutdown(wait=True)
 
 
 def _refused_on_thread(headers: dict[str, str]) -> bool:
@@ -211,17 +200,23 @@ def _refused_on_thread(headers: dict[str, str]) -> bool:
 
 
 class LeanRoutes:
-    """The HTTP application: requests to a lean route go to a `LeanHandler`, all others to `app` (Django's ASGI handler)."""
+    """The HTTP application: the agents' endpoints go to `ingest.loop`, the other lean routes to a
+    `LeanHandler`, all others to `app` (Django's ASGI handler)."""
 
     def __init__(self, app: ASGIApp, threads: int | None = None) -> None:
         self.app = app
         self.handler = LeanHandler(threads or settings.LOCKSTEP_INGEST_THREADS)
+        self.loop = LoopIngest(self.handler, self.handler.executor)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and is_lean(scope):
-            await self.handler(scope, receive, send)
-        else:
+        view = lean_route(scope) if scope["type"] == "http" else None
+        if view is None:
             await self.app(scope, receive, send)
+        elif view.on_loop:
+            await self.loop(scope, receive, send, bulk=view.on_loop == "bulk")
+        else:
+            await self.handler(scope, receive, send)
 
     def shutdown(self) -> None:
+        self.loop.shutdown()
         self.handler.shutdown()

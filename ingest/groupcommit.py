@@ -3,81 +3,195 @@
 Why: agents flush every 0.5 s, so a request carries a few steps, and each paid a transaction of
 its own: BEGIN, a COPY, the claim statement, COMMIT (a WAL flush), run liveness and the slot
 completion statement, for 2 rank-steps. Sharing them, a group of N requests pays one COPY per
-table, one claim statement per run and one commit, as a node relay's bulk request does.
+table, one claim statement per run, one commit, one rate-limit count in Redis per project, one
+blob lookup and one announcement of the slots it completed, as a node relay's bulk request does.
 
-How: leader and followers, no thread of its own. A request queues its job; when no group of this
-process is being written, it leads: it takes the queued jobs (up to MAX_GROUP_BATCHES batches),
-writes them with `writers.store_group` on its own database connection, hands every job its
-outcome and wakes the others. Jobs that arrive while a group is written wait for it and form
-the next one, so nobody waits on a timer: a lone request is written at once, and groups grow
-with the load by themselves. A single-threaded caller (the test client, a management command)
-always leads its own request.
+How: one group of a process is written at a time, and jobs that arrive meanwhile form the next
+one, so nobody waits on a timer: a lone request is written at once, and groups grow with the load
+by themselves. Two front ends share `write`:
 
-What is kept: a request is answered only after the commit that holds its batches (followers
-block until the leader has committed); each request is all or nothing and gets its own answer
-(a duplicate, a 409, a 400 or a database error of one request leaves the others stored:
-`writers.store_group`); durability is PostgreSQL's (synchronous_commit stays on).
+- `store` for synchronous callers (Django's handlers, the test client, a management command):
+  leader and followers, no thread of its own; a request queues its job and, when no group is being
+  written, leads: it writes the queued jobs on its own database connection and wakes the others.
+- `LoopCommitter` for the agents' endpoints on the event loop (`ingest.loop`): jobs queue on the
+  loop, and one writer thread writes a group at a time; the loop hands each request its answer.
+
+What is kept: a request is answered only after the commit that holds its batches; each request is
+all or nothing and gets its own answer (a duplicate, a 409, a 400, a 429, or a database error of
+one request leaves the others stored: `writers.store_group`); durability is PostgreSQL's
+(synchronous_commit stays on).
 """
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from django.db import connection
+import msgspec
+from django.conf import settings
+from django.db import connection, connections
 
 from agents import protocol
-from dashboard.tenancy.models import Project
-from ingest import writers
+from dashboard.ledger import flight as ledger_flight
+from dashboard.ledger import signals as ledger
+from ingest import backpressure, blobs, metrics, ratelimit, writers
+from ingest.validation import Rejection
 
 MAX_GROUP_BATCHES = 256  # per transaction: bounds its locks, its statement sizes and a failing group's retry
+COALESCE_AFTER = 8  # a group this large means load: the next one waits COALESCE_S for company
+COALESCE_S = 0.001
+
+Answer = list[protocol.IngestReply] | Exception  # a request's reply per batch, or why it was refused
+
+
+def write(jobs: list[writers.Job]) -> list[Answer]:
+    """Count, store and answer one group: the rate limit (one Redis round trip per project), the
+    batches (`writers.store_group`), then what the commit completed, announced once for the group."""
+    answers: list[Answer | None] = list(_limited(jobs))
+    admitted = [j for j, a in enumerate(answers) if a is None]
+    outcomes = writers.store_group([jobs[j] for j in admitted]) if admitted else []
+    stored = {j: o for j, o in zip(admitted, outcomes) if not isinstance(o, Exception)}
+    for j, outcome in zip(admitted, outcomes):
+        if isinstance(outcome, Exception):
+            answers[j] = outcome
+    ledger.announce_ready([slot for outcome in stored.values() for s in outcome for slot in s.ready])
+    want = set(blobs.wanted(sorted({h for outcome in stored.values() for s in outcome for h in s.graph_hashes})))
+    tally = _Tally()
+    for j, outcome in stored.items():
+        answers[j] = [_reply(batch, s, want) for (batch, _), s in zip(jobs[j].items, outcome)]
+        for (batch, _), s in zip(jobs[j].items, outcome):
+            tally.add(batch, s, "bulk" if jobs[j].bulk else "ingest")
+    tally.publish()
+    return answers
+
+
+def _limited(jobs: list[writers.Job]) -> list[Exception | None]:
+    """Each request's rate-limit verdict (None: admitted), counting every batch, in arrival order:
+    the requests past a project's LOCKSTEP_RATE_LIMIT in its one-second window get 429, and all of
+    them 503 while Redis is unreachable (nothing is stored then)."""
+    batches: Counter = Counter()
+    for job in jobs:
+        batches[job.project.id] += len(job.items)
+    try:
+        counted = {pid: ratelimit.count(pid, n) - n for pid, n in batches.items()}  # the window before this group
+    except ratelimit.BrokerDown as exc:
+        return [exc] * len(jobs)
+    limit = settings.LOCKSTEP_RATE_LIMIT
+    verdicts: list[Exception | None] = []
+    for job in jobs:
+        counted[job.project.id] += len(job.items)
+        over = 0 < limit < counted[job.project.id]
+        verdicts.append(Rejection(429, f"project {job.project.name} exceeds {limit} batches/s; retry later") if over else None)
+    return verdicts
+
+
+def _reply(batch: protocol.Batch, stored: writers.Stored, want: set[str]) -> protocol.IngestReply:
+    """One batch's reply; each wanted graph text is asked of one batch only."""
+    wanted = [h for h in stored.graph_hashes if h in want]
+    want.difference_update(wanted)
+    return protocol.IngestReply(accepted=stored.accepted, duplicate=stored.duplicate, want_blobs=wanted,
+                                detail=_details(batch, stored),
+                                flight_recorder=True if ledger_flight.HANDOUT_STEP in (stored.detail or []) else msgspec.UNSET)
+
+
+def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
+    """Steps whose per-parameter fingerprints the server wants from this rank; answers in this
+    batch may complete an alert's question, which is then explained in a task."""
+    if stored.duplicate or stored.run_id is None:
+        return []
+    ledger.announce_details(stored.run_id, batch.rank, {e.step for e in batch.events if isinstance(e, protocol.Detail)})
+    return [step for step in stored.detail or [] if step >= 0]  # handed out in the batch's own statement (writers._claim)
+
+
+@dataclass
+class _Tally:
+    """The group's accepted batches, events and rank-steps, added to /metrics once per group."""
+
+    requests: Counter = field(default_factory=Counter)
+    events: Counter = field(default_factory=Counter)
+    rank_steps: int = 0
+
+    def add(self, batch: protocol.Batch, stored: writers.Stored, endpoint: str) -> None:
+        self.requests[(endpoint, "duplicate" if stored.duplicate else "accepted")] += 1
+        if not stored.duplicate:
+            self.events.update(type(e).__struct_config__.tag for e in batch.events)
+            self.rank_steps += stored.rank_steps
+
+    def publish(self) -> None:
+        for (endpoint, outcome), n in self.requests.items():
+            metrics.REQUESTS.labels(endpoint, outcome, "200").inc(n)
+        for kind, n in self.events.items():
+            metrics.EVENTS.labels(kind).inc(n)
+        if self.rank_steps:
+            metrics.RANK_STEPS.inc(self.rank_steps)
+
+
+def with_interval(answer: Answer, arrived: float) -> Answer:
+    """The replies with the flush interval the load calls for, once this request's time is observed."""
+    backpressure.observe(time.monotonic() - arrived)
+    if isinstance(answer, Exception):
+        return answer
+    interval = backpressure.flush_interval()
+    return answer if interval is msgspec.UNSET else [msgspec.structs.replace(r, flush_interval_s=interval) for r in answer]
+
+
+def _take(queue: list, batches_of) -> list:
+    """The oldest queued jobs, up to MAX_GROUP_BATCHES batches (always at least one)."""
+    group, batches = [], 0
+    while queue and (not group or batches + batches_of(queue[0]) <= MAX_GROUP_BATCHES):
+        batches += batches_of(queue[0])
+        group.append(queue.pop(0))
+    return group
+
+
+def _written(jobs: list[writers.Job]) -> list[Answer]:
+    """`write`, with whatever escapes it (after commit, or a bug) as every request's answer: a resend is a duplicate."""
+    try:
+        return write(jobs)
+    except Exception as exc:
+        return [exc] * len(jobs)
 
 
 @dataclass
 class _Queued:
     job: writers.Job
-    outcome: writers.Outcome | None = None
+    answer: Answer | None = None
 
 
 @dataclass
 class _Committer:
-    """The process's queue of jobs and whether a group is being written."""
+    """Synchronous callers' queue of jobs and whether a group is being written."""
 
     cv: threading.Condition = field(default_factory=threading.Condition)
     queue: list[_Queued] = field(default_factory=list)
     leading: bool = False
 
-    def store(self, job: writers.Job) -> writers.Outcome:
+    def store(self, job: writers.Job) -> Answer:
         queued = _Queued(job)
         release_connection()
         with self.cv:
             self.queue.append(queued)
         while True:
             with self.cv:
-                while queued.outcome is None and self.leading:
+                while queued.answer is None and self.leading:
                     self.cv.wait()
-                if queued.outcome is not None:
-                    return queued.outcome
+                if queued.answer is not None:
+                    return queued.answer
                 self.leading = True
-                group = self._take()
+                group = _take(self.queue, lambda q: len(q.job.items))
             self._write(group)
 
-    def _take(self) -> list[_Queued]:
-        group, batches = [], 0
-        while self.queue and (not group or batches + len(self.queue[0].job.items) <= MAX_GROUP_BATCHES):
-            batches += len(self.queue[0].job.items)
-            group.append(self.queue.pop(0))
-        return group
-
     def _write(self, group: list[_Queued]) -> None:
-        outcomes: list = [RuntimeError("the group's writer was interrupted")] * len(group)
+        answers: list[Answer] = [RuntimeError("the group's writer was interrupted")] * len(group)
         try:
-            outcomes = writers.store_group([q.job for q in group])
-        except Exception as exc:  # after commit, or a bug: every request of the group hears it (a resend is a duplicate)
-            outcomes = [exc] * len(group)
+            answers = _written([q.job for q in group])
         finally:  # whatever happened, the followers are answered and the next leader may start
             with self.cv:
-                for q, outcome in zip(group, outcomes):
-                    q.outcome = outcome
+                for q, answer in zip(group, answers):
+                    q.answer = answer
                 self.leading = False
                 self.cv.notify_all()
 
@@ -92,10 +206,101 @@ def release_connection() -> None:
         connection.close()
 
 
-def store(project: Project, items: list[tuple[protocol.Batch, str]], bulk: bool = False) -> list[writers.Stored]:
-    """Store one request's batches in this process's next group; raises what refused the request
-    (a `Rejection`, or the database error that `views._guarded` answers as 422 or 503)."""
-    outcome = _committer.store(writers.Job(project, items, bulk))
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
+def store(job: writers.Job, arrived: float | None = None) -> list[protocol.IngestReply]:
+    """Store one request's batches in this process's next group and return its replies; raises what
+    refused the request (a `Rejection`, `ratelimit.BrokerDown`, or the database error that
+    `views.refusal` answers as 422 or 503)."""
+    answer = _committer.store(job)
+    if arrived is not None:
+        answer = with_interval(answer, arrived)
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+@dataclass
+class _Waiting:
+    job: writers.Job
+    arrived: float
+    future: asyncio.Future
+
+
+class LoopCommitter:
+    """Group commit for requests served on the event loop: no thread per request, one writer thread
+    per process. The queue is also the process's load: its oldest job's wait is what sheds new
+    requests (`backpressure.SHED_AFTER_S`), and its length bounds the batches held in memory."""
+
+    MAX_QUEUED_BATCHES = 4 * MAX_GROUP_BATCHES
+
+    def __init__(self) -> None:
+        self.queue: list[_Waiting] = []
+        self.writing = False
+        self.queued_batches = 0
+        self.coalescing = False  # the next group waits COALESCE_S for the batches on their way
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="lockstep-groupcommit")
+
+    def oldest_wait(self) -> float:
+        """Seconds the longest-waiting queued request has waited (0: none waits)."""
+        return time.monotonic() - self.queue[0].arrived if self.queue else 0.0
+
+    def full(self) -> bool:
+        return self.queued_batches >= self.MAX_QUEUED_BATCHES
+
+    async def store(self, job: writers.Job, arrived: float) -> Answer:
+        """The request's answer, once the commit that holds it is done (or why it was refused)."""
+        future = asyncio.get_running_loop().create_future()
+        self.queue.append(_Waiting(job, arrived, future))
+        self.queued_batches += len(job.items)
+        if not self.writing and not self.coalescing:
+            self._next()
+        return with_interval(await future, arrived)
+
+    def _next(self) -> None:
+        """Start writing the next group (on the loop, which alone touches the queue)."""
+        now = time.monotonic()
+        while self.queue and now - self.queue[0].arrived > backpressure.SHED_AFTER_S:
+            shed = self.queue.pop(0)  # it waited into its agent's timeout: refused unstored, resent after Retry-After
+            self.queued_batches -= len(shed.job.items)
+            shed.future.set_result(Rejection(503, f"server overloaded (the batch waited {now - shed.arrived:.1f} s); retry later"))
+        group = _take(self.queue, lambda w: len(w.job.items))
+        if not group:
+            return
+        self.writing = True
+        self.queued_batches -= sum(len(w.job.items) for w in group)
+        done = asyncio.get_running_loop().run_in_executor(self._writer, _write_on_thread, [w.job for w in group])
+        done.add_done_callback(lambda f: self._answer(group, f))
+
+    def _answer(self, group: list[_Waiting], done: asyncio.Future) -> None:
+        answers = done.result() if not done.exception() else [done.exception()] * len(group)
+        for waiting, answer in zip(group, answers):
+            if not waiting.future.done():  # its connection may have gone meanwhile
+                waiting.future.set_result(answer)
+        self.writing = False
+        if len(group) >= COALESCE_AFTER and not self.queue:
+            # under load: the requests just answered send their next batches within a moment; a lone
+            # early one would otherwise pay a whole group's statements and make the others wait for it
+            self.coalescing = True
+            asyncio.get_running_loop().call_later(COALESCE_S, self._next_if_idle)
+        else:
+            self._next()
+
+    def _next_if_idle(self) -> None:
+        self.coalescing = False
+        if not self.writing:
+            self._next()
+
+    def shutdown(self) -> None:
+        """Close the writer thread's database connections, then stop it (tests)."""
+        self._writer.submit(connections.close_all).result()
+        self._writer.shutdown(wait=True)
+
+
+def _write_on_thread(jobs: list[writers.Job]) -> list[Answer]:
+    """On the writer thread, which keeps its database connection from group to group (taking one
+    from the pool, or checking an old one, cost a round trip per group): it is replaced only after
+    a database error left it unusable."""
+    try:
+        return _written(jobs)
+    finally:
+        if connection.errors_occurred:
+            connection.close_if_unusable_or_obsolete()

@@ -1,7 +1,8 @@
 """Per-project load shedding: at most LOCKSTEP_RATE_LIMIT batches per second, else 429 + Retry-After.
 
 A fixed one-second window counted in Redis (INCR + EXPIRE in one round trip), shared by every
-ingest process. The same round trip is the broker's health check: while Redis is unreachable the
+ingest process, and counted once per group commit for all of a group's batches of a project
+(`ingest.groupcommit`). The same round trip is the broker's health check: while Redis is unreachable the
 batch is refused with 503 + Retry-After before anything is stored. Accepting would build a
 backlog nobody settles or sheds (no detection, no live alerts, no rate limit); refusing costs
 nothing, because the agent keeps the batch in its spool and resends it.
@@ -37,20 +38,25 @@ class BrokerDown(Exception):
 
 def over_limit(project_id: int, batches: int = 1) -> bool:
     """Count these batches in the project's window; raises BrokerDown when Redis is unreachable."""
+    limit = settings.LOCKSTEP_RATE_LIMIT
+    return 0 < limit < count(project_id, batches)
+
+
+def count(project_id: int, batches: int) -> int:
+    """Add these batches to the project's current window and return its count (an ingest group
+    counts all of its batches of a project at once); raises BrokerDown when Redis is unreachable."""
     key = f"lockstep:rate:{project_id}:{int(time.time())}"
     try:
-        count = _count(key, batches)
+        return _count(key, batches)
     except _DOWN:
         # one more try on a fresh connection: a pooled socket that died under load (redis-py says
         # "I/O operation on closed file") is not an outage, and a real outage refuses at once
         client().connection_pool.disconnect()
         try:
-            count = _count(key, batches)
+            return _count(key, batches)
         except _DOWN as exc:
             log.warning("Redis unavailable: %s", exc)
             raise BrokerDown(str(exc)) from exc
-    limit = settings.LOCKSTEP_RATE_LIMIT
-    return 0 < limit < count
 
 
 # not only RedisError: a connection torn down mid-handshake (a timeout under load) surfaces from

@@ -13,20 +13,18 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import msgspec
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.http import parse_header_parameters
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from agents import protocol
 from dashboard.tenancy import auth
-from dashboard.ledger import flight as ledger_flight
-from dashboard.ledger import signals as ledger
 from dashboard.tenancy.models import Project
 from ingest import backpressure, blobs, groupcommit, metrics, ratelimit, schema, validation, writers
 from ingest.validation import Rejection
@@ -44,23 +42,39 @@ def error(status: int, message: str, path: str | None = None, retry_after: int |
     return response
 
 
+def refusal(exc: Exception) -> JsonResponse:
+    """The answer to what refused a request: a rejection, Redis or the database unreachable (503),
+    or a batch the database refuses (422)."""
+    if isinstance(exc, Rejection):
+        retry = backpressure.retry_after() if exc.status in (429, 503) else None
+        return error(exc.status, exc.error, exc.path, retry)
+    if isinstance(exc, ratelimit.BrokerDown):
+        return error(503, "broker unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
+    if isinstance(exc, DatabaseError):
+        writers.forget_runs()
+        return _database_error(exc)
+    raise exc
+
+
+REFUSED = (Rejection, ratelimit.BrokerDown, DatabaseError)
+
+
 def _guarded(handler: Callable[[HttpRequest], JsonResponse], request: HttpRequest, endpoint: str) -> JsonResponse:
     """Map rejections and database outages to their JSON answers, and count every outcome."""
     started = time.perf_counter()
     try:
         response = handler(request)
-    except Rejection as rejection:
-        retry = backpressure.retry_after() if rejection.status in (429, 503) else None
-        response = error(rejection.status, rejection.error, rejection.path, retry)
-    except ratelimit.BrokerDown:
-        response = error(503, "broker unavailable; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
-    except DatabaseError as exc:
-        writers.forget_runs()
-        response = _database_error(exc)
-    if response.status_code != 200:
-        metrics.REQUESTS.labels(endpoint, "rejected", str(response.status_code)).inc()
-    metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
+    except REFUSED as exc:
+        response = refusal(exc)
+    counted(endpoint, response.status_code, started)
     return response
+
+
+def counted(endpoint: str, status: int, started: float) -> None:
+    """A request's outcome in /metrics (accepted batches are counted by `groupcommit`)."""
+    if status != 200:
+        metrics.REQUESTS.labels(endpoint, "rejected", str(status)).inc()
+    metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
 
 
 def _database_error(exc: DatabaseError) -> JsonResponse:
@@ -79,27 +93,42 @@ def _database_error(exc: DatabaseError) -> JsonResponse:
 UNIQUE_VIOLATION = "23505"  # a concurrent insert won: the resend is a duplicate
 
 
-def _authorized_body(request: HttpRequest, count: bool = True) -> tuple[Project, bytes]:
-    """Token, rate limit (the request as one batch, unless `count` is off), content type and size
-    checks, then the (inflated) body."""
-    token = auth.bearer_token(request)
-    project = _project_for(token) if token else None
+def admit(headers: Mapping[str, str], query: bool = True):
+    """The project of a request whose headers pass: its token (else 401), Content-Type (else 415)
+    and declared length (else 400 / 413), all before a byte of the body is read. `headers`: Django's
+    request.headers, or lower-cased names (`ingest.loop`). UNDECIDED when the token is not in the
+    cache and `query` is off (on the event loop: ask again from a thread)."""
+    token = auth.token_of(headers.get("authorization", ""))
+    project = (_project_for(token) if query else _cached_project(token)) if token else None
+    if project is UNDECIDED:
+        return UNDECIDED
     if project is None:
         raise Rejection(401, "missing or invalid bearer token")
-    if count:
-        _limit(project, 1)
-    if request.content_type != "application/json":
-        raise Rejection(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}")
+    content_type = parse_header_parameters(headers.get("content-type", ""))[0]
+    if content_type != "application/json":
+        raise Rejection(415, f"Content-Type must be application/json, got {content_type or 'none'!r}")
     limit = settings.LOCKSTEP_MAX_BODY
-    declared = _declared_length(request.headers.get("Content-Length") or "0")
+    declared = _declared_length(headers.get("content-length") or "0")
     if declared is None:
         raise Rejection(400, "invalid Content-Length")
     if declared > limit:
         raise Rejection(413, f"body exceeds {limit} bytes")
-    raw = request.read(limit + 1)  # bounded even without a Content-Length (chunked)
+    return project
+
+
+def body_of(raw: bytes, headers: Mapping[str, str]) -> bytes:
+    """The inflated body, refused past LOCKSTEP_MAX_BODY before and after inflating (413)."""
+    limit = settings.LOCKSTEP_MAX_BODY
     if len(raw) > limit:
         raise Rejection(413, f"body exceeds {limit} bytes")
-    return project, validation.read_body(raw, request.headers.get("Content-Encoding", ""), limit)
+    return validation.read_body(raw, headers.get("content-encoding", ""), limit)
+
+
+def _authorized_body(request: HttpRequest) -> tuple[Project, bytes]:
+    """A request counted as one batch against the rate limit (blobs, flight records), and its inflated body."""
+    project = admit(request.headers)
+    _limit(project, 1)
+    return project, body_of(request.read(settings.LOCKSTEP_MAX_BODY + 1), request.headers)  # bounded even when chunked
 
 
 def _limit(project: Project, batches: int) -> None:
@@ -109,7 +138,7 @@ def _limit(project: Project, batches: int) -> None:
 
 TOKEN_CACHE_S = 2.0  # how long a revoked token may still be honoured by a process that saw it
 _tokens: dict[str, tuple[float, Project | None]] = {}
-UNDECIDED = object()  # `refusal_before_body` could not tell without a query
+UNDECIDED = object()  # `admit` or `refused_before_body` could not tell without a query
 
 
 def _project_for(token: str) -> Project | None:
@@ -131,20 +160,14 @@ def _cached_project(token: str):
 
 
 def refused_before_body(headers: dict[str, str], query: bool = True):
-    """Whether the headers alone refuse the request, before a byte of the body is read
-    (ingest.fastpath, which then lets the view answer it without one): a missing or unknown token,
-    a Content-Length that is not a size or is past LOCKSTEP_MAX_BODY. UNDECIDED when the token is
+    """Whether the headers alone refuse the request (`admit`), before a byte of the body is read
+    (ingest.fastpath, which then lets the view answer it without one). UNDECIDED when the token is
     not in the cache and `query` is off (on the event loop: ask again from a thread)."""
-    token = auth.token_of(headers.get("authorization", ""))
-    project = _cached_project(token) if token else None
-    if project is UNDECIDED:
-        if not query:
-            return UNDECIDED
-        project = _project_for(token)
-    if project is None or "content-length" not in headers:
-        return project is None
-    declared = _declared_length(headers["content-length"])
-    return declared is None or declared > settings.LOCKSTEP_MAX_BODY
+    try:
+        admitted = admit(headers, query)
+    except Rejection:
+        return True
+    return UNDECIDED if admitted is UNDECIDED else False
 
 
 def _declared_length(value: str) -> int | None:
@@ -152,27 +175,39 @@ def _declared_length(value: str) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
 
+def job_of(project: Project, body: bytes, bulk: bool) -> writers.Job:
+    """A request's validated batches (a relay's several, each with its exact bytes' digest), or a 400."""
+    if bulk:
+        return writers.Job(project, [(batch, writers.digest(raw)) for batch, raw in validation.decode_bulk(body)], bulk=True)
+    return writers.Job(project, [(validation.decode(body), writers.digest(body))])
+
+
+def reply_content(replies: list[protocol.IngestReply], bulk: bool):
+    """The JSON of an accepted request: one batch's reply, or a relay's one per batch."""
+    return protocol.BulkReply(results=replies) if bulk else replies[0]
+
+
 @csrf_exempt
 @require_POST
 def ingest(request: HttpRequest) -> JsonResponse:
     """`POST /api/v1/ingest`: one agent's batch."""
-    return _guarded(_ingest, request, "ingest")
+    return _guarded(lambda r: _posted(r, bulk=False), request, "ingest")
 
 
-def _ingest(request: HttpRequest) -> JsonResponse:
+@csrf_exempt
+@require_POST
+def ingest_bulk(request: HttpRequest) -> JsonResponse:
+    """`POST /api/v1/ingest/bulk`: a node relay's batches of several ranks, one transaction (`protocol.Bulk`)."""
+    return _guarded(lambda r: _posted(r, bulk=True), request, "bulk")
+
+
+def _posted(request: HttpRequest, bulk: bool) -> JsonResponse:
+    """Through Django's handlers (the agents' endpoints are served on the event loop, `ingest.loop`,
+    where it runs): the same checks, the same group commit, the same answer."""
     arrived = _admitted(request)
-    project, body = _authorized_body(request)
-    batch = validation.decode(body)
-    return JsonResponse(msgspec.to_builtins(_accept(project, [(batch, writers.digest(body))], "ingest", arrived)[0]))
-
-
-def _ingest_bulk(request: HttpRequest) -> JsonResponse:
-    arrived = _admitted(request)
-    project, body = _authorized_body(request, count=False)
-    decoded = validation.decode_bulk(body)
-    _limit(project, len(decoded))  # each batch counts against the rate limit, as it would sent alone
-    replies = _accept(project, [(batch, writers.digest(raw)) for batch, raw in decoded], "bulk", arrived)
-    return JsonResponse(msgspec.to_builtins(protocol.BulkReply(results=replies)))
+    project = admit(request.headers)
+    job = job_of(project, body_of(request.read(settings.LOCKSTEP_MAX_BODY + 1), request.headers), bulk)
+    return JsonResponse(msgspec.to_builtins(reply_content(groupcommit.store(job, arrived), bulk)))
 
 
 def _admitted(request: HttpRequest) -> float:
@@ -183,52 +218,6 @@ def _admitted(request: HttpRequest) -> float:
     if waited > backpressure.SHED_AFTER_S:
         raise Rejection(503, f"server overloaded (the batch waited {waited:.1f} s for a thread); retry later")
     return now - waited
-
-
-def _accept(project: Project, items: list[tuple[protocol.Batch, str]], endpoint: str,
-            arrived: float) -> list[protocol.IngestReply]:
-    """Store the batches (in this process's next group commit), queue what they completed, and
-    answer each as `POST /api/v1/ingest` would, with the flush interval the load calls for."""
-    stored = groupcommit.store(project, items, bulk=endpoint == "bulk")
-    backpressure.observe(time.monotonic() - arrived)
-    interval = backpressure.flush_interval()
-    ledger.announce_ready([slot for s in stored for slot in s.ready])
-    want = set(blobs.wanted(sorted({h for s in stored for h in s.graph_hashes})))
-    replies = []
-    for (batch, _), s in zip(items, stored):
-        replies.append(protocol.IngestReply(accepted=s.accepted, duplicate=s.duplicate,
-                                            want_blobs=[h for h in s.graph_hashes if h in want], detail=_details(batch, s),
-                                            flight_recorder=True if ledger_flight.HANDOUT_STEP in (s.detail or []) else msgspec.UNSET,
-                                            flush_interval_s=interval))
-        want.difference_update(s.graph_hashes)  # each wanted text is asked of one batch only
-        _count(batch, s, endpoint)
-    return replies
-
-
-def _count(batch: protocol.Batch, stored: writers.Stored, endpoint: str) -> None:
-    if stored.duplicate:
-        metrics.REQUESTS.labels(endpoint, "duplicate", "200").inc()
-        return
-    metrics.REQUESTS.labels(endpoint, "accepted", "200").inc()
-    for kind, n in Counter(type(e).__struct_config__.tag for e in batch.events).items():
-        metrics.EVENTS.labels(kind).inc(n)
-    metrics.RANK_STEPS.inc(stored.rank_steps)
-
-
-def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
-    """Steps whose per-parameter fingerprints the server wants from this rank; answers in this
-    batch may complete an alert's question, which is then explained in a task."""
-    if stored.duplicate or stored.run_id is None:
-        return []
-    ledger.announce_details(stored.run_id, batch.rank, {e.step for e in batch.events if isinstance(e, protocol.Detail)})
-    return [step for step in stored.detail or [] if step >= 0]  # handed out in the batch's own statement (writers._claim)
-
-
-@csrf_exempt
-@require_POST
-def ingest_bulk(request: HttpRequest) -> JsonResponse:
-    """`POST /api/v1/ingest/bulk`: a node relay's batches of several ranks, one transaction (`protocol.Bulk`)."""
-    return _guarded(_ingest_bulk, request, "bulk")
 
 
 @csrf_exempt

@@ -2,7 +2,7 @@
 load: PostgreSQL stalled by a table lock another session holds, so batches wait in the server.
 
 A slow server tells the agent to flush less often (`flush_interval_s`), and the agent goes back
-to its own interval once the server keeps up; a batch that waited too long for a thread is
+to its own interval once the server keeps up; a batch that waited too long in the server is
 answered 503 + Retry-After, which the agent spools and resends. Nothing is dropped."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.e2e.jobs import project_with_token
 from tests.stack import database_url, unique
 
 pytestmark = [pytest.mark.e2e]
-THREADS = 16  # the server's LOCKSTEP_INGEST_THREADS (its default)
+HOLDERS = 4  # requests that reach the stalled server before the agent's batch
 
 
 @pytest.fixture(autouse=True)
@@ -57,8 +57,12 @@ def _wait(condition, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _agent(stack, token: str, key: str, spool) -> Transport:
-    return Transport(resolve(url=stack.url, token=token, run=key, rank=0, world_size=THREADS + 1, spool_dir=str(spool)))
+def _agent(stack, token: str, key: str, spool, world_size: int = 2) -> Transport:
+    return Transport(resolve(url=stack.url, token=token, run=key, rank=0, world_size=world_size, spool_dir=str(spool)))
+
+
+def _ranks_at_step_0(key: str) -> list[int]:
+    return sorted(StepReport.objects.filter(run__key=key, step=0).values_list("rank", flat=True))
 
 
 def test_a_slow_server_slows_the_agents_flushes_and_lets_go_when_it_keeps_up(stack, live_db, tmp_path):
@@ -81,29 +85,33 @@ def test_a_slow_server_slows_the_agents_flushes_and_lets_go_when_it_keeps_up(sta
     assert agent.stats["dropped_events"] == 0
 
 
-def test_a_batch_that_waited_for_a_thread_is_refused_with_retry_after_and_resent(stack, live_db, tmp_path):
+def test_a_batch_that_waited_past_shedding_is_refused_with_retry_after_and_resent(stack, live_db, tmp_path):
+    """A group stalled in PostgreSQL; the requests queued behind it wait past SHED_AFTER_S, among
+    them the agent's batch: each is answered 503 + Retry-After unstored when its turn comes, and
+    the agent resends its batch, stored once. Only the stalled group's request got in meanwhile."""
     _, token = project_with_token("shed")
     key = unique("shed")
     stall = Stall()
     answers: list[int] = []
 
-    def occupy(rank: int) -> None:  # a thread of the server each, waiting on the stalled database
-        body = make_batch(run=key, rank=rank, world_size=THREADS + 1, events=[{"t": "step", "step": 0}])
+    def occupy(rank: int) -> None:  # a queued request each, behind the group stalled in the database
+        body = make_batch(run=key, rank=rank, world_size=HOLDERS + 1, events=[{"t": "step", "step": 0}])
         answers.append(requests.post(f"{stack.url}/api/v1/ingest", data=json.dumps(body), timeout=120, headers={
             "Authorization": f"Bearer {token}", "Content-Type": "application/json"}).status_code)
 
-    holders = [threading.Thread(target=occupy, args=(rank,)) for rank in range(1, THREADS + 1)]
+    holders = [threading.Thread(target=occupy, args=(rank,)) for rank in range(1, HOLDERS + 1)]
     for t in holders:
         t.start()
     time.sleep(2)  # the holders reach the server first
-    agent = _agent(stack, token, key, tmp_path / "spool")
+    agent = _agent(stack, token, key, tmp_path / "spool", world_size=HOLDERS + 1)
     agent.put(protocol.Step(step=0, step_time=0.1, ts=time.time()))
-    time.sleep(backpressure.SHED_AFTER_S + 2)  # the agent's batch waits for a thread meanwhile
+    time.sleep(backpressure.SHED_AFTER_S + 2)  # the agent's batch waits in the server meanwhile
     stall.release()
     _wait(lambda: agent.stats["spooled_batches"] >= 1)  # answered 503: kept in the spool
     for t in holders:
         t.join(60)
-    _wait(lambda: _steps(key).count(0) == THREADS + 1)  # resent after Retry-After, then stored
+    _wait(lambda: 0 in _ranks_at_step_0(key))  # resent after Retry-After, then stored
     agent.close()
-    assert sorted(answers) == [200] * THREADS
+    assert sorted(answers) == [200] + [503] * (HOLDERS - 1)  # the stalled group's request, then the shed ones
+    assert len(_ranks_at_step_0(key)) == 2 and sorted(_steps(key)) == [0, 0]
     assert agent.stats["dropped_events"] == 0 and agent.stats["quarantined_batches"] == 0

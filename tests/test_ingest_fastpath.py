@@ -1,6 +1,7 @@
 """The lean route (ingest.fastpath) answers exactly as Django does, from the one route table in dashboard/urls.py."""
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import threading
@@ -15,7 +16,7 @@ from django.db import connection
 from django.urls import URLPattern, get_resolver, resolve, reverse
 
 from agents import protocol
-from ingest import backpressure, groupcommit, views
+from ingest import backpressure, views
 from ingest.fastpath import LeanRoutes, is_lean
 from ingest.models import GradReport, IngestBatch
 from tests.conftest import make_batch, per_rank
@@ -43,31 +44,35 @@ def lean_served(route, monkeypatch) -> list[str]:
         await handler(scope, receive, send)
 
     monkeypatch.setattr(route, "handler", spy)
+    monkeypatch.setattr(route.loop, "lean", spy)  # what the event loop's endpoints hand to the lean route
     return served
 
 
 def call(app, body: bytes, headers: dict[str, str], method: str = "POST", path: str = "/api/v1/ingest",
          chunks: int = 1):
-    async def run():
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-                 "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
-        comm = ApplicationCommunicator(app, scope)
-        step = max(1, -(-len(body) // chunks))
-        parts = [body[i:i + step] for i in range(0, len(body), step)] or [b""]
-        for i, part in enumerate(parts):
-            await comm.send_input({"type": "http.request", "body": part, "more_body": i < len(parts) - 1})
-        start = await comm.receive_output(30)
-        content = b""
-        while True:
-            message = await comm.receive_output(30)
-            content += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, content
+    return async_to_sync(acall)(app, body, headers, method, path, chunks)
 
-    return async_to_sync(run)()
+
+async def acall(app, body: bytes, headers: dict[str, str], method: str = "POST", path: str = "/api/v1/ingest",
+                chunks: int = 1, scheme: str = "http"):
+    """One request through the ASGI app on the running loop: (status, headers, body)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": scheme,
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    comm = ApplicationCommunicator(app, scope)
+    step = max(1, -(-len(body) // chunks))
+    parts = [body[i:i + step] for i in range(0, len(body), step)] or [b""]
+    for i, part in enumerate(parts):
+        await comm.send_input({"type": "http.request", "body": part, "more_body": i < len(parts) - 1})
+    start = await comm.receive_output(30)
+    content = b""
+    while True:
+        message = await comm.receive_output(30)
+        content += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, content
 
 
 def headers_for(token: str | None, content_type: str = "application/json", **extra) -> dict[str, str]:
@@ -199,7 +204,7 @@ def test_a_route_removed_from_urls_is_gone_from_both_paths(route, lean_served, c
     bulk = protocol.bulk_body([body])
     status, _, content = call(route, bulk, headers_for(token), path="/api/v1/ingest/bulk")
     assert status == 200 and json.loads(content)["results"][0]["accepted"] == 1
-    assert lean_served == ["/api/v1/ingest/bulk"]
+    assert lean_served == []  # served on the event loop, still found through the one route table
 
 
 def _unanswered_body(app, headers: dict[str, str], first: bytes | None = None, path: str = "/api/v1/ingest"):
@@ -245,37 +250,41 @@ def test_json_nested_too_deeply_is_a_400(route, token):
     assert status == 400 and "error" in json.loads(content)
 
 
-def test_while_the_oldest_waiting_request_is_past_shedding_a_new_one_is_refused_at_once(token, monkeypatch):
-    """One pool thread, held by a batch stalled in PostgreSQL (a table lock another session holds);
-    a second batch waits for the thread past SHED_AFTER_S; a third is answered 503 + Retry-After on
-    the event loop while the thread is still held, and the waiting one is shed when it gets it."""
+def test_while_the_oldest_queued_request_is_past_shedding_a_new_one_is_refused_at_once(token, monkeypatch):
+    """One group held in PostgreSQL (a table lock another session holds); a second batch queues for
+    the next group past SHED_AFTER_S; a third is answered 503 + Retry-After at once while the group
+    is still held, its body unread, and the queued one is shed unstored when its turn comes. All on
+    one event loop, as a server process runs them."""
     monkeypatch.setattr(backpressure, "SHED_AFTER_S", 0.3)
     app = LeanRoutes(get_asgi_application(), threads=1)
-    answers: dict[int, int] = {}
-
-    def send(rank: int) -> None:
-        answers[rank] = call(app, json.dumps(make_batch(rank=rank)).encode(), headers_for(token))[0]
-
+    committer = app.loop.committer
     locker = psycopg.connect(database_url(connection.settings_dict))
-    try:
-        locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
-        held = threading.Thread(target=send, args=(0,))
-        held.start()
-        _wait(lambda: groupcommit._committer.leading)
-        waiting = threading.Thread(target=send, args=(1,))
-        waiting.start()
-        _wait(lambda: app.handler._waiting)
-        time.sleep(backpressure.SHED_AFTER_S + 0.2)
-        status, headers, _ = call(app, json.dumps(make_batch(rank=2)).encode(), headers_for(token))
-        assert status == 503 and int(headers["retry-after"]) >= 1
-        assert held.is_alive()  # answered without waiting for the thread
-    finally:
+    locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
+
+    async def until(condition) -> None:
+        deadline = time.monotonic() + 20
+        while not condition():
+            assert time.monotonic() < deadline, "condition not reached"
+            await asyncio.sleep(0.01)
+
+    async def scenario():
+        held = asyncio.create_task(acall(app, json.dumps(make_batch(rank=0)).encode(), headers_for(token)))
+        await until(lambda: committer.writing)
+        waiting = asyncio.create_task(acall(app, json.dumps(make_batch(rank=1)).encode(), headers_for(token)))
+        await until(lambda: committer.queue)
+        await asyncio.sleep(backpressure.SHED_AFTER_S + 0.2)
+        refused = await acall(app, json.dumps(make_batch(rank=2)).encode(), headers_for(token))
+        still_held = not held.done()
         locker.commit()
+        return (await held)[0], (await waiting)[0], refused, still_held
+
+    try:
+        held, waiting, (status, headers, _), still_held = async_to_sync(scenario)()
+    finally:
         locker.close()
-    held.join(30)
-    waiting.join(30)
-    app.shutdown()
-    assert answers == {0: 200, 1: 503}
+        app.shutdown()
+    assert status == 503 and int(headers["retry-after"]) >= 1 and still_held  # answered without waiting for the group
+    assert (held, waiting) == (200, 503)
     assert list(IngestBatch.objects.values_list("rank", flat=True)) == [0]
 
 

@@ -107,7 +107,7 @@ def test_requests_arriving_during_a_commit_share_the_next_one(project, monkeypat
 
     def send(rank: int) -> None:
         body = json.dumps(make_batch(rank=rank, world_size=8, events=grad(0, [5]))).encode()
-        answers[rank] = groupcommit.store(project, [(validation.decode(body), writers.digest(body))])
+        answers[rank] = groupcommit.store(writers.Job(project, [(validation.decode(body), writers.digest(body))]))
         with psycopg.connect(database_url(connection.settings_dict)) as other:
             seen = other.execute(f"SELECT count(*) FROM {IngestBatch._meta.db_table} WHERE rank = %s", [rank]).fetchone()[0]
         committed_before_answer.append(seen == 1)
