@@ -30,6 +30,11 @@ import time
 import uuid
 from pathlib import Path
 
+try:
+    import uvloop  # uvicorn[standard] brings it: the cheaper client loop, when present
+except ImportError:
+    uvloop = None
+
 from common import (ROOT, bench_env, fingerprints, fresh_database, gzip_body, print_table, raw_copy, setup_django,
                     start_servers)
 
@@ -92,7 +97,7 @@ def _client(url: str, token: str, requests: list, connections: int, go, results)
 
     go.wait()
     started = time.time()
-    asyncio.run(drain())
+    (uvloop.run if uvloop else asyncio.run)(drain())
     results.put((started, time.time(), tally))
 
 

@@ -48,7 +48,7 @@ from django.core.handlers.base import BaseHandler
 from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponseBase
 from django.test.utils import override_settings
-from django.urls import Resolver404, URLResolver, get_resolver, get_urlconf, set_script_prefix
+from django.urls import Resolver404, URLResolver, get_resolver, set_script_prefix
 
 from ingest import backpressure, groupcommit, views
 from ingest.loop import LoopIngest, Receive, Scope, Send, read_body
@@ -81,8 +81,10 @@ def is_lean(scope: Scope) -> bool:
 
 
 def lean_route(scope: Scope) -> View | None:
-    """The marked view this request's path resolves to, or None."""
-    return _lean_view(get_resolver(get_urlconf()), scope["path"].removeprefix(get_script_prefix(scope)))
+    """The marked view this request's path resolves to, or None. ROOT_URLCONF's resolver: a
+    request's own urlconf is set by middleware, which has not run yet (and asking asgiref's
+    task-local for it cost more than the rest of this lookup)."""
+    return _lean_view(get_resolver(), scope["path"].removeprefix(get_script_prefix(scope)))
 
 
 @lru_cache(maxsize=1024)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime, timedelta
 
+import msgspec
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
@@ -45,7 +46,7 @@ def touch(run: Run, compiles: list[protocol.Compile]) -> list[tuple[str, int]]:
     return [(COMPILE, i) for i in _upsert(COMPILE_SLOT, ("frame", "index"), ("text", "int"), compile_keys, run)]
 
 
-def _array_literal(values: list[int]) -> str:
+def array_literal(values: list[int]) -> str:
     """A `bigint[]` literal: one string parameter instead of a list psycopg adapts element by element."""
     return "{" + ",".join(map(str, values)) + "}"
 
@@ -70,7 +71,7 @@ def grad_reports_ctes() -> str:
             ), mark AS (
               INSERT INTO {WATERMARK} (run_id, "group", rank, step)
               SELECT %(run)s::bigint, m.g, m.rank, m.step
-              FROM unnest(%(r_group)s::text[], %(r_rank)s::int[], %(r_last)s::bigint[]) AS m(g, rank, step)
+              FROM json_to_recordset(%(marks)s::json) AS m(g text, rank int, step bigint)
               ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST({WATERMARK}.step, EXCLUDED.step)
             ), opened AS (
               INSERT INTO {GRAD_SLOT} (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
@@ -110,9 +111,9 @@ def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
         tally = Counter(step for steps in lists for step in steps)
         union.append(sorted(tally))
         counts.append([tally[step] for step in union[-1]])
-    return {"r_rank": [rank for rank, _, _ in reports], "r_group": [group for _, group, _ in reports],
-            "r_last": [steps[-1] for _, _, steps in reports], "t_group": list(by_group),
-            "t_steps": [_array_literal(steps) for steps in union], "t_counts": [_array_literal(n) for n in counts]}
+    marks = [{"g": group, "rank": rank, "step": steps[-1]} for rank, group, steps in reports]
+    return {"marks": msgspec.json.encode(marks).decode(), "t_group": list(by_group),
+            "t_steps": [array_literal(steps) for steps in union], "t_counts": [array_literal(n) for n in counts]}
 
 
 def grads_ready_sql(groups: int) -> str:
