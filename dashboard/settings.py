@@ -245,9 +245,9 @@ LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # when se
 LOCKSTEP_METRICS_RUNS = int(os.environ.get("LOCKSTEP_METRICS_RUNS", "20"))  # active runs with per-run series on /metrics, newest first
 # prometheus_client reads it too (at import, to pick per-process files); /metrics sums those files when set.
 PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
-# The lean route of ingest (ingest/fastpath.py): off with 0/false/no/off; its threads (default 16: a request
-# waiting for its group commit, ingest/groupcommit.py, holds a thread but no connection, and a group is
-# at most as many requests as there are threads).
+# The lean route of ingest (ingest/fastpath.py) and the agents' endpoints on the event loop (ingest/loop.py):
+# off with 0/false/no/off (every route then goes through Django's ASGI handler); the lean route's threads
+# (default 16: blob uploads, token lookups that miss the cache, and decoding bodies over 256 KiB).
 LOCKSTEP_INGEST_FASTPATH = os.environ.get("LOCKSTEP_INGEST_FASTPATH", "1").lower() not in {"0", "false", "no", "off"}
 LOCKSTEP_INGEST_THREADS = int(os.environ.get("LOCKSTEP_INGEST_THREADS", "0")) or 16
 

@@ -1,7 +1,7 @@
 """Backpressure: how long this process takes to answer a batch, and what its agents are told.
 
-Every stored request's server time (from its body's arrival on the event loop, `ingest.fastpath`,
-to its answer: the wait for a thread, for its group's commit, and the work) feeds a moving
+Every stored request's server time (from its body's arrival on the event loop, `ingest.loop`, to
+its answer: the wait for its group's commit, and the work) feeds a moving
 average over about TAU_S. While it stays under TARGET_S, a reply is DESIGN 3.2's fields. Past
 it, every reply carries `flush_interval_s`: the agent's flush interval doubled once for every
 doubling of the average past the target (0.5 s x 2^k, at most MAX_INTERVAL_S), so the job sends
@@ -9,12 +9,13 @@ fewer, larger batches (the server's cost is per request) and ranks of a node, fl
 multiples of the interval on their shared clock, still reach their relay together. When the
 average falls back, the field goes away and agents return to their own interval.
 
-A request that already waited SHED_AFTER_S for a thread is answered 503 without being stored,
-with Retry-After: its agent keeps the batch in its spool and resends it, where waiting longer
-would have run into the agent's 10 s timeout (`agents.transport.HTTP_TIMEOUT`) with the batch
-perhaps stored anyway. While the oldest request waiting for a thread is past that point, a new
-one is refused the same way on the event loop at once, its body unread (`ingest.fastpath`).
-429s and these 503s carry Retry-After of the current interval.
+A request that already waited SHED_AFTER_S in the server (queued for its group commit, or for
+a thread on the lean route) is answered 503 without being stored, with Retry-After: its agent
+keeps the batch in its spool and resends it, where waiting longer would have run into the
+agent's 10 s timeout (`agents.transport.HTTP_TIMEOUT`) with the batch perhaps stored anyway.
+While the oldest waiting request is past that point, a new one is refused the same way on the
+event loop at once, its body unread (`ingest.loop`, `ingest.fastpath`). 429s and these 503s
+carry Retry-After of the current interval.
 """
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The lean route: Django's synchronous handler for the routes `lean(...)` marks in dashboard/urls.py.
 
+The agents' two endpoints (`lean(..., on_loop=...)`) go further, to `ingest.loop`, which serves
+them on the event loop and hands this handler whatever it does not serve itself; the lean route
+runs blob uploads, and the token lookups and large decodes of the loop path on its threads.
+
 Why it exists: Django's ASGI handler starts a thread per request (`ThreadSensitiveContext`) and
 crosses into it for every middleware method and for the view. At the agents' real cadence (a
 batch of a few steps per request) that was most of an ingest process's CPU: `python

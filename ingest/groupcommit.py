@@ -230,7 +230,9 @@ class LoopCommitter:
     per process. The queue is also the process's load: its oldest job's wait is what sheds new
     requests (`backpressure.SHED_AFTER_S`), and its length bounds the batches held in memory."""
 
-    MAX_QUEUED_BATCHES = 4 * MAX_GROUP_BATCHES
+    # a whole 16k-rank job's flush: agents flush at the same wall-clock instants, so a burst of a
+    # job's batches is the normal case and must queue; past this the process answers 503 at once
+    MAX_QUEUED_BATCHES = 16_384
 
     def __init__(self) -> None:
         self.queue: list[_Waiting] = []

@@ -192,3 +192,31 @@ def test_https_answers_carry_the_chains_https_headers_and_a_redirect_stays_djang
         redirecting.shutdown()
     assert status == 301 and headers["location"].startswith("https://")
     assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
+
+
+@on_loop
+def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, token, monkeypatch):
+    monkeypatch.setattr(groupcommit.LoopCommitter, "MAX_QUEUED_BATCHES", 1)
+    committer = app.loop.committer
+    locker = psycopg.connect(database_url(connection.settings_dict))
+    locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
+
+    def send(rank: int):
+        return asyncio.create_task(acall(app, json.dumps(make_batch(rank=rank)).encode(), headers_for(token)))
+
+    async def scenario():
+        held = send(0)
+        await _until(lambda: committer.writing)
+        queued = send(1)
+        await _until(lambda: committer.queue)
+        refused = await send(2)
+        locker.commit()
+        return (await held)[0], (await queued)[0], refused
+
+    try:
+        held, queued, (status, headers, content) = async_to_sync(scenario)()
+    finally:
+        locker.close()
+    assert (held, queued) == (200, 200)
+    assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded" in json.loads(content)["error"]
+    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
