@@ -34,7 +34,8 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponseBase, JsonResponse
 from django.utils.module_loading import import_string
 
-from ingest import backpressure, groupcommit, views
+from dashboard.tenancy.models import Project
+from ingest import backpressure, groupcommit, views, writers
 from ingest.validation import Rejection
 
 Scope = MutableMapping[str, Any]
@@ -118,7 +119,8 @@ class LoopIngest:
             raise answer
         return 200, msgspec.json.encode(views.reply_content(answer, bulk)), []
 
-    async def _job(self, project, raw: bytes, headers: dict[str, str], bulk: bool):
+    async def _job(self, project: Project, raw: bytes, headers: dict[str, str], bulk: bool) -> writers.Job:
+        """The request's validated batches: decoded on the loop, or on a thread when the body is large."""
         if len(raw) <= DECODE_ON_LOOP_MAX:
             return views.job_of(project, views.body_of(raw, headers), bulk)
         return await asyncio.get_running_loop().run_in_executor(
