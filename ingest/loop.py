@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from concurrent.futures import Executor
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import Executor
 from typing import Any
 
 import msgspec

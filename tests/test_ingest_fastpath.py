@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import threading
 import time
 
 import psycopg

@@ -70,6 +70,24 @@ def app():
 on_loop = pytest.mark.django_db(transaction=True)  # the loop's writer thread commits on a connection of its own
 
 
+@pytest.fixture
+def groups(monkeypatch) -> list[int]:
+    """The number of requests of each group written."""
+    written: list[int] = []
+    real = writers.store_group
+    monkeypatch.setattr(writers, "store_group", lambda jobs: written.append(len(jobs)) or real(jobs))
+    return written
+
+
+@pytest.fixture
+def lock():
+    """Another session holding the batch table: a group's claim waits until the test calls `lock.commit()`."""
+    locker = psycopg.connect(database_url(connection.settings_dict))
+    locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
+    yield locker
+    locker.close()
+
+
 async def _until(condition, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -78,16 +96,11 @@ async def _until(condition, timeout: float = 20) -> None:
 
 
 @on_loop
-def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, token, monkeypatch):
+def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, token, groups, lock):
     """Rank 0's group is held in PostgreSQL (a table lock another session holds); seven requests
     queue on the loop meanwhile and are written as one group once it commits; each answer comes
     only after the commit that holds its batch."""
-    groups: list[int] = []
-    real = writers.store_group
-    monkeypatch.setattr(writers, "store_group", lambda jobs: groups.append(len(jobs)) or real(jobs))
     committer = app.loop.committer
-    locker = psycopg.connect(database_url(connection.settings_dict))
-    locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
     observer = psycopg.connect(database_url(connection.settings_dict), autocommit=True)
     committed_before_answer: list[bool] = []
 
@@ -103,13 +116,12 @@ def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, toke
         await _until(lambda: committer.writing)
         rest = [asyncio.create_task(send(r)) for r in range(1, 8)]
         await _until(lambda: len(committer.queue) == 7)
-        locker.commit()
+        lock.commit()
         return [await first] + [await t for t in rest]
 
     try:
         statuses = async_to_sync(scenario)()
     finally:
-        locker.close()
         observer.close()
     assert statuses == [200] * 8 and groups == [1, 7]
     assert committed_before_answer == [True] * 8
@@ -117,16 +129,11 @@ def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, toke
 
 
 @on_loop
-def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(app, token, monkeypatch):
+def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(app, token, groups, lock, monkeypatch):
     """After a group of COALESCE_AFTER requests, a lone request that arrives first does not go
     alone: the next group starts COALESCE_S later, with the ones that came meanwhile."""
     monkeypatch.setattr(groupcommit, "COALESCE_S", 0.3)
-    groups: list[int] = []
-    real = writers.store_group
-    monkeypatch.setattr(writers, "store_group", lambda jobs: groups.append(len(jobs)) or real(jobs))
     committer = app.loop.committer
-    locker = psycopg.connect(database_url(connection.settings_dict))
-    locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
     world = 2 + groupcommit.COALESCE_AFTER + 2
 
     def send(rank: int):
@@ -137,7 +144,7 @@ def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(a
         await _until(lambda: committer.writing)
         load = [send(r) for r in range(1, 1 + groupcommit.COALESCE_AFTER)]
         await _until(lambda: len(committer.queue) == groupcommit.COALESCE_AFTER)
-        locker.commit()
+        lock.commit()
         answered = [await held] + [await t for t in load]
         late = [send(world - 2)]
         await asyncio.sleep(0.1)  # within the moment
@@ -145,10 +152,7 @@ def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(a
         answered += [await t for t in late]
         return [a[0] for a in answered]
 
-    try:
-        statuses = async_to_sync(scenario)()
-    finally:
-        locker.close()
+    statuses = async_to_sync(scenario)()
     assert statuses == [200] * (3 + groupcommit.COALESCE_AFTER)
     assert groups == [1, groupcommit.COALESCE_AFTER, 2]
 
@@ -195,11 +199,9 @@ def test_https_answers_carry_the_chains_https_headers_and_a_redirect_stays_djang
 
 
 @on_loop
-def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, token, monkeypatch):
+def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, token, lock, monkeypatch):
     monkeypatch.setattr(groupcommit.LoopCommitter, "MAX_QUEUED_BATCHES", 1)
     committer = app.loop.committer
-    locker = psycopg.connect(database_url(connection.settings_dict))
-    locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
 
     def send(rank: int):
         return asyncio.create_task(acall(app, json.dumps(make_batch(rank=rank)).encode(), headers_for(token)))
@@ -210,13 +212,10 @@ def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, token, 
         queued = send(1)
         await _until(lambda: committer.queue)
         refused = await send(2)
-        locker.commit()
+        lock.commit()
         return (await held)[0], (await queued)[0], refused
 
-    try:
-        held, queued, (status, headers, content) = async_to_sync(scenario)()
-    finally:
-        locker.close()
+    held, queued, (status, headers, content) = async_to_sync(scenario)()
     assert (held, queued) == (200, 200)
     assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded" in json.loads(content)["error"]
     assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
