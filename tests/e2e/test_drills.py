@@ -23,7 +23,7 @@ from tests.stack import Proc, free_port, spawn
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 DOWN_S = 60
-STEPS = 200
+STEPS = 160  # 80 s at 0.5 s a step: the outage starts within the first ~10 steps, so 75 s or more remain for its 60 s
 
 
 def server(stack, port: int, logdir) -> Proc:

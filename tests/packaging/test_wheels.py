@@ -1,13 +1,16 @@
 """Both wheels as a user gets them: built by scripts/build-wheels.sh, the agent's installed offline
-into a clean venv that has only torch, then a real 2-rank torchrun gloo job under it from a folder
-outside the tree (so every import comes from the wheel), and the server's unpacked next to the
-test environment's packages."""
+into a clean venv that has only torch (this environment's, linked in), then a real 2-rank torchrun
+gloo job under it from a folder outside the tree (so every import comes from the wheel), and the
+server's unpacked next to the test environment's packages."""
 from __future__ import annotations
 
 import base64
 import gzip
+import importlib.metadata as metadata
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,13 +18,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.stack import ROOT, free_port
 
 pytestmark = pytest.mark.e2e  # real torchrun jobs, like tests/e2e/
-
-TORCH = "torch==2.13.0"  # the CPU build on this machine's disk (pip finds it)
-
 
 def _run(args: list, timeout: float = 300, **kw) -> str:
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
@@ -35,15 +36,48 @@ def _clean_env(**extra: str) -> dict:
     return {**env, **extra}
 
 
+def _torch_closure() -> list:
+    """torch's distribution and those it requires (markers for this interpreter), as installed here."""
+    found, todo = {}, ["torch"]
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if name in found:
+            continue
+        found[name] = dist = metadata.distribution(name)
+        todo += [r.name for r in map(Requirement, dist.requires or []) if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return list(found.values())
+
+
+def _link_torch(venv: Path) -> None:
+    """Put this environment's torch and its requirements into the venv, as `pip install torch` from this
+    machine's wheels would (the same files, linked, not unpacked again): every top-level entry of each
+    distribution's RECORD. One the venv already has (its bundled setuptools) is replaced, as pip upgrades it.
+    The agent asks for none of them, so the offline install below never uninstalls through a link."""
+    [site] = (venv / "lib").glob("python*/site-packages")
+    own = {d.metadata["Name"].lower(): d for d in metadata.distributions(path=[str(site)])}
+    for dist in _torch_closure():
+        if (old := own.get(dist.metadata["Name"].lower())) is not None:
+            for top in _tops(old):
+                path = site / top
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+        for top in _tops(dist):
+            source = Path(dist.locate_file(top))
+            assert source.exists(), source
+            (site / top).symlink_to(source)
+
+
+def _tops(dist) -> set[str]:
+    return {Path(f).parts[0] for f in dist.files if not str(f).startswith("..")} - {"__pycache__"}
+
+
 @pytest.fixture(scope="module")
 def torch_venv(tmp_path_factory):
-    """A clean venv getting torch in the background (pip unpacking it takes as long as building the
-    wheels, which run meanwhile); `agent_venv` waits for it."""
+    """A clean venv made in the background while the wheels build; `agent_venv` waits for it and
+    then gives it torch (`_link_torch`)."""
     venv = tmp_path_factory.mktemp("agent-venv")
     base = getattr(sys, "_base_executable", sys.executable)
-    script = f"'{base}' -m venv '{venv}' && '{venv}/bin/python' -m pip install -q --no-compile {TORCH}"
-    proc = subprocess.Popen(["bash", "-c", script], env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen([base, "-m", "venv", venv], env=_clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         yield venv, proc
     finally:
@@ -76,6 +110,7 @@ def agent_venv(torch_venv, dist) -> Path:
     venv, proc = torch_venv
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
+    _link_torch(venv)
     _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--find-links", dist,
           "lockstep-agent[cli]"], env=_clean_env())
     return venv
