@@ -150,7 +150,8 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes per server")
     parser.add_argument("--clients", type=int, default=2, help="client processes")
-    parser.add_argument("--connections", type=int, default=32, help="connections per client process")
+    parser.add_argument("--connections", type=int, default=128,
+                        help="connections per client process (a 1024-rank job opens one per agent: 1024)")
     parser.add_argument("--repeat", type=int, default=1, help="repetitions (each A B B A over the servers)")
     parser.add_argument("--server", action="append", default=[], metavar="LABEL=PATH",
                         help="a source tree to run the ingest processes from (default: this one)")
