@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 from django.conf import settings
-from django.db import connection, connections
+from django.db import InterfaceError, OperationalError, connection, connections
 
 from agents import protocol
 from dashboard.ledger import flight as ledger_flight
@@ -299,10 +299,30 @@ class LoopCommitter:
 
 def _write_on_thread(jobs: list[writers.Job]) -> list[Answer]:
     """On the writer thread, which keeps its database connection from group to group (taking one
-    from the pool, or checking an old one, cost a round trip per group): it is replaced only after
-    a database error left it unusable."""
+    from the pool, or checking an old one, cost a round trip per group). A connection lost since
+    the last group (PostgreSQL restarted) fails the group: the requests it failed are written once
+    more on a new connection, so a restart costs no agent a 503. Safe to repeat: what did commit
+    answers as a duplicate."""
     try:
-        return _written(jobs)
+        answers = _written(jobs)
+        lost = [j for j, answer in enumerate(answers) if _connection_lost(answer)]
+        if lost:
+            connection.close()
+            for j, answer in zip(lost, _written([jobs[j] for j in lost])):
+                answers[j] = answer
+        return answers
     finally:
         if connection.errors_occurred:
             connection.close_if_unusable_or_obsolete()
+
+
+CONNECTION_LOST = {"57P01", "57P02", "57P03"}  # admin_shutdown, crash_shutdown, cannot_connect_now (and class 08)
+
+
+def _connection_lost(answer: Answer) -> bool:
+    """A database error that says the connection went away, not that a statement failed (a timeout,
+    a refused value): the connection's failure, or no SQLSTATE at all (the socket closed)."""
+    if not isinstance(answer, (OperationalError, InterfaceError)):
+        return False
+    sqlstate = getattr(answer.__cause__, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in CONNECTION_LOST

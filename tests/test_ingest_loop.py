@@ -219,3 +219,16 @@ def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, token, 
     assert (held, queued) == (200, 200)
     assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded" in json.loads(content)["error"]
     assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
+
+
+@on_loop
+def test_a_writer_connection_broken_since_the_last_group_costs_no_503(app, token):
+    """PostgreSQL restarted between two groups (here: the writer's backend terminated): the next
+    group fails on the dead connection, which is replaced, and its requests are written again."""
+    assert call(app, json.dumps(make_batch(rank=0)).encode(), headers_for(token))[0] == 200
+    writer_pid = app.loop.committer._writer.submit(lambda: connection.connection.info.backend_pid).result()
+    with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [writer_pid]).fetchone()[0]
+    status, _, content = call(app, json.dumps(make_batch(rank=1)).encode(), headers_for(token))
+    assert status == 200 and json.loads(content)["duplicate"] is False
+    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
