@@ -298,11 +298,12 @@ class LoopCommitter:
 
 
 def _write_on_thread(jobs: list[writers.Job]) -> list[Answer]:
-    """On the writer thread, which keeps its database connection from group to group (taking one
-    from the pool, or checking an old one, cost a round trip per group). A connection lost since
-    the last group (PostgreSQL restarted) fails the group: the requests it failed are written once
-    more on a new connection, so a restart costs no agent a 503. Safe to repeat: what did commit
-    answers as a duplicate."""
+    """On the writer thread. Without a pool it keeps its connection from group to group (checking
+    it cost a round trip per group); with one it takes a checked connection per group and gives it
+    back, so the pool is never a connection short and never hands out one that died. A connection
+    lost since the last group (PostgreSQL restarted) fails the group: the requests it failed are
+    written once more on a new connection, so a restart costs no agent a 503. Safe to repeat:
+    what did commit answers as a duplicate."""
     try:
         answers = _written(jobs)
         lost = [j for j, answer in enumerate(answers) if _connection_lost(answer)]
@@ -314,6 +315,7 @@ def _write_on_thread(jobs: list[writers.Job]) -> list[Answer]:
     finally:
         if connection.errors_occurred:
             connection.close_if_unusable_or_obsolete()
+        release_connection()
 
 
 CONNECTION_LOST = {"57P01", "57P02", "57P03"}  # admin_shutdown, crash_shutdown, cannot_connect_now (and class 08)
