@@ -196,13 +196,11 @@ class LeanHandler(ASGIHandler):
 
 
 def _refused_on_thread(headers: dict[str, str]) -> bool:
-    """Outside a request (no request_finished returns its connection): the lookup's pooled connection goes back at once."""
+    """`views.refused_before_body` on a thread; a database outage is left to the view's own 503."""
     try:
-        return views.refused_before_body(headers)
+        return groupcommit.outside_request(views.refused_before_body, headers)
     except DatabaseError:
         return False
-    finally:
-        groupcommit.release_connection()
 
 
 class LeanRoutes:

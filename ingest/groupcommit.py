@@ -28,7 +28,9 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgspec
 from django.conf import settings
@@ -40,6 +42,7 @@ from dashboard.ledger import signals as ledger
 from ingest import backpressure, blobs, metrics, ratelimit, writers
 from ingest.validation import Rejection
 
+T = TypeVar("T")
 MAX_GROUP_BATCHES = 256  # per transaction: bounds its locks, its statement sizes and a failing group's retry
 COALESCE_AFTER = 8  # a group this large means load: the next one waits COALESCE_S for company
 COALESCE_S = 0.001
@@ -61,8 +64,9 @@ def write(jobs: list[writers.Job]) -> list[Answer]:
     want = set(blobs.wanted(sorted({h for outcome in stored.values() for s in outcome for h in s.graph_hashes})))
     tally = _Tally()
     for j, outcome in stored.items():
-        answers[j] = [_reply(batch, s, want) for (batch, _), s in zip(jobs[j].items, outcome)]
+        answers[j] = []
         for (batch, _), s in zip(jobs[j].items, outcome):
+            answers[j].append(_reply(batch, s, want))
             tally.add(batch, s, "bulk" if jobs[j].bulk else "ingest")
     tally.publish()
     return answers
@@ -197,6 +201,15 @@ class _Committer:
 
 
 _committer = _Committer()
+
+
+def outside_request(work: Callable[..., T], *args: Any) -> T:
+    """Run `work` on a thread outside any request (no request_finished returns its connection):
+    a pooled connection it took goes back at once."""
+    try:
+        return work(*args)
+    finally:
+        release_connection()
 
 
 def release_connection() -> None:

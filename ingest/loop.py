@@ -74,6 +74,7 @@ class LoopIngest:
         self.threads = threads
         self.committer = groupcommit.LoopCommitter()
         self._chain_headers: dict[tuple, Headers | None] = {}
+        self._chain_reads = _headers_the_chain_reads()  # from the settings at start, as Django loads the chain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, bulk: bool) -> None:
         chain = self._chain_for(scope) if scope["method"] == "POST" else None
@@ -101,7 +102,7 @@ class LoopIngest:
             asked = time.monotonic()
             project = views.admit(headers, query=False)
             if project is views.UNDECIDED:
-                project = await asyncio.get_running_loop().run_in_executor(self.threads, _admit_on_thread, headers)
+                project = await asyncio.get_running_loop().run_in_executor(self.threads, groupcommit.outside_request, views.admit, headers)
             looked_up = time.monotonic() - asked
             try:
                 async with asyncio.timeout(settings.LOCKSTEP_BODY_TIMEOUT):
@@ -129,9 +130,8 @@ class LoopIngest:
     def _chain_for(self, scope: Scope) -> Headers | None:
         """The headers the lean middleware chain adds to this request's answer, learned once per
         scheme, host and path; None where the chain would answer otherwise, or past MAX_LEARNED."""
-        read = _headers_the_chain_reads()
         key = (scope.get("scheme"), scope.get("root_path", ""), scope["path"], scope.get("server"),
-               *(v for k, v in scope.get("headers", ()) if k in read))
+               *(v for k, v in scope.get("headers", ()) if k in self._chain_reads))
         if key not in self._chain_headers:
             if len(self._chain_headers) >= MAX_LEARNED:
                 return None
@@ -174,12 +174,3 @@ def _refused(exc: Exception) -> tuple[int, bytes, Headers]:
     response = views.refusal(exc)
     extra = [(b"retry-after", response["Retry-After"].encode())] if response.has_header("Retry-After") else []
     return response.status_code, response.content, extra
-
-
-def _admit_on_thread(headers: dict[str, str]):
-    """A token lookup outside a request (no request_finished returns its connection): the pooled
-    connection goes back at once."""
-    try:
-        return views.admit(headers)
-    finally:
-        groupcommit.release_connection()

@@ -93,6 +93,7 @@ class _Written:
     by_type: dict
     grads: GradEvents
     ready: list[tuple[str, int]]  # slots it completed: compile slots, late grad reports, grad slots after commit
+    last_step: int | None  # its last completed step (`_last_step`), for the rank's facts and the run's liveness
     before: dict[str, int] = field(default_factory=dict)
     asked: list[int] = field(default_factory=list)
 
@@ -210,7 +211,7 @@ def _write_events(job: int, index: int, batch: protocol.Batch, body_digest: str,
         WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
     compiles = by_type.get(protocol.Compile, [])
     ready = slots.touch(run, compiles)  # compile slots (the rare kind); grad slots in _claim
-    return _Written(job, index, batch, body_digest, run, by_type, grads, ready)
+    return _Written(job, index, batch, body_digest, run, by_type, grads, ready, _last_step(batch.events))
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -280,7 +281,7 @@ def _claim(wave: list[_Written]) -> None:
     batches = [w.batch for w in wave]
     starts = [w.by_type.get(protocol.RankStart, [None])[-1] for w in wave]
     rows = [{"session": b.session, "seq": b.seq, "digest": w.digest, "rank": b.rank, "events": len(b.events),
-             "host": st.host if st else "", "pid": st.pid if st else None, "info": st, "step": _last_step(b.events)}
+             "host": st.host if st else "", "pid": st.pid if st else None, "info": st, "step": w.last_step}
             for w, b, st in zip(wave, batches, starts)]
     params = {
         # the batches as one JSON document (encoded in C) rather than nine arrays psycopg adapts element by element
@@ -366,7 +367,7 @@ def _grads_ready(written: list[_Written]) -> list[tuple[str, int]]:
 
 
 def _run_liveness(run_id: int, written: list[_Written]) -> None:
-    steps = [step for w in written if (step := _last_step(w.batch.events)) is not None]
+    steps = [w.last_step for w in written if w.last_step is not None]
     torch = next((start.versions.get("torch", "") for w in written for start in w.by_type.get(protocol.RankStart, [])), "")
     _query(
         tenancy_sql.RUN_LIVENESS,
