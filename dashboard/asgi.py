@@ -1,9 +1,11 @@
 """ASGI entry point (`dashboard.asgi:application`): HTTP through Django, websockets through Channels.
 
-The routes dashboard/urls.py marks `lean(...)` (ingest: every agent's batches) are served by
-Django's synchronous handler on a persistent thread pool (`ingest.fastpath`, which says why);
-LOCKSTEP_INGEST_FASTPATH=0 serves them through Django's ASGI handler like every other route.
+The routes dashboard/urls.py marks `lean(...)` (ingest: every agent's batches) are served on the
+event loop or by Django's synchronous handler on a persistent thread pool (`ingest.fastpath`,
+`ingest.loop`, which say why); LOCKSTEP_INGEST_FASTPATH=0 serves them through Django's ASGI
+handler like every other route.
 """
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -25,3 +27,8 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Everything loaded so far (Django, the models, the protocol) lives as long as the process: out of
+# the collector's sight, a full collection no longer walks it. Under ingest load those collections
+# had cost about a third of the writer's CPU per batch (bench/ingest_cadence.py, docs/bench-ingest.md).
+gc.freeze()

@@ -300,7 +300,7 @@ def _claim(wave: list[_Written]) -> None:
               ON CONFLICT (session, seq) DO NOTHING RETURNING rank
             ),{tenancy_sql.ranks_seen_cte('b')}, {details.handout_cte()},{slots.grad_reports_ctes()}
             SELECT ARRAY(SELECT rank FROM claim),
-                   {slots.watermarks_of_ranks()},
+                   {slots.watermarks_before()},
                    (SELECT COALESCE(json_object_agg(rank, steps), '{{}}') FROM (
                       SELECT rank, array_agg(DISTINCT step ORDER BY step) AS steps FROM asked GROUP BY rank) a),
                    ARRAY(SELECT id FROM late WHERE reported >= %(ws)s::int)
@@ -392,6 +392,12 @@ def _last_step(events: list[protocol.Event]) -> int | None:
     return max(steps) if steps else None
 
 
+class _JsonInC(psycopg.types.json.JsonLoader):
+    """The claim statement's `json` results (watermarks, detail requests) decoded by msgspec."""
+
+    _loads = staticmethod(msgspec.json.decode)
+
+
 _EXPLICIT_ONLY = 1 << 30  # prepare_threshold: only statements executed with prepare=True are prepared
 
 
@@ -405,13 +411,15 @@ def _compact(sql: str) -> str:
 def _query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
     """Run one of the batch statements as a server-side prepared statement (parsed and planned once
     per connection instead of once per batch: the planning of these CTEs cost about as much as
-    running them). Django's own cursors bind client-side and never prepare; psycopg errors become
+    running them; which is also why their plans must not depend on the parameters' values: see
+    `slots.watermarks_before`). Django's own cursors bind client-side and never prepare; psycopg errors become
     django.db errors as with them (so a dead database is a 503)."""
     connection.ensure_connection()
     with connection.wrap_database_errors:
         raw = connection.connection
         if raw.prepare_threshold is None:
             raw.prepare_threshold = _EXPLICIT_ONLY
+            raw.adapters.register_loader("json", _JsonInC)  # not jsonb: Django reads that as text
         with psycopg.Cursor(raw) as cur:
             cur.execute(_compact(sql), params, prepare=True)
             return cur.fetchall() if rows else []

@@ -74,7 +74,7 @@ class GradWatermark(models.Model):
     1024 times). See dashboard.ledger.slots.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)  # both indexes lead with run
     group = models.CharField(max_length=64)
     rank = models.PositiveIntegerField()
     step = models.BigIntegerField()

@@ -63,15 +63,16 @@ def grad_reports_ctes() -> str:
     of the partial index of settled slots (grad_slot_settled), which usually finds none.
     """
     return f"""
-            top AS MATERIALIZED (
+            m AS MATERIALIZED (
+              SELECT * FROM json_to_recordset(%(marks)s::json) AS m(g text, rank int, step bigint)
+            ), top AS MATERIALIZED (
               SELECT t.g, t.steps::bigint[] AS steps, t.counts::int[] AS counts,
                      (SELECT COALESCE(max(w.step), -1) FROM {WATERMARK} w
                       WHERE w.run_id = %(run)s::bigint AND w."group" = t.g) AS step
               FROM unnest(%(t_group)s::text[], %(t_steps)s::text[], %(t_counts)s::text[]) AS t(g, steps, counts)
             ), mark AS (
               INSERT INTO {WATERMARK} (run_id, "group", rank, step)
-              SELECT %(run)s::bigint, m.g, m.rank, m.step
-              FROM json_to_recordset(%(marks)s::json) AS m(g text, rank int, step bigint)
+              SELECT %(run)s::bigint, m.g, m.rank, m.step FROM m
               ON CONFLICT (run_id, "group", rank) DO UPDATE SET step = GREATEST({WATERMARK}.step, EXCLUDED.step)
             ), opened AS (
               INSERT INTO {GRAD_SLOT} (run_id, step, "group", reported, first_seen, settled_n, dissenters, consensus)
@@ -93,12 +94,17 @@ def grad_reports_ctes() -> str:
             )"""
 
 
-def watermarks_of_ranks() -> str:
-    """A select expression: {rank: {group: step}} of the claim's ranks (%(run)s, %(rank)s), as the
-    statement's snapshot saw them (before its own watermark updates)."""
+def watermarks_before() -> str:
+    """A select expression: {rank: {group: step}} of the watermarks the claim advances (CTE `m` of
+    `grad_reports_ctes`), as the statement's snapshot saw them (before its own updates).
+
+    One index lookup per (group, rank) reported: a `rank = ANY(...)` filter on the
+    (run, group, rank) index would scan the run's whole range once per rank under a generic plan.
+    """
     return f"""(SELECT COALESCE(json_object_agg(rank, marks), '{{}}') FROM (
-                      SELECT rank, json_object_agg("group", step) AS marks FROM {WATERMARK}
-                      WHERE run_id = %(run)s::bigint AND rank = ANY(%(rank)s::int[]) GROUP BY rank) w)"""
+                      SELECT m.rank, json_object_agg(m.g, w.step) AS marks FROM m
+                      JOIN {WATERMARK} w ON w.run_id = %(run)s::bigint AND w."group" = m.g AND w.rank = m.rank
+                      GROUP BY m.rank) w)"""
 
 
 def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:

@@ -84,7 +84,10 @@ class Run(models.Model):
 
 
 class Rank(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ranks")
+    """One rank of a run, updated by each of its batches (`sql.ranks_seen_cte`): its table keeps
+    free space in every page (migration 0003) so that those updates stay HOT, touching no index."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ranks", db_index=False)  # rank_per_run leads with run
     rank = models.PositiveIntegerField()
     host = models.CharField(max_length=512, blank=True)
     pid = models.BigIntegerField(null=True)
