@@ -5,7 +5,10 @@ and the server's cost is per request, not per event. For every batch size and bo
 forms (each rank posting its own batch; a node relay's bulk of 8 ranks, as `agents/relay.py`
 forwards them) this sends waves of one batch per rank (all ranks at the same steps, as in a
 job), from several client processes with many connections (a job is many agents), and prints
-rank-steps/s, requests/s and the server's CPU per request. The raw binary COPY of the same
+rank-steps/s, requests/s and the server's CPU per request. As an agent and a relay do, a sender
+(a rank, or a relay's 8 ranks) has one request out at a time: each sender keeps to one connection,
+which sends its next batch once the last one is answered (a sender's two batches in flight at once
+would make their transactions wait on each other's rows, which no real job does). The raw binary COPY of the same
 events (one row per rank-step, same table, same run of the script) is the anchor, measured
 before and after the HTTP cells.
 
@@ -43,7 +46,7 @@ RELAY_RANKS = 8  # ranks per node, per bulk request
 
 def cell_requests(ranks: int, steps_per_batch: int, per: int, waves: int, buckets: int) -> list[tuple[list, int]]:
     """[(requests of a wave, rank-steps of the wave)] for waves+1 waves; the first is the untimed warm-up.
-    A request is (path, gzip body, rank-steps)."""
+    A request is (path, gzip body, rank-steps, sender): the sender is the rank, or the relay's index."""
     from agents import protocol
 
     run = {"key": f"cadence-{uuid.uuid4().hex[:10]}", "world_size": ranks, "name": "cadence bench"}
@@ -58,26 +61,28 @@ def cell_requests(ranks: int, steps_per_batch: int, per: int, waves: int, bucket
             head = json.dumps({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": wave}, separators=(",", ":"))
             bodies.append((head[:-1] + ',"events":[' + packed + "]}").encode())
         if per == 1:
-            requests = [("/api/v1/ingest", gzip_body(b), steps_per_batch) for b in bodies]
+            requests = [("/api/v1/ingest", gzip_body(b), steps_per_batch, r) for r, b in enumerate(bodies)]
         else:
-            requests = [("/api/v1/ingest/bulk", gzip_body(protocol.bulk_body(bodies[i:i + per])), steps_per_batch * per)
+            requests = [("/api/v1/ingest/bulk", gzip_body(protocol.bulk_body(bodies[i:i + per])), steps_per_batch * per, i // per)
                         for i in range(0, ranks, per)]
         out.append((requests, steps_per_batch * ranks))
     return out
 
 
-def _client(url: str, token: str, requests: list, connections: int, go, results) -> None:
-    """One client process: `connections` keep-alive connections on one event loop draining its share
-    of the requests. Raw HTTP/1.1 over asyncio streams, each request's bytes built before the clock
-    starts: a thread per connection with http.client cost more CPU per request than the server it
-    measured, on the same two cores."""
+def _client(url: str, token: str, requests: list, connections: int, clients: int, go, results) -> None:
+    """One client process: up to `connections` keep-alive connections on one event loop, each sending
+    the requests of its senders in order. Raw HTTP/1.1 over asyncio streams, each request's bytes
+    built before the clock starts: a thread per connection with http.client cost more CPU per request
+    than the server it measured, on the same two cores."""
     host, port = url.removeprefix("http://").split(":")
     head = ("POST {path} HTTP/1.1\r\nHost: " + f"{host}:{port}\r\nAuthorization: Bearer {token}\r\n"
             "Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {length}\r\n\r\n")
-    todo = [(head.format(path=path, length=len(body)).encode() + body, rank_steps) for path, body, rank_steps in reversed(requests)]
+    queues: dict[int, list] = {}
+    for path, body, rank_steps, sender in reversed(requests):
+        queues.setdefault(sender // clients % connections, []).append((head.format(path=path, length=len(body)).encode() + body, rank_steps))
     tally = {"ok": 0, "rank_steps": 0, "failures": []}
 
-    async def connection() -> None:
+    async def connection(todo: list) -> None:
         reader, writer = await asyncio.open_connection(host, int(port))
         while todo:
             request, rank_steps = todo.pop()
@@ -93,7 +98,7 @@ def _client(url: str, token: str, requests: list, connections: int, go, results)
         writer.close()
 
     async def drain() -> None:
-        await asyncio.gather(*(connection() for _ in range(connections)))
+        await asyncio.gather(*(connection(todo) for todo in queues.values()))
 
     go.wait()
     started = time.time()
@@ -118,8 +123,8 @@ def send(url: str, token: str, requests: list, clients: int, connections: int) -
     """Send `requests` from `clients` processes (each `connections` connections); (tally, wall seconds)."""
     ctx = multiprocessing.get_context("fork")
     go, results = ctx.Event(), ctx.Queue()
-    shares = [requests[i::clients] for i in range(clients)]  # round robin keeps each share in wave order
-    procs = [ctx.Process(target=_client, args=(url, token, share, connections, go, results)) for share in shares]
+    shares = [[r for r in requests if r[3] % clients == i] for i in range(clients)]  # a sender's requests stay in wave order
+    procs = [ctx.Process(target=_client, args=(url, token, share, connections, clients, go, results)) for share in shares]
     for p in procs:
         p.start()
     go.set()

@@ -28,7 +28,11 @@ application = ProtocolTypeRouter(
     }
 )
 
-# Everything loaded so far (Django, the models, the protocol) lives as long as the process: out of
-# the collector's sight, a full collection no longer walks it. Under ingest load those collections
-# had cost about a third of the writer's CPU per batch (bench/ingest_cadence.py, docs/bench-ingest.md).
+# The collector, tuned for a server whose garbage is nearly all freed by reference counting.
+# Everything loaded so far (Django, the models, the protocol) lives as long as the process: frozen,
+# a full collection no longer walks it. And a young generation of 700 objects made the collector
+# run at every swing of the ingest queue (a queued batch holds a few dozen objects): 11% of the
+# server's CPU under relay load, gen-1 passes of 2 ms each. With 20,000 it ran once or twice in a 30 s bench run
+# (bench/ingest_cadence.py; docs/bench-ingest.md).
 gc.freeze()
+gc.set_threshold(20_000, 10, 10)
