@@ -65,9 +65,9 @@ def write(jobs: list[writers.Job]) -> list[Answer]:
     tally = _Tally()
     for j, outcome in stored.items():
         answers[j] = []
-        for (batch, _), s in zip(jobs[j].items, outcome):
-            answers[j].append(_reply(batch, s, want))
-            tally.add(batch, s, "bulk" if jobs[j].bulk else "ingest")
+        for prepared, s in zip(jobs[j].prepared, outcome):
+            answers[j].append(_reply(prepared, s, want))
+            tally.add(prepared, s, "bulk" if jobs[j].bulk else "ingest")
     tally.publish()
     return answers
 
@@ -92,21 +92,21 @@ def _limited(jobs: list[writers.Job]) -> list[Exception | None]:
     return verdicts
 
 
-def _reply(batch: protocol.Batch, stored: writers.Stored, want: set[str]) -> protocol.IngestReply:
+def _reply(prepared: writers.Prepared, stored: writers.Stored, want: set[str]) -> protocol.IngestReply:
     """One batch's reply; each wanted graph text is asked of one batch only."""
     wanted = [h for h in stored.graph_hashes if h in want]
     want.difference_update(wanted)
     return protocol.IngestReply(accepted=stored.accepted, duplicate=stored.duplicate, want_blobs=wanted,
-                                detail=_details(batch, stored),
+                                detail=_details(prepared, stored),
                                 flight_recorder=True if ledger_flight.HANDOUT_STEP in (stored.detail or []) else msgspec.UNSET)
 
 
-def _details(batch: protocol.Batch, stored: writers.Stored) -> list[int]:
+def _details(prepared: writers.Prepared, stored: writers.Stored) -> list[int]:
     """Steps whose per-parameter fingerprints the server wants from this rank; answers in this
     batch may complete an alert's question, which is then explained in a task."""
     if stored.duplicate or stored.run_id is None:
         return []
-    ledger.announce_details(stored.run_id, batch.rank, {e.step for e in batch.events if isinstance(e, protocol.Detail)})
+    ledger.announce_details(stored.run_id, prepared.batch.rank, prepared.detail_steps)
     return [step for step in stored.detail or [] if step >= 0]  # handed out in the batch's own statement (writers._claim)
 
 
@@ -118,10 +118,10 @@ class _Tally:
     events: Counter = field(default_factory=Counter)
     rank_steps: int = 0
 
-    def add(self, batch: protocol.Batch, stored: writers.Stored, endpoint: str) -> None:
+    def add(self, prepared: writers.Prepared, stored: writers.Stored, endpoint: str) -> None:
         self.requests[(endpoint, "duplicate" if stored.duplicate else "accepted")] += 1
         if not stored.duplicate:
-            self.events.update(type(e).__struct_config__.tag for e in batch.events)
+            self.events.update(prepared.kinds)
             self.rank_steps += stored.rank_steps
 
     def publish(self) -> None:

@@ -13,10 +13,11 @@ import random
 import struct
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from itertools import repeat
+from types import MappingProxyType
 from datetime import datetime, timezone
 
 import msgspec
@@ -70,12 +71,57 @@ class _Refused(Exception):
 
 
 @dataclass
+class Prepared:
+    """What one batch needs written, worked out without the database when its request is decoded
+    (`Job`): on the event loop, while the process's writer thread writes the group before, whose
+    transaction then holds only the database's work."""
+
+    batch: protocol.Batch
+    digest: str
+    by_type: Mapping[type, list]  # its events by kind, gradient ones (`grads`) left out
+    grads: GradEvents
+    last_step: int | None  # its last completed step (`_last_step`), for the rank's facts and the run's liveness
+    claim: dict  # its row of the claim statement (`_claim`)
+    graph_hashes: list[str]
+    kinds: Counter  # events per wire tag, for /metrics
+    detail_steps: set[int]  # steps of the `detail` answers it carries
+
+
+_NO_OTHER_EVENTS: Mapping[type, list] = MappingProxyType({})
+
+
+def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
+    events = batch.events
+    if all(type(e) is protocol.Grads for e in events):  # the steady state: gradient fingerprints only
+        by_type, grads = _NO_OTHER_EVENTS, GradEvents(events, [])
+    else:
+        by_type = defaultdict(list)
+        for event in events:
+            by_type[type(event)].append(event)
+        grads = GradEvents(by_type.pop(protocol.Grads, []),
+                           by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])])
+    last_step = _last_step(events)
+    start = by_type[protocol.RankStart][-1] if protocol.RankStart in by_type else None
+    claim = {"session": batch.session, "seq": batch.seq, "digest": body_digest, "rank": batch.rank, "events": len(events),
+             "host": start.host if start else "", "pid": start.pid if start else None, "info": start, "step": last_step}
+    return Prepared(batch, body_digest, by_type, grads, last_step, claim,
+                    _graph_hashes(by_type[protocol.Compile]) if protocol.Compile in by_type else [],
+                    Counter(type(e).__struct_config__.tag for e in events),
+                    {e.step for e in by_type[protocol.Detail]} if protocol.Detail in by_type else set())
+
+
+@dataclass
 class Job:
-    """One request's batches (one rank's, or a node relay's several) and their project."""
+    """One request's batches (one rank's, or a node relay's several, each with its body's digest)
+    and their project; each batch is prepared (`prepare`) as the job is made."""
 
     project: Project
     items: list[tuple[protocol.Batch, str]]
     bulk: bool = False
+    prepared: list[Prepared] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prepared = [prepare(batch, body_digest) for batch, body_digest in self.items]
 
 
 Outcome = list[Stored] | Exception  # a request's answer per batch, or why it was refused (Rejection, DatabaseError)
@@ -87,13 +133,9 @@ class _Written:
 
     job: int
     index: int  # within its job
-    batch: protocol.Batch
-    digest: str
+    p: Prepared
     run: Run
-    by_type: dict
-    grads: GradEvents
     ready: list[tuple[str, int]]  # slots it completed: compile slots, late grad reports, grad slots after commit
-    last_step: int | None  # its last completed step (`_last_step`), for the rank's facts and the run's liveness
     before: dict[str, int] = field(default_factory=dict)
     asked: list[int] = field(default_factory=list)
 
@@ -140,11 +182,11 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
             apart[exc.job] = exc.rejection
         except _Resent as resent:
             w = resent.written
-            previous = IngestBatch.objects.get(session=w.batch.session, seq=w.batch.seq)
-            if previous.digest == w.digest:
+            previous = IngestBatch.objects.get(session=w.p.batch.session, seq=w.p.batch.seq)
+            if previous.digest == w.p.digest:
                 duplicates.add((w.job, w.index))
             else:
-                apart[w.job] = Rejection(409, f"batch seq {w.batch.seq} of session {w.batch.session} was already received"
+                apart[w.job] = Rejection(409, f"batch seq {w.p.batch.seq} of session {w.p.batch.session} was already received"
                                                 " with other content", f"batches[{w.index}].seq" if jobs[w.job].bulk else "seq")
         except DatabaseError as exc:
             attempt += 1
@@ -185,33 +227,27 @@ def _write_all(jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]
     written: list[tuple[int, _Written | None]] = []
     for j in live:
         job = jobs[j]
-        for i, (batch, body_digest) in enumerate(job.items):
+        for i, prepared in enumerate(job.prepared):
             try:
-                written.append((j, None if (j, i) in duplicates else _write_events(j, i, batch, body_digest, job.project, now)))
+                written.append((j, None if (j, i) in duplicates else _write_events(j, i, prepared, job.project, now)))
             except Rejection as rejection:  # a changed world size
                 raise _Refused(j, rejection.within(f"batches[{i}]") if job.bulk else rejection) from None
     fresh = [w for _, w in written if w]
-    grad_parts = grad_copy([(w.run.id, w.batch.rank, w.grads) for w in fresh], now)
+    grad_parts = grad_copy([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
     if grad_parts:
         _copy_stream(GradReport._meta.db_table, GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
     _claim_all(fresh)
     return written
 
 
-def _write_events(job: int, index: int, batch: protocol.Batch, body_digest: str, project: Project,
-                  now: datetime) -> _Written:
+def _write_events(job: int, index: int, p: Prepared, project: Project, now: datetime) -> _Written:
     """Everything of one batch but its grad rows (copied with the other batches') and its claim."""
-    run = _run(batch, project)
-    by_type = defaultdict(list)
-    for event in batch.events:
-        by_type[type(event)].append(event)
-    grads = GradEvents(by_type.pop(protocol.Grads, []),
-                       by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])])
-    for kind, events in by_type.items():
-        WRITERS.get(kind, _write_log)(run, batch.rank, events, now)
-    compiles = by_type.get(protocol.Compile, [])
-    ready = slots.touch(run, compiles)  # compile slots (the rare kind); grad slots in _claim
-    return _Written(job, index, batch, body_digest, run, by_type, grads, ready, _last_step(batch.events))
+    run = _run(p.batch, project)
+    for kind, events in p.by_type.items():
+        WRITERS.get(kind, _write_log)(run, p.batch.rank, events, now)
+    # compile slots (the rare kind); grad slots in _claim
+    ready = slots.touch(run, p.by_type[protocol.Compile]) if protocol.Compile in p.by_type else []
+    return _Written(job, index, p, run, ready)
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -259,8 +295,8 @@ def _claim_all(written: list[_Written]) -> None:
     nth: Counter = Counter()
     waves: dict[tuple[int, int], list[_Written]] = {}
     for w in written:
-        n = nth[w.run.id, w.batch.rank]
-        nth[w.run.id, w.batch.rank] += 1
+        n = nth[w.run.id, w.p.batch.rank]
+        nth[w.run.id, w.p.batch.rank] += 1
         waves.setdefault((w.run.id, n), []).append(w)
     for wave in waves.values():
         _claim(wave)
@@ -278,16 +314,11 @@ def _claim(wave: list[_Written]) -> None:
     ON CONFLICT DO UPDATE sees only the proposed row, which cannot say "this batch ended".
     """
     run = wave[0].run
-    batches = [w.batch for w in wave]
-    starts = [w.by_type.get(protocol.RankStart, [None])[-1] for w in wave]
-    rows = [{"session": b.session, "seq": b.seq, "digest": w.digest, "rank": b.rank, "events": len(b.events),
-             "host": st.host if st else "", "pid": st.pid if st else None, "info": st, "step": w.last_step}
-            for w, b, st in zip(wave, batches, starts)]
     params = {
         # the batches as one JSON document (encoded in C) rather than nine arrays psycopg adapts element by element
-        "run": run.id, "ws": run.world_size, "batches": msgspec.json.encode(rows).decode(),
-        "rank": slots.array_literal([b.rank for b in batches]),
-        **slots.grad_reports_params([(w.batch.rank, group, steps) for w in wave for group, steps in w.grads.groups]),
+        "run": run.id, "ws": run.world_size, "batches": msgspec.json.encode([w.p.claim for w in wave]).decode(),
+        "rank": slots.array_literal([w.p.batch.rank for w in wave]),
+        **slots.grad_reports_params([(w.p.batch.rank, group, steps) for w in wave for group, steps in w.p.grads.groups]),
     }
     claimed, watermarks, asked, late_ready = _query(
             f"""
@@ -309,21 +340,22 @@ def _claim(wave: list[_Written]) -> None:
     )[0]
     claimed = set(claimed)
     for w in wave:
-        if w.batch.rank not in claimed:
+        rank = str(w.p.batch.rank)
+        if w.p.batch.rank not in claimed:
             raise _Resent(w)
-        w.before = watermarks.get(str(w.batch.rank), {})
-        w.asked = asked.get(str(w.batch.rank), [])
+        w.before = watermarks.get(rank, {})
+        w.asked = asked.get(rank, [])
     wave[0].ready += [(slots.GRAD, slot_id) for slot_id in late_ready]
-    _record_ends(run, [w for w in wave if protocol.RankEnd in w.by_type])
+    _record_ends(run, [w for w in wave if protocol.RankEnd in w.p.by_type])
 
 
 def _record_ends(run: Run, ended: list[_Written]) -> None:
     if not ended:
         return
-    ends = [w.by_type[protocol.RankEnd][-1] for w in ended]
+    ends = [w.p.by_type[protocol.RankEnd][-1] for w in ended]
     _query(
         tenancy_sql.RANK_ENDS,
-        {"run": run.id, "rank": [w.batch.rank for w in ended], "status": [e.status for e in ends],
+        {"run": run.id, "rank": [w.p.batch.rank for w in ended], "status": [e.status for e in ends],
          "exit": [e.exit_code for e in ends]},
         rows=False,
     )
@@ -354,7 +386,7 @@ def _grads_ready(written: list[_Written]) -> list[tuple[str, int]]:
     slots above its rank's old watermark, so per group the lowest of those floors bounds them all."""
     floors: dict[str, int] = {}
     for w in written:
-        for group, _ in w.grads.groups:
+        for group, _ in w.p.grads.groups:
             floor = w.before.get(group, -1)
             floors[group] = min(floors.get(group, floor), floor)
     if not floors:
@@ -367,8 +399,8 @@ def _grads_ready(written: list[_Written]) -> list[tuple[str, int]]:
 
 
 def _run_liveness(run_id: int, written: list[_Written]) -> None:
-    steps = [w.last_step for w in written if w.last_step is not None]
-    torch = next((start.versions.get("torch", "") for w in written for start in w.by_type.get(protocol.RankStart, [])), "")
+    steps = [w.p.last_step for w in written if w.p.last_step is not None]
+    torch = next((start.versions.get("torch", "") for w in written for start in w.p.by_type.get(protocol.RankStart, ())), "")
     _query(
         tenancy_sql.RUN_LIVENESS,
         {"run": run_id, "step": max(steps) if steps else None, "torch": torch},
@@ -377,8 +409,7 @@ def _run_liveness(run_id: int, written: list[_Written]) -> None:
 
 
 def _stored(w: _Written) -> Stored:
-    compiles = w.by_type.get(protocol.Compile, [])
-    return Stored(accepted=len(w.batch.events), ready=w.ready, graph_hashes=_graph_hashes(compiles), rank_steps=w.grads.rows,
+    return Stored(accepted=len(w.p.batch.events), ready=w.ready, graph_hashes=w.p.graph_hashes, rank_steps=w.p.grads.rows,
                   run_id=w.run.id, detail=w.asked)
 
 
@@ -452,15 +483,15 @@ class GradEvents:
 
     packed: list[protocol.Grads]
     listed: list[protocol.Grad]  # `grad` events and weight fingerprints (`_weights_as_grad`)
+    rows: int = field(init=False)  # rank-steps: a `grads` event counts each of its steps
+    groups: list[tuple[str, list[int]]] = field(init=False)  # replicated groups, their sorted distinct steps
 
-    @property
-    def rows(self) -> int:
-        """Rank-steps: a `grads` event counts each of its steps."""
-        return sum(e.steps for e in self.packed) + len(self.listed)
+    def __post_init__(self) -> None:
+        self.rows = sum(e.steps for e in self.packed) + len(self.listed)
+        self.groups = self._groups()
 
-    @cached_property
-    def groups(self) -> list[tuple[str, list[int]]]:
-        """Replicated groups with their sorted distinct steps (what `slots.grad_reports_params` takes)."""
+    def _groups(self) -> list[tuple[str, list[int]]]:
+        """What `slots.grad_reports_params` takes."""
         steps: dict[str, list] = {}
         for e in self.packed:
             steps.setdefault(e.group, []).append(e.step_numbers())
