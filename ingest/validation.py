@@ -4,6 +4,8 @@ Everything here runs before anything is written, so a rejected batch changes not
 """
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass
 
@@ -120,10 +122,16 @@ _INT4_MAX = (1 << 31) - 1
 _TS_MAX = 32_503_680_000.0  # year 3000: past it, datetime (and timestamptz) overflow
 
 
+@functools.cache
+def _limits_of(kind: type) -> tuple[tuple[str, int], ...]:
+    """(field, its longest storable value) of the fields of this event type that `_COLUMN_LIMITS` names."""
+    return tuple((name, column - _STORED_AS.get((kind, name), 0))
+                 for name, column in _COLUMN_LIMITS.items() if name in kind.__struct_fields__)
+
+
 def _check_storable(event: protocol.Event, path: str) -> None:
-    for name, column in _COLUMN_LIMITS.items():
-        value = getattr(event, name, None)
-        limit = column - _STORED_AS.get((type(event), name), 0)
+    for name, limit in _limits_of(type(event)):
+        value = getattr(event, name)
         if isinstance(value, str) and len(value) > limit:
             raise Rejection(400, f"{name} longer than {limit} characters", f"{path}.{name}")
     if isinstance(event, protocol.RankStart) and len(event.versions.get("torch", "")) > _TORCH_VERSION:

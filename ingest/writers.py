@@ -90,9 +90,18 @@ class Prepared:
 _NO_OTHER_EVENTS: Mapping[type, list] = MappingProxyType({})
 
 
+_ONE_GRADS = Counter({"grads": 1})  # shared, read only (`_Tally.add`)
+
+
 def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
     events = batch.events
-    if all(type(e) is protocol.Grads for e in events):  # the steady state: gradient fingerprints only
+    if len(events) == 1 and type(events[0]) is protocol.Grads:  # the steady state: one packed grads event
+        grads = GradEvents(events, [])
+        last_step = events[0].step_numbers()[-1]
+        claim = {"session": batch.session, "seq": batch.seq, "digest": body_digest, "rank": batch.rank, "events": 1,
+                 "host": "", "pid": None, "info": None, "step": last_step}
+        return Prepared(batch, body_digest, _NO_OTHER_EVENTS, grads, last_step, claim, [], _ONE_GRADS, set())
+    if all(type(e) is protocol.Grads for e in events):
         by_type, grads = _NO_OTHER_EVENTS, GradEvents(events, [])
     else:
         by_type = defaultdict(list)
@@ -492,6 +501,9 @@ class GradEvents:
 
     def _groups(self) -> list[tuple[str, list[int]]]:
         """What `slots.grad_reports_params` takes."""
+        if len(self.packed) == 1 and not self.listed:  # the steady state
+            e = self.packed[0]
+            return [(e.group, list(e.step_numbers()))] if slots.replicated(e.group) else []
         steps: dict[str, list] = {}
         for e in self.packed:
             steps.setdefault(e.group, []).append(e.step_numbers())
