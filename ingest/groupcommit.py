@@ -282,7 +282,8 @@ class LoopCommitter:
             return
         self.writing = True
         self.queued_batches -= sum(len(w.job.items) for w in group)
-        done = asyncio.get_running_loop().run_in_executor(self._writer, _write_on_thread, [w.job for w in group])
+        done = asyncio.get_running_loop().run_in_executor(self._writer, _write_on_thread, [w.job for w in group],
+                                                          bool(self.queue))
         done.add_done_callback(lambda f: self._answer(group, f))
 
     def _answer(self, group: list[_Waiting], done: asyncio.Future) -> None:
@@ -310,10 +311,11 @@ class LoopCommitter:
         self._writer.shutdown(wait=True)
 
 
-def _write_on_thread(jobs: list[writers.Job]) -> list[Answer]:
+def _write_on_thread(jobs: list[writers.Job], more_queued: bool = False) -> list[Answer]:
     """On the writer thread. Without a pool it keeps its connection from group to group (checking
-    it cost a round trip per group); with one it takes a checked connection per group and gives it
-    back, so the pool is never a connection short and never hands out one that died. A connection
+    it cost a round trip per group); with one it keeps it while groups follow one another
+    (`more_queued`: jobs were left in the queue) and gives it back when the queue runs dry, so an
+    idle process holds none and the pool never hands out one that died long ago. A connection
     lost since the last group (PostgreSQL restarted) fails the group: the requests it failed are
     written once more on a new connection, so a restart costs no agent a 503. Safe to repeat:
     what did commit answers as a duplicate."""
@@ -328,7 +330,8 @@ def _write_on_thread(jobs: list[writers.Job]) -> list[Answer]:
     finally:
         if connection.errors_occurred:
             connection.close_if_unusable_or_obsolete()
-        release_connection()
+        if not more_queued:
+            release_connection()
 
 
 CONNECTION_LOST = {"57P01", "57P02", "57P03"}  # admin_shutdown, crash_shutdown, cannot_connect_now (and class 08)

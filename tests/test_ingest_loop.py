@@ -232,3 +232,16 @@ def test_a_writer_connection_broken_since_the_last_group_costs_no_503(app, token
     status, _, content = call(app, json.dumps(make_batch(rank=1)).encode(), headers_for(token))
     assert status == 200 and json.loads(content)["duplicate"] is False
     assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_writer_keeps_its_pooled_connection_while_groups_follow_and_gives_it_back_when_the_queue_is_dry(
+        project, monkeypatch):
+    """A checkout from the pool costs a round trip per group; an idle process must hold none."""
+    released: list[bool] = []
+    monkeypatch.setattr(groupcommit, "release_connection", lambda: released.append(True))
+    assert not isinstance(groupcommit._write_on_thread([job(project, rank=0)], more_queued=True)[0], Exception)
+    assert released == []
+    assert not isinstance(groupcommit._write_on_thread([job(project, rank=1)], more_queued=False)[0], Exception)
+    assert released == [True]
+    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
