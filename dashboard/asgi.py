@@ -29,14 +29,13 @@ application = ProtocolTypeRouter(
     }
 )
 
-# The collector, tuned for a server whose garbage is nearly all freed by reference counting.
 # Everything loaded so far (Django, the models, the protocol) lives as long as the process: frozen,
-# a full collection no longer walks it. And a young generation of 700 objects made the collector
-# run at every swing of the ingest queue (a queued batch holds a few dozen objects): 11% of the
-# server's CPU under relay load, gen-1 passes of 2 ms each. With 20,000 it ran once or twice in a 30 s bench run
-# (bench/ingest_cadence.py; docs/bench-ingest.md).
+# the collector's full passes no longer walk it (under relay load they had cost about a third of
+# the group writer's CPU, bench/ingest_cadence.py; docs/bench-ingest.md). The thresholds stay
+# Python's: Django's connection wrappers hold reference cycles, and a wrapper left behind by a
+# finished request context closes its PostgreSQL connection only when the collector frees it (with
+# a young generation of 20,000 they piled up until PostgreSQL refused clients).
 gc.freeze()
-gc.set_threshold(20_000, 10, 10)
 
 # Each ingest process runs two threads that share the GIL: the event loop (requests) and the group
 # writer (`ingest.groupcommit`). The loop lets go of the GIL many times per request (inflating its
