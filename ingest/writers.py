@@ -96,11 +96,9 @@ _ONE_GRADS = Counter({"grads": 1})  # shared, read only (`_Tally.add`)
 def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
     events = batch.events
     if len(events) == 1 and type(events[0]) is protocol.Grads:  # the steady state: one packed grads event
-        grads = GradEvents(events, [])
         last_step = events[0].step_numbers()[-1]
-        claim = {"session": batch.session, "seq": batch.seq, "digest": body_digest, "rank": batch.rank, "events": 1,
-                 "host": "", "pid": None, "info": None, "step": last_step}
-        return Prepared(batch, body_digest, _NO_OTHER_EVENTS, grads, last_step, claim, [], _ONE_GRADS, set())
+        return Prepared(batch, body_digest, _NO_OTHER_EVENTS, GradEvents(events, []), last_step,
+                        _claim_row(batch, body_digest, None, last_step), [], _ONE_GRADS, set())
     if all(type(e) is protocol.Grads for e in events):
         by_type, grads = _NO_OTHER_EVENTS, GradEvents(events, [])
     else:
@@ -111,12 +109,16 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
                            by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])])
     last_step = _last_step(events)
     start = by_type[protocol.RankStart][-1] if protocol.RankStart in by_type else None
-    claim = {"session": batch.session, "seq": batch.seq, "digest": body_digest, "rank": batch.rank, "events": len(events),
-             "host": start.host if start else "", "pid": start.pid if start else None, "info": start, "step": last_step}
-    return Prepared(batch, body_digest, by_type, grads, last_step, claim,
+    return Prepared(batch, body_digest, by_type, grads, last_step, _claim_row(batch, body_digest, start, last_step),
                     _graph_hashes(by_type[protocol.Compile]) if protocol.Compile in by_type else [],
                     Counter(type(e).__struct_config__.tag for e in events),
                     {e.step for e in by_type[protocol.Detail]} if protocol.Detail in by_type else set())
+
+
+def _claim_row(batch: protocol.Batch, body_digest: str, start: protocol.RankStart | None, last_step: int | None) -> dict:
+    """The batch's row of the claim statement's JSON document (`_claim`)."""
+    return {"session": batch.session, "seq": batch.seq, "digest": body_digest, "rank": batch.rank, "events": len(batch.events),
+            "host": start.host if start else "", "pid": start.pid if start else None, "info": start, "step": last_step}
 
 
 @dataclass
