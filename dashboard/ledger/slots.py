@@ -57,8 +57,9 @@ def grad_reports_ctes() -> str:
     settled slots (CTE `late` returns (id, reported)).
 
     Binds %(run)s and `grad_reports_params`. All CTEs of a statement read the snapshot from
-    before it, so `top` is the highest step any rank had reported and the new slots are exactly
-    the reported steps above it. Steps travel once per group, not once per rank (with how many
+    before it, so `top` is the highest step any rank had reported (the highest slot: the first
+    report of every step opened one, and slots are kept) and the new slots are exactly the
+    reported steps above it. Steps travel once per group, not once per rank (with how many
     of the batches reported each), and late reports are looked for by one range scan per group
     of the partial index of settled slots (grad_slot_settled), which usually finds none.
     """
@@ -67,8 +68,8 @@ def grad_reports_ctes() -> str:
               SELECT * FROM json_to_recordset(%(marks)s::json) AS m(g text, rank int, step bigint)
             ), top AS MATERIALIZED (
               SELECT t.g, t.steps::bigint[] AS steps, t.counts::int[] AS counts,
-                     (SELECT COALESCE(max(w.step), -1) FROM {WATERMARK} w
-                      WHERE w.run_id = %(run)s::bigint AND w."group" = t.g) AS step
+                     (SELECT COALESCE(max(s.step), -1) FROM {GRAD_SLOT} s
+                      WHERE s.run_id = %(run)s::bigint AND s."group" = t.g) AS step
               FROM unnest(%(t_group)s::text[], %(t_steps)s::text[], %(t_counts)s::text[]) AS t(g, steps, counts)
             ), mark AS (
               INSERT INTO {WATERMARK} (run_id, "group", rank, step)
@@ -126,21 +127,28 @@ def grads_ready_sql(groups: int) -> str:
     """CTEs finding the grad slots that every rank's watermark has passed, for `groups` groups
     (after the batches commit): binds %(run)s, %(ws)s, g{i}/floor{i}; CTE `done` returns slot ids.
 
-    A slot can only have become complete if one of the reporting ranks was the lowest, so only
-    steps above their lowest old watermark (the floor) are looked at; the watermark count is only
-    read when the lowest watermark moved past the floor (the rare case: another rank is behind).
+    A slot can only have become complete if one of the reporting ranks was the lowest, so only the
+    open slots above their lowest old watermark (the floor) are candidates. Watermarks have no
+    index on their step (their updates stay HOT), so the lowest is found by a scan of the run's
+    ranks that stops at the first rank still below the lowest candidate: while a step is in
+    progress, that is within a few rows. Only the group that completes a slot reads every rank's
+    watermark (the lowest, and that every rank has one).
     """
     values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint)" for i in range(groups))
     return f"""
-            lows AS MATERIALIZED (
-              SELECT v.g, v.floor, m.lowest FROM (VALUES {values}) AS v(g, floor)
-              CROSS JOIN LATERAL (SELECT min(step) AS lowest FROM {WATERMARK} w
-                                  WHERE w.run_id = %(run)s::bigint AND w."group" = v.g) m
+            candidate AS MATERIALIZED (
+              SELECT v.g, v.floor, s.first FROM (VALUES {values}) AS v(g, floor)
+              CROSS JOIN LATERAL (SELECT min(step) AS first FROM {GRAD_SLOT} s
+                                  WHERE s.run_id = %(run)s::bigint AND s."group" = v.g AND s.step > v.floor
+                                    AND s.reported < %(ws)s::int) s
+              WHERE s.first IS NOT NULL
             ), due AS MATERIALIZED (
-              SELECT g, floor, lowest FROM lows
-              WHERE CASE WHEN lowest > floor THEN (SELECT count(*) FROM {WATERMARK} w
-                                                   WHERE w.run_id = %(run)s::bigint AND w."group" = lows.g) >= %(ws)s::int
-                         ELSE false END
+              SELECT candidate.g, candidate.floor, m.lowest FROM candidate
+              CROSS JOIN LATERAL (SELECT min(step) AS lowest, count(*) AS ranks FROM {WATERMARK} w
+                                  WHERE w.run_id = %(run)s::bigint AND w."group" = candidate.g) m
+              WHERE NOT EXISTS (SELECT 1 FROM {WATERMARK} w
+                                WHERE w.run_id = %(run)s::bigint AND w."group" = candidate.g AND w.step < candidate.first)
+                AND m.ranks >= %(ws)s::int
             ), done AS (
               UPDATE {GRAD_SLOT} s SET reported = %(ws)s::int FROM due
               WHERE s.run_id = %(run)s::bigint AND s."group" = due.g AND s.step > due.floor AND s.step <= due.lowest
