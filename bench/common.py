@@ -40,8 +40,8 @@ def bench_env(db_name: str = "lockstep_bench") -> dict:
     return env
 
 
-def fresh_database(env: dict) -> None:
-    """Drop and recreate the bench database, then migrate it."""
+def fresh_database(env: dict, root: Path = ROOT) -> None:
+    """Drop and recreate the bench database, then migrate it with the migrations of the tree at `root`."""
     import psycopg
 
     url = urlparse(env["DATABASE_URL"])
@@ -49,8 +49,8 @@ def fresh_database(env: dict) -> None:
     with psycopg.connect(urlunparse(url._replace(path="/postgres")), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=root, env=dict(env, PYTHONPATH=str(root)),
+                   check=True, stderr=subprocess.DEVNULL)
     import redis
 
     redis.Redis.from_url(env["REDIS_URL"]).flushdb()

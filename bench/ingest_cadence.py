@@ -13,9 +13,11 @@ events (one row per rank-step, same table, same run of the script) is the anchor
 before and after the HTTP cells.
 
 `--server label=PATH` (repeatable) runs the ingest processes of another source tree, e.g. the
-code before a change (`git archive <commit> | tar -x -C /tmp/before`), against the same
-database; the variants are interleaved A B B A per repetition, so a load that drifts over the
-run favours neither. Every cell is a fresh run whose ranks have sent one untimed batch first.
+code before a change (`git archive <commit> | tar -x -C /tmp/before`), each against a database of
+its own made by that tree's migrations (a server measured on another version's schema would be
+measured with indexes it does not have, or without those it needs); the variants are interleaved
+A B B A per repetition, so a load that drifts over the run favours neither. Every cell is a fresh
+run whose ranks have sent one untimed batch first.
 
     python bench/ingest_cadence.py                                   # this tree
     python bench/ingest_cadence.py --server today=/tmp/before --server new=. --repeat 2
@@ -29,6 +31,8 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -136,6 +140,13 @@ def send(url: str, token: str, requests: list, clients: int, connections: int) -
     return total, max(a[1] for a in answers) - min(a[0] for a in answers)
 
 
+def _token(env: dict, root: Path) -> str:
+    """A project token in the database of the tree at `root`, made by that tree (`manage.py createtoken`)."""
+    out = subprocess.run([sys.executable, "manage.py", "createtoken", "bench"], cwd=root, env=dict(env, PYTHONPATH=str(root)),
+                         check=True, capture_output=True, text=True).stdout
+    return out.strip().splitlines()[-1]
+
+
 def anchor(ranks: int, buckets: int, steps: int = 64) -> float:
     """Rows/s of one binary COPY of `steps` steps of every rank, a row per rank-step (`common.raw_copy`)."""
     from agents import protocol
@@ -166,10 +177,16 @@ def main() -> None:
     env = bench_env()
     fresh_database(env)
     setup_django(env)
-    from dashboard.tenancy.models import Project, ProjectToken
+    from dashboard.tenancy.models import Project
 
-    token = ProjectToken.issue(Project.objects.create(name="bench"))
-    started = {label: start_servers(env, args.ingest, 0, Path(path).resolve()) for label, path in servers_of}
+    Project.objects.create(name="bench")  # the raw COPY anchor's
+    started, tokens = {}, {}
+    for i, (label, path) in enumerate(servers_of):
+        root = Path(path).resolve()
+        own = bench_env(f"lockstep_bench_server{i}")
+        fresh_database(own, root)
+        tokens[label] = _token(own, root)
+        started[label] = start_servers(own, args.ingest, 0, root)
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
     results: dict[tuple, list[tuple[float, float, float, int]]] = {}
@@ -188,6 +205,7 @@ def main() -> None:
                     for label in order:
                         servers = started[label]
                         built = cell_requests(args.ranks, size, per, waves, args.buckets)
+                        token = tokens[label]
                         warm, _ = send(servers.url, token, built[0][0], args.clients, args.connections)
                         timed = [r for wave, _ in built[1:] for r in wave]
                         cpu = servers.ingest_cpu_seconds()

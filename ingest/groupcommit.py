@@ -39,7 +39,7 @@ from django.db import InterfaceError, OperationalError, connection, connections
 from agents import protocol
 from dashboard.ledger import flight as ledger_flight
 from dashboard.ledger import signals as ledger
-from ingest import backpressure, blobs, metrics, ratelimit, writers
+from ingest import backpressure, blobs, collector, metrics, ratelimit, writers
 from ingest.validation import Rejection
 
 T = TypeVar("T")
@@ -117,14 +117,20 @@ class _Tally:
     requests: Counter = field(default_factory=Counter)
     events: Counter = field(default_factory=Counter)
     rank_steps: int = 0
+    steady: int = 0  # batches of the steady state (one `grads` event), counted without a Counter update each
 
     def add(self, prepared: writers.Prepared, stored: writers.Stored, endpoint: str) -> None:
         self.requests[(endpoint, "duplicate" if stored.duplicate else "accepted")] += 1
         if not stored.duplicate:
-            self.events.update(prepared.kinds)
+            if prepared.kinds is writers.ONE_GRADS:
+                self.steady += 1
+            else:
+                self.events.update(prepared.kinds)
             self.rank_steps += stored.rank_steps
 
     def publish(self) -> None:
+        if self.steady:
+            self.events["grads"] += self.steady
         for (endpoint, outcome), n in self.requests.items():
             metrics.REQUESTS.labels(endpoint, outcome, "200").inc(n)
         for kind, n in self.events.items():
@@ -252,6 +258,7 @@ class LoopCommitter:
         self.writing = False
         self.queued_batches = 0
         self.coalescing = False  # the next group waits COALESCE_S for the batches on their way
+        self.young = collector.YoungGeneration()  # the collector's young generation, sized by the load
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="lockstep-groupcommit")
 
     def oldest_wait(self) -> float:
@@ -292,6 +299,8 @@ class LoopCommitter:
             if not waiting.future.done():  # its connection may have gone meanwhile
                 waiting.future.set_result(answer)
         self.writing = False
+        if len(group) >= COALESCE_AFTER:
+            self.young.busy()
         if len(group) >= COALESCE_AFTER and not self.queue:
             # under load: the requests just answered send their next batches within a moment; a lone
             # early one would otherwise pay a whole group's statements and make the others wait for it

@@ -91,7 +91,7 @@ def _checked(batch: protocol.Batch, body: bytes) -> protocol.Batch:
     if b"\\u0000" in body:
         _reject_nul(msgspec.to_builtins(batch), "")
     for i, event in enumerate(batch.events):
-        _check_storable(event, f"events[{i}]")
+        _check_storable(event, i)
     return batch
 
 
@@ -129,21 +129,24 @@ def _limits_of(kind: type) -> tuple[tuple[str, int], ...]:
                  for name, column in _COLUMN_LIMITS.items() if name in kind.__struct_fields__)
 
 
-def _check_storable(event: protocol.Event, path: str) -> None:
+def _check_storable(event: protocol.Event, index: int) -> None:
+    """One event's values against their columns; its path (`events[index]`) is written only for a refusal."""
     for name, limit in _limits_of(type(event)):
         value = getattr(event, name)
         if isinstance(value, str) and len(value) > limit:
-            raise Rejection(400, f"{name} longer than {limit} characters", f"{path}.{name}")
-    if isinstance(event, protocol.RankStart) and len(event.versions.get("torch", "")) > _TORCH_VERSION:
-        raise Rejection(400, f"torch version longer than {_TORCH_VERSION} characters", f"{path}.versions.torch")
+            raise Rejection(400, f"{name} longer than {limit} characters", f"events[{index}].{name}")
     if not 0 <= event.ts <= _TS_MAX:
-        raise Rejection(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"{path}.ts")
-    if isinstance(event, protocol.Compile) and event.index > _INT4_MAX:
-        raise Rejection(400, f"index exceeds {_INT4_MAX}", f"{path}.index")
-    if isinstance(event, protocol.Grads) and event.step_numbers()[-1] > protocol.NONNEG_MAX:
-        raise Rejection(400, f"last step exceeds {protocol.NONNEG_MAX}", f"{path}.steps")
-    if isinstance(event, protocol.RankEnd) and event.exit_code is not None and abs(event.exit_code) > _INT4_MAX:
-        raise Rejection(400, "exit_code out of range", f"{path}.exit_code")
+        raise Rejection(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"events[{index}].ts")
+    kind = type(event)
+    if kind is protocol.Grads:  # the steady state: nothing more but its last step
+        if event.step + (event.steps - 1) * event.stride > protocol.NONNEG_MAX:
+            raise Rejection(400, f"last step exceeds {protocol.NONNEG_MAX}", f"events[{index}].steps")
+    elif kind is protocol.RankStart and len(event.versions.get("torch", "")) > _TORCH_VERSION:
+        raise Rejection(400, f"torch version longer than {_TORCH_VERSION} characters", f"events[{index}].versions.torch")
+    elif kind is protocol.Compile and event.index > _INT4_MAX:
+        raise Rejection(400, f"index exceeds {_INT4_MAX}", f"events[{index}].index")
+    elif kind is protocol.RankEnd and event.exit_code is not None and abs(event.exit_code) > _INT4_MAX:
+        raise Rejection(400, "exit_code out of range", f"events[{index}].exit_code")
 
 
 def _reject_nul(value, path: str) -> None:

@@ -90,7 +90,7 @@ class Prepared:
 _NO_OTHER_EVENTS: Mapping[type, list] = MappingProxyType({})
 
 
-_ONE_GRADS = Counter({"grads": 1})  # shared, read only (`_Tally.add`)
+ONE_GRADS = Counter({"grads": 1})  # the steady state's tally, shared and read only (`groupcommit._Tally`)
 
 
 def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
@@ -98,7 +98,7 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
     if len(events) == 1 and type(events[0]) is protocol.Grads:  # the steady state: one packed grads event
         last_step = events[0].step_numbers()[-1]
         return Prepared(batch, body_digest, _NO_OTHER_EVENTS, GradEvents(events, []), last_step,
-                        _claim_row(batch, body_digest, None, last_step), [], _ONE_GRADS, set())
+                        _claim_row(batch, body_digest, None, last_step), [], ONE_GRADS, set())
     if all(type(e) is protocol.Grads for e in events):
         by_type, grads = _NO_OTHER_EVENTS, GradEvents(events, [])
     else:

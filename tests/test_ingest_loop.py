@@ -4,6 +4,7 @@ one loop, Django's own answers where the loop path does not serve a request."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import time
@@ -15,7 +16,7 @@ from django.core.asgi import get_asgi_application
 from django.db import connection
 
 from agents import protocol
-from ingest import groupcommit, loop, ratelimit, validation, views, writers
+from ingest import collector, groupcommit, loop, ratelimit, validation, views, writers
 from ingest.fastpath import LeanRoutes
 from ingest.models import GradReport, IngestBatch
 from ingest.validation import Rejection
@@ -131,8 +132,11 @@ def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, toke
 @on_loop
 def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(app, token, groups, lock, monkeypatch):
     """After a group of COALESCE_AFTER requests, a lone request that arrives first does not go
-    alone: the next group starts COALESCE_S later, with the ones that came meanwhile."""
+    alone: the next group starts COALESCE_S later, with the ones that came meanwhile. Such a group
+    also means load: the collector's young generation is large until the process is idle again."""
     monkeypatch.setattr(groupcommit, "COALESCE_S", 0.3)
+    monkeypatch.setattr(collector, "IDLE_AFTER_S", 0.5)
+    young: list[int] = []
     committer = app.loop.committer
     world = 2 + groupcommit.COALESCE_AFTER + 2
 
@@ -144,17 +148,25 @@ def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(a
         await _until(lambda: committer.writing)
         load = [send(r) for r in range(1, 1 + groupcommit.COALESCE_AFTER)]
         await _until(lambda: len(committer.queue) == groupcommit.COALESCE_AFTER)
+        young.append(gc.get_threshold()[0])
         lock.commit()
         answered = [await held] + [await t for t in load]
+        young.append(gc.get_threshold()[0])
         late = [send(world - 2)]
         await asyncio.sleep(0.1)  # within the moment
         late.append(send(world - 1))
         answered += [await t for t in late]
+        await _until(lambda: not committer.young.loaded, timeout=5)
+        young.append(gc.get_threshold()[0])
         return [a[0] for a in answered]
 
-    statuses = async_to_sync(scenario)()
+    try:
+        statuses = async_to_sync(scenario)()
+    finally:
+        gc.set_threshold(collector.IDLE_YOUNG, *gc.get_threshold()[1:])
     assert statuses == [200] * (3 + groupcommit.COALESCE_AFTER)
     assert groups == [1, groupcommit.COALESCE_AFTER, 2]
+    assert young == [collector.IDLE_YOUNG, collector.LOADED_YOUNG, collector.IDLE_YOUNG]
 
 
 @on_loop
