@@ -129,10 +129,11 @@ def grads_ready_sql(groups: int) -> str:
 
     A slot can only have become complete if one of the reporting ranks was the lowest, so only the
     open slots above their lowest old watermark (the floor) are candidates. Watermarks have no
-    index on their step (their updates stay HOT), so the lowest is found by a scan of the run's
-    ranks that stops at the first rank still below the lowest candidate: while a step is in
-    progress, that is within a few rows. Only the group that completes a slot reads every rank's
-    watermark (the lowest, and that every rank has one).
+    index on their step (their updates stay HOT), so whether a rank is still below the lowest
+    candidate is a scan of the run's ranks that stops at the first one: while a step is in
+    progress, that is within a few rows. Only a group that passes it (it completes a slot) reads
+    every rank's watermark (the lowest, and that every rank has one); `candidate` is materialized
+    so that the planner cannot read them first.
     """
     values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint)" for i in range(groups))
     return f"""
@@ -142,13 +143,13 @@ def grads_ready_sql(groups: int) -> str:
                                   WHERE s.run_id = %(run)s::bigint AND s."group" = v.g AND s.step > v.floor
                                     AND s.reported < %(ws)s::int) s
               WHERE s.first IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM {WATERMARK} w
+                                WHERE w.run_id = %(run)s::bigint AND w."group" = v.g AND w.step < s.first)
             ), due AS MATERIALIZED (
               SELECT candidate.g, candidate.floor, m.lowest FROM candidate
               CROSS JOIN LATERAL (SELECT min(step) AS lowest, count(*) AS ranks FROM {WATERMARK} w
                                   WHERE w.run_id = %(run)s::bigint AND w."group" = candidate.g) m
-              WHERE NOT EXISTS (SELECT 1 FROM {WATERMARK} w
-                                WHERE w.run_id = %(run)s::bigint AND w."group" = candidate.g AND w.step < candidate.first)
-                AND m.ranks >= %(ws)s::int
+              WHERE m.ranks >= %(ws)s::int
             ), done AS (
               UPDATE {GRAD_SLOT} s SET reported = %(ws)s::int FROM due
               WHERE s.run_id = %(run)s::bigint AND s."group" = due.g AND s.step > due.floor AND s.step <= due.lowest
