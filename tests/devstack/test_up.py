@@ -94,8 +94,7 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
 
         proc = start_up(data, port, sigint_ignored=True)  # same folder: the demo login (and its token) still work
         wait_line(proc, r"Lockstep is up")
-        time.sleep(2)
-        log_in(url)
+        log_in(url)  # the URL works the moment it is printed
         assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
         assert "embedded PostgreSQL and Redis stopped" in stop(proc, data)  # Ctrl-C works even so
     finally:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -124,6 +125,7 @@ class Command(BaseCommand):
                 self.start("worker", [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency",
                                       "1", "--loglevel", "warning"], env),  # beat's file: CELERY_BEAT_SCHEDULE_FILENAME
             ]
+            self.wait_listening(host, port, services[0])
             login = f"login: {DEMO_USER} / {DEMO_PASSWORD}" if settings.LOCKSTEP_EMBEDDED else \
                 "no demo login in the database DATABASE_URL names (manage.py createsuperuser adds yours)"
             self.say(f"Lockstep is up: {self.url}/   {login}")
@@ -147,6 +149,17 @@ class Command(BaseCommand):
                                  start_new_session=True)
         self.children.append(child)
         return child
+
+    def wait_listening(self, host: str, port: int, server: subprocess.Popen, timeout: float = 120) -> None:
+        """Return once the server accepts connections (so the URL printed next works when opened), it
+        exited (the watch loop then says so), Ctrl-C came, or `timeout` passed."""
+        deadline = time.monotonic() + timeout
+        while server.poll() is None and not self.stopping.is_set() and time.monotonic() < deadline:
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                return
+            except OSError:
+                self.stopping.wait(0.2)
 
     def watch(self, services: list[subprocess.Popen]) -> None:
         """Print every alert of the demo project as it fires; stop if a service dies."""
