@@ -205,7 +205,7 @@ def main() -> None:
                     for label in order:
                         servers = started[label]
                         built = cell_requests(args.ranks, size, per, waves, args.buckets)
-                        token = tokens[label]
+                        token = tokens[label]  # in that server's own database
                         warm, _ = send(servers.url, token, built[0][0], args.clients, args.connections)
                         timed = [r for wave, _ in built[1:] for r in wave]
                         cpu = servers.ingest_cpu_seconds()

@@ -299,9 +299,10 @@ class LoopCommitter:
             if not waiting.future.done():  # its connection may have gone meanwhile
                 waiting.future.set_result(answer)
         self.writing = False
-        if len(group) >= COALESCE_AFTER:
+        loaded = len(group) >= COALESCE_AFTER
+        if loaded:
             self.young.busy()
-        if len(group) >= COALESCE_AFTER and not self.queue:
+        if loaded and not self.queue:
             # under load: the requests just answered send their next batches within a moment; a lone
             # early one would otherwise pay a whole group's statements and make the others wait for it
             self.coalescing = True
