@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 IDLE_YOUNG = gc.get_threshold()[0]  # Python's (700)
@@ -34,8 +35,10 @@ def _young(objects: int) -> None:
 @dataclass
 class YoungGeneration:
     """The young generation of one process, large from its first large group until IDLE_AFTER_S
-    without one (a timer on the loop restores it, so a process that falls idle does not keep it)."""
+    without one (a timer on the loop restores it, so a process that falls idle does not keep it).
+    `on_idle` runs on the loop when the process falls idle (the writer gives its connection back)."""
 
+    on_idle: Callable[[], None] | None = None
     loaded: bool = False
     until: float = 0.0
 
@@ -54,3 +57,5 @@ class YoungGeneration:
         else:
             self.loaded = False
             _young(IDLE_YOUNG)
+            if self.on_idle is not None:
+                self.on_idle()

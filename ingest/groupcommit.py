@@ -258,7 +258,7 @@ class LoopCommitter:
         self.writing = False
         self.queued_batches = 0
         self.coalescing = False  # the next group waits COALESCE_S for the batches on their way
-        self.young = collector.YoungGeneration()  # the collector's young generation, sized by the load
+        self.young = collector.YoungGeneration(on_idle=self._idle)  # the collector's young generation, sized by the load
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="lockstep-groupcommit")
 
     def oldest_wait(self) -> float:
@@ -290,7 +290,7 @@ class LoopCommitter:
         self.writing = True
         self.queued_batches -= sum(len(w.job.items) for w in group)
         done = asyncio.get_running_loop().run_in_executor(self._writer, _write_on_thread, [w.job for w in group],
-                                                          bool(self.queue))
+                                                          bool(self.queue) or self.young.loaded)
         done.add_done_callback(lambda f: self._answer(group, f))
 
     def _answer(self, group: list[_Waiting], done: asyncio.Future) -> None:
@@ -310,6 +310,11 @@ class LoopCommitter:
         else:
             self._next()
 
+    def _idle(self) -> None:
+        """The process fell idle with its writer's pooled connection kept (`_write_on_thread`): it goes
+        back now (after the group being written, if one is)."""
+        self._writer.submit(release_connection)
+
     def _next_if_idle(self) -> None:
         self.coalescing = False
         if not self.writing:
@@ -321,11 +326,13 @@ class LoopCommitter:
         self._writer.shutdown(wait=True)
 
 
-def _write_on_thread(jobs: list[writers.Job], more_queued: bool = False) -> list[Answer]:
+def _write_on_thread(jobs: list[writers.Job], keep: bool = False) -> list[Answer]:
     """On the writer thread. Without a pool it keeps its connection from group to group (checking
-    it cost a round trip per group); with one it keeps it while groups follow one another
-    (`more_queued`: jobs were left in the queue) and gives it back when the queue runs dry, so an
-    idle process holds none and the pool never hands out one that died long ago. A connection
+    it cost a round trip per group); with one it keeps it while groups follow one another (`keep`:
+    jobs were left in the queue, or the process is loaded, when the queue runs dry between groups
+    all the time) and gives it back otherwise; a loaded process gives it back once it falls idle
+    (`LoopCommitter._idle`), so an idle process holds none and the pool never hands out one that
+    died long ago. A connection
     lost since the last group (PostgreSQL restarted) fails the group: the requests it failed are
     written once more on a new connection, so a restart costs no agent a 503. Safe to repeat:
     what did commit answers as a duplicate."""
@@ -340,7 +347,7 @@ def _write_on_thread(jobs: list[writers.Job], more_queued: bool = False) -> list
     finally:
         if connection.errors_occurred:
             connection.close_if_unusable_or_obsolete()
-        if not more_queued:
+        if not keep:
             release_connection()
 
 

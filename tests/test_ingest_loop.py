@@ -133,11 +133,19 @@ def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, toke
 def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(app, token, groups, lock, monkeypatch):
     """After a group of COALESCE_AFTER requests, a lone request that arrives first does not go
     alone: the next group starts COALESCE_S later, with the ones that came meanwhile. Such a group
-    also means load: the collector's young generation is large until the process is idle again."""
+    also means load: the collector's young generation is large, and the writer keeps its pooled
+    connection between groups, until the process is idle again."""
     monkeypatch.setattr(groupcommit, "COALESCE_S", 0.3)
     monkeypatch.setattr(collector, "IDLE_AFTER_S", 0.5)
     young: list[int] = []
+    released: list[int] = []  # groups written when the writer gave its connection back
     committer = app.loop.committer
+
+    def release() -> None:
+        if threading.current_thread().name.startswith("lockstep-groupcommit"):  # not a token lookup's
+            released.append(len(groups))
+
+    monkeypatch.setattr(groupcommit, "release_connection", release)
     world = 2 + groupcommit.COALESCE_AFTER + 2
 
     def send(rank: int):
@@ -156,17 +164,22 @@ def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(a
         await asyncio.sleep(0.1)  # within the moment
         late.append(send(world - 1))
         answered += [await t for t in late]
+        kept = list(released)
         await _until(lambda: not committer.young.loaded, timeout=5)
         young.append(gc.get_threshold()[0])
-        return [a[0] for a in answered]
+        await _until(lambda: len(released) > len(kept))
+        return [a[0] for a in answered], kept
 
     try:
-        statuses = async_to_sync(scenario)()
+        statuses, kept = async_to_sync(scenario)()
     finally:
         gc.set_threshold(collector.IDLE_YOUNG, *gc.get_threshold()[1:])
     assert statuses == [200] * (3 + groupcommit.COALESCE_AFTER)
     assert groups == [1, groupcommit.COALESCE_AFTER, 2]
     assert young == [collector.IDLE_YOUNG, collector.LOADED_YOUNG, collector.IDLE_YOUNG]
+    # given back after the first two groups (the queue ran dry before the process was known to be
+    # loaded), kept after the late two (loaded), given back once the process fell idle
+    assert kept == [1, 2] and released == [1, 2, 3]
 
 
 @on_loop
@@ -252,8 +265,42 @@ def test_the_writer_keeps_its_pooled_connection_while_groups_follow_and_gives_it
     """A checkout from the pool costs a round trip per group; an idle process must hold none."""
     released: list[bool] = []
     monkeypatch.setattr(groupcommit, "release_connection", lambda: released.append(True))
-    assert not isinstance(groupcommit._write_on_thread([job(project, rank=0)], more_queued=True)[0], Exception)
+    assert not isinstance(groupcommit._write_on_thread([job(project, rank=0)], keep=True)[0], Exception)
     assert released == []
-    assert not isinstance(groupcommit._write_on_thread([job(project, rank=1)], more_queued=False)[0], Exception)
+    assert not isinstance(groupcommit._write_on_thread([job(project, rank=1)], keep=False)[0], Exception)
     assert released == [True]
     assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
+
+
+def test_a_stalled_body_read_times_out_and_a_cancel_from_elsewhere_stays_a_cancel(settings):
+    """One timer per process cuts body reads at LOCKSTEP_BODY_TIMEOUT (`loop.BodyDeadlines`); a
+    cancel that is not its own (the server stopping) is not turned into a 408, and nothing is left
+    pending once the reads are over."""
+    settings.LOCKSTEP_BODY_TIMEOUT = 0.2
+    deadlines = loop.BodyDeadlines()
+
+    async def stalled() -> dict:
+        await asyncio.sleep(3600)
+        return {}
+
+    async def arrived() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def scenario() -> tuple[float, bool, bytes, bool]:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await deadlines.read(stalled)
+        waited = time.monotonic() - started
+        other = asyncio.create_task(deadlines.read(stalled))
+        await asyncio.sleep(0.05)
+        other.cancel()  # before its deadline, by someone else
+        with pytest.raises(asyncio.CancelledError):
+            await other
+        body = (await deadlines.read(arrived)).getvalue()
+        await asyncio.sleep(2 * loop.DEADLINE_TICK_S)
+        return waited, other.cancelled(), body, deadlines.ticking
+
+    waited, cancelled, body, ticking = async_to_sync(scenario)()
+    assert 0.2 <= waited < 0.2 + 2 * loop.DEADLINE_TICK_S + 0.2
+    assert cancelled and body == b"{}"
+    assert deadlines.reading == {} and deadlines.expired == set() and not ticking
