@@ -73,8 +73,7 @@ class BodyDeadlines:
     an agent's body nearly always arrives with its headers, so the read never waits at all."""
 
     def __init__(self) -> None:
-        self.reading: dict[asyncio.Task, float] = {}  # task -> its deadline
-        self.expired: set[asyncio.Task] = set()
+        self.reading: dict[asyncio.Task, float] = {}  # task -> its deadline; a task past it is taken out, then cancelled
         self.ticking = False
 
     async def read(self, receive: Receive) -> io.BytesIO:
@@ -87,18 +86,16 @@ class BodyDeadlines:
         try:
             return await read_body(receive)
         except asyncio.CancelledError:
-            if task in self.expired and task.uncancel() == 0:  # our cancel, and nobody else's: a timeout
+            if task not in self.reading and task.uncancel() == 0:  # our cancel, and nobody else's: a timeout
                 raise TimeoutError from None
             raise
         finally:
             self.reading.pop(task, None)
-            self.expired.discard(task)
 
     def _tick(self) -> None:
         now = time.monotonic()
         for task in [t for t, deadline in self.reading.items() if deadline <= now]:
             del self.reading[task]
-            self.expired.add(task)
             task.cancel()
         self.ticking = bool(self.reading)
         if self.ticking:
