@@ -1,9 +1,10 @@
-"""Lockstep per-rank agent: `agent = agents.attach()` ... `agent.close()` (DESIGN 3.1).
+"""Lockstep per-rank agent: `agent = agents.attach()` ... `agent.close()` (docs/design.md, The agent).
 
 Attaching installs a trace-log handler (compile events), a global optimizer step pre-hook
 (gradient fingerprints) and a background sender; all of it is best-effort and never raises
 into the training code.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -13,22 +14,23 @@ import socket
 import sys
 import threading
 import time
-
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported lazily: the server imports agents.protocol without torch
     import torch
 
     from agents import crash, protocol
+    from agents.config import Config
 
 __all__ = ["attach", "fingerprint", "Agent", "NoopAgent"]
 
 _lock = threading.RLock()
-_agent: "Agent | NoopAgent | None" = None
+_agent: Agent | NoopAgent | None = None
 
 
 def fingerprint(tensor: torch.Tensor) -> int:
-    """Public 64-bit fingerprint of the exact bits of `tensor` (DESIGN 3.1; the algorithm: agents.fingerprinting).
+    """Public 64-bit fingerprint of the exact bits of `tensor` (the algorithm: agents.fingerprinting).
 
     Defined here rather than imported, so that `import agents` does not import torch."""
     from agents import fingerprinting
@@ -44,14 +46,15 @@ class NoopAgent:
     def step(self, n: int) -> None:
         pass
 
-    def log(self, loss: "float | torch.Tensor | None" = None, step: int | None = None) -> None:
+    def log(self, loss: float | torch.Tensor | None = None, step: int | None = None) -> None:
         pass
 
     def mark_crash(self, exc: BaseException, exit_code: int = 1) -> None:
         pass
 
-    def close(self, timeout: float = 10, status: str = "ok", exit_code: int | None = None,
-              reason: str | None = None) -> None:
+    def close(
+        self, timeout: float = 10, status: str = "ok", exit_code: int | None = None, reason: str | None = None
+    ) -> None:
         pass
 
 
@@ -60,10 +63,10 @@ class Agent:
 
     enabled = True
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: Config) -> None:
         from agents.capture import CompileCapture, install
-        from agents.graph_texts import GraphTexts
         from agents.grads import GradTracker
+        from agents.graph_texts import GraphTexts
         from agents.links import Links, lockstep_run_url
         from agents.progress import Sampler
         from agents.transport import Transport
@@ -72,16 +75,24 @@ class Agent:
         self._closed = False
         self._ended = False
         self._end: tuple[str, int | None, str | None] = ("ok", None, None)
-        self._crash: "crash.Crash | None" = None
+        self._crash: crash.Crash | None = None
         self.grads = GradTracker(self._emit, cfg.grad_every, cfg.param_every, on_layout=self._layout_known)
         self.links = Links(lockstep_run_url(cfg.page_url, cfg.run))
         start = self._rank_start()  # before the sender starts, so rank_start is the first event
         texts = GraphTexts()  # filled by the capture, asked for by the server through the transport
         self.capture = CompileCapture(self._emit, lambda: self.grads.step, texts=texts)
-        self.progress = Sampler(self.capture, lambda: self.grads.step, cfg.progress_every) if cfg.progress_every else None
-        self.transport = Transport(cfg, on_detail=self._details, step=lambda: self.grads.step, on_blobs=texts.bodies,
-                                   progress=self.progress.to_send if self.progress else None,
-                                   on_flight_recorder=self._flight_record if cfg.flight_recorder else None)
+        self.progress = (
+            Sampler(self.capture, lambda: self.grads.step, cfg.progress_every) if cfg.progress_every else None
+        )
+        self.transport = Transport(
+            cfg,
+            on_detail=self._details,
+            step=lambda: self.grads.step,
+            on_blobs=texts.bodies,
+            progress=self.progress.to_send if self.progress else None,
+            on_flight_recorder=self._flight_record if cfg.flight_recorder else None,
+            on_weights=self.grads.weights_at,
+        )
         try:
             self._emit(start)
             install(self.capture)
@@ -96,7 +107,7 @@ class Agent:
     def session(self) -> str:
         return self.transport.session
 
-    def _emit(self, event: "protocol.Event") -> None:
+    def _emit(self, event: protocol.Event) -> None:
         if not self._ended:
             self.transport.put(event)
 
@@ -105,20 +116,35 @@ class Agent:
 
         return flight_recorder.body(self.cfg.run, self.cfg.rank, session)
 
-    def _details(self, steps: list[int]) -> "list[protocol.Event]":
+    def _details(self, steps: list[int]) -> list[protocol.Event]:
         return [d for s in steps for d in self.grads.detail(s)]
 
-    def _rank_start(self, params: list[str] | None = None, buckets: list[list[int]] | None = None) -> "protocol.RankStart":
+    def _rank_start(
+        self, params: list[str] | None = None, buckets: list[list[int]] | None = None
+    ) -> protocol.RankStart:
+        import msgspec
+
         from agents import environment as env
         from agents import protocol
         from agents.fingerprinting import ALGO
 
         return protocol.RankStart(
-            ts=time.time(), host=socket.gethostname()[:512], pid=os.getpid(), local_rank=self.cfg.local_rank,
-            device=env.device(self.cfg.local_rank), versions=env.versions(), config_hash=env.config_hash(), settings=env.settings(),
-            env=env.filtered_env(), cache_dirs=(dirs := env.cache_dirs()), cache_fs=env.cache_locations(dirs),
-            codegen=env.codegen(), collective_timeout_s=env.collective_timeout_s(),
-            params=params or [], buckets=buckets or [], fp_algo=ALGO,
+            ts=time.time(),
+            host=socket.gethostname()[:512],
+            pid=os.getpid(),
+            local_rank=self.cfg.local_rank,
+            device=env.device(self.cfg.local_rank),
+            versions=env.versions(),
+            config_hash=env.config_hash(),
+            settings=env.settings(),
+            env=env.filtered_env(),
+            cache_dirs=(dirs := env.cache_dirs()),
+            cache_fs=msgspec.convert(env.cache_locations(dirs), dict[str, protocol.CacheLocation]),
+            codegen=env.codegen(),
+            collective_timeout_s=env.collective_timeout_s(),
+            params=params or [],
+            buckets=buckets or [],
+            fp_algo=ALGO,
             links=self.links.exchange(),  # the same job's W&B / MLflow runs, told this run's URL (agents/links.py)
         )
 
@@ -132,7 +158,7 @@ class Agent:
         """Declare the optimizer step in progress: the next optimizer.step() is step n."""
         self.grads.set_step(n)
 
-    def log(self, loss: "float | torch.Tensor | None" = None, step: int | None = None) -> None:
+    def log(self, loss: float | torch.Tensor | None = None, step: int | None = None) -> None:
         """Hand over the training loss (a number or a tensor; a device tensor is read a step later,
         never synchronizing the step): the compare page plots it across runs and measures the drift.
         `step` defaults to the step in progress (see `GradTracker.log_loss`). Never raises."""
@@ -153,8 +179,9 @@ class Agent:
         self._crash = describe(exc)
         self._end = ("error", exit_code, self._crash.reason)
 
-    def close(self, timeout: float = 10, status: str | None = None, exit_code: int | None = None,
-              reason: str | None = None) -> None:
+    def close(
+        self, timeout: float = 10, status: str | None = None, exit_code: int | None = None, reason: str | None = None
+    ) -> None:
         """Flush fingerprints, send rank_end last, deliver or spool everything within `timeout`."""
         with _lock:
             if self._closed:
@@ -176,10 +203,16 @@ class Agent:
 
             st, code, why = self._end
             crash = self._crash if st == "error" else None
-            self.transport.put(protocol.RankEnd(ts=time.time(), status=st, exit_code=code,
-                                                reason=why[:16_384] if why else None,
-                                                exc_type=crash.exc_type[:512] if crash else None,
-                                                where=crash.where[:512] if crash and crash.where else None))
+            self.transport.put(
+                protocol.RankEnd(
+                    ts=time.time(),
+                    status=st,
+                    exit_code=code,
+                    reason=why[:16_384] if why else None,
+                    exc_type=crash.exc_type[:512] if crash else None,
+                    where=crash.where[:512] if crash and crash.where else None,
+                )
+            )
             self._ended = True
         self.transport.close(timeout)
 
@@ -189,7 +222,7 @@ def _install_process_hooks(agent: Agent) -> None:
     atexit.register(agent.close)
     previous_hook = sys.excepthook
 
-    def excepthook(tp, value, tb):
+    def excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         agent.mark_crash(value.with_traceback(tb) if tb is not None else value)
         agent.close()
         previous_hook(tp, value, tb)
@@ -199,7 +232,7 @@ def _install_process_hooks(agent: Agent) -> None:
         return
     previous = signal.getsignal(signal.SIGTERM)
 
-    def on_sigterm(signum, frame):
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         agent.close(timeout=3, status="signal", exit_code=128 + signum, reason="SIGTERM")
         if callable(previous):
             previous(signum, frame)
@@ -210,9 +243,16 @@ def _install_process_hooks(agent: Agent) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def attach(url: str | None = None, token: str | None = None, run: str | None = None, rank: int | None = None,
-           world_size: int | None = None, offline: bool | None = None, spool_dir: str | None = None,
-           grad_every: int | None = None) -> "Agent | NoopAgent":
+def attach(
+    url: str | None = None,
+    token: str | None = None,
+    run: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    offline: bool | None = None,
+    spool_dir: str | None = None,
+    grad_every: int | None = None,
+) -> Agent | NoopAgent:
     """Start the agent for this process (idempotent: later calls return the same agent)."""
     global _agent
     with _lock:

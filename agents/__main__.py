@@ -1,4 +1,5 @@
 """`python -m agents ...`: see agents.cli."""
+
 import sys
 
 from agents.cli import main

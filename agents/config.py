@@ -8,13 +8,18 @@ every rank, i.e. the torchrun agent or the mp.spawn parent). A plain single proc
 own pid and start time. Limitation: multi-node static-rendezvous jobs have one launcher per
 node, so they need LOCKSTEP_RUN or a torchrun --rdzv-id to share one key.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 import re
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 DEFAULT_SPOOL_CAP = 1 << 30
 FR_BUFFER_DEFAULT = 2000  # Flight Recorder entries per process group (torch's NCCL default where it records)
@@ -41,14 +46,16 @@ class Config:
     progress_every: float  # seconds between looks at the main thread (agents/progress.py); 0: off
     flight_recorder: bool = True  # answer the server's Flight Recorder dump requests (LOCKSTEP_FLIGHT_RECORDER=0: off)
     fr_buffer_default: int = 0  # TORCH_FR_BUFFER_SIZE to set at attach (0: leave torch's setting alone)
-    page_url: str | None = None  # the server as people open it (LOCKSTEP_PAGE_URL, else LOCKSTEP_URL): links from W&B / MLflow
+    page_url: str | None = (
+        None  # the server as people open it (LOCKSTEP_PAGE_URL, else LOCKSTEP_URL): links from W&B / MLflow
+    )
 
 
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _num(name: str, default: float, cast=float):
+def _num(name: str, default: T, cast: Callable[[str], T]) -> T:
     try:
         return cast(os.environ[name])
     except (KeyError, ValueError):
@@ -69,15 +76,19 @@ def _sanitize(key: str) -> str:
     return key if key and key[0].isalnum() else ("r" + key)[:200]
 
 
-def default_run_key(env: dict[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
+def default_run_key(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
     elastic = env.get("TORCHELASTIC_RUN_ID", "")
     if elastic and elastic.lower() != "none":
         return _sanitize(elastic)
     launched = "RANK" in env or "WORLD_SIZE" in env
     pid = os.getppid() if launched else os.getpid()
-    parts = [socket.gethostname() if not env.get("MASTER_ADDR") else env["MASTER_ADDR"],
-             env.get("MASTER_PORT", ""), str(pid), _start_time(pid)]
+    parts = [
+        socket.gethostname() if not env.get("MASTER_ADDR") else env["MASTER_ADDR"],
+        env.get("MASTER_PORT", ""),
+        str(pid),
+        _start_time(pid),
+    ]
     return "job-" + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
 
@@ -127,10 +138,12 @@ def resolve(
         grad_every=max(1, grad_every or _num("LOCKSTEP_GRAD_EVERY", 1, int)),
         param_every=max(0, _num("LOCKSTEP_PARAM_EVERY", 50, int)),
         disabled=_flag(env.get("LOCKSTEP_DISABLE")),
-        flush_interval=max(0.01, _num("LOCKSTEP_FLUSH_INTERVAL", 0.5)),
-        heartbeat=max(0.1, _num("LOCKSTEP_HEARTBEAT", 5.0)),
-        progress_every=max(0.0, _num("LOCKSTEP_PROGRESS_EVERY", 0.5)),
-        flight_recorder=(fr := env.get("LOCKSTEP_FLIGHT_RECORDER", "1").strip().lower() not in ("0", "false", "no", "off")),
+        flush_interval=max(0.01, _num("LOCKSTEP_FLUSH_INTERVAL", 0.5, float)),
+        heartbeat=max(0.1, _num("LOCKSTEP_HEARTBEAT", 5.0, float)),
+        progress_every=max(0.0, _num("LOCKSTEP_PROGRESS_EVERY", 0.5, float)),
+        flight_recorder=(
+            fr := env.get("LOCKSTEP_FLIGHT_RECORDER", "1").strip().lower() not in ("0", "false", "no", "off")
+        ),
         fr_buffer_default=FR_BUFFER_DEFAULT if fr and not any(env.get(v) for v in FR_BUFFER_VARS) else 0,
         page_url=(env.get("LOCKSTEP_PAGE_URL") or url or "").rstrip("/") or None,
     )

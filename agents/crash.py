@@ -1,4 +1,5 @@
 """What a rank_end says about the exception that ended the process: type, message, and where."""
+
 from __future__ import annotations
 
 import os

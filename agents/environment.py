@@ -1,4 +1,5 @@
 """What the rank runs on, for the `rank_start` event (versions, configs, env, cache dirs)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,10 +9,13 @@ import os
 import platform
 import re
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from agents.normalize import normalize
+from agents.protocol import PER_LAUNCH_ENV
 
 ENV_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "NCCL_", "TORCHELASTIC_", "TRITON_")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(^|_)KEY($|_)", re.I)
@@ -75,21 +79,39 @@ def device(local_rank: int | None) -> str:
     return "cpu"
 
 
+def canonical(value: object) -> str:
+    """Text of a config value that is the same in every process: sets and dicts sorted (their repr
+    follows the process's hash seed, so the same config printed differently on every rank of every
+    run), object addresses normalized away."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(canonical(v) for v in value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{canonical(k)}: {canonical(v)}" for k, v in value.items())) + "}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(canonical(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return normalize(repr(value))
+
+
 def config_hash() -> str:
-    """Hash of the Inductor + Dynamo configs (normalized so object addresses don't count)."""
+    """Hash of the Inductor + Dynamo configs, over `canonical` values: equal configs hash alike in
+    every process."""
     h = hashlib.blake2b(digest_size=16)
     for modname in ("torch._inductor.config", "torch._dynamo.config"):
         try:
             mod = __import__(modname, fromlist=["get_config_copy"])
             cfg = mod.get_config_copy()
-            h.update(normalize(repr(sorted((k, repr(v)) for k, v in cfg.items()))).encode())
+            h.update(repr(sorted((k, canonical(v)) for k, v in cfg.items())).encode())
         except Exception:
             h.update(modname.encode())
     return h.hexdigest()
 
 
-SETTINGS_MODULES = (("dynamo", "torch._dynamo.config"), ("inductor", "torch._inductor.config"),
-                    ("functorch", "torch._functorch.config"))
+SETTINGS_MODULES = (
+    ("dynamo", "torch._dynamo.config"),
+    ("inductor", "torch._inductor.config"),
+    ("functorch", "torch._functorch.config"),
+)
 
 
 def settings() -> dict[str, str]:
@@ -116,34 +138,57 @@ def _changed(prefix: str, modname: str) -> dict[str, str]:
         try:
             if getattr(entry, "alias", None) or _is_default(mod, key, entry):
                 continue
-            out[f"{prefix}.{key}"[:512]] = normalize(repr(getattr(mod, key)))[:16_384]
+            out[f"{prefix}.{key}"[:512]] = canonical(getattr(mod, key))[:16_384]
         except Exception:
             continue
     return out
 
 
-def _is_default(mod, key: str, entry) -> bool:
+def _is_default(mod: object, key: str, entry: object) -> bool:
     value = getattr(mod, key)
-    if repr(value) == repr(getattr(entry, "default", object())):
+    if canonical(value) == canonical(getattr(entry, "default", object())):
         return True
     check = getattr(mod, "_is_default", None)  # torch >= 2.5 tells environment overrides from defaults
     return bool(check(key)) if callable(check) else False
 
 
 def filtered_env() -> dict[str, str]:
-    """Compiler/collective-relevant environment, secrets redacted."""
-    return {k[:512]: ("<redacted>" if _SECRET.search(k) else v[:16_384])
-            for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    """Compiler/collective-relevant environment, secrets redacted; what names only this launch
+    (`protocol.PER_LAUNCH_ENV`) is left out, so two launches of one job send the same."""
+    return {
+        k[:512]: ("<redacted>" if _SECRET.search(k) else v[:16_384])
+        for k, v in sorted(os.environ.items())
+        if k.startswith(ENV_PREFIXES) and k not in PER_LAUNCH_ENV
+    }
 
 
-NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "fuse.ceph", "glusterfs",
-                        "fuse.glusterfs", "9p", "fuse.sshfs", "wekafs", "fuse.juicefs", "fuse.s3fs", "afs"})
+NETWORK_FS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "fuse.ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "9p",
+        "fuse.sshfs",
+        "wekafs",
+        "fuse.juicefs",
+        "fuse.s3fs",
+        "afs",
+    }
+)
 
 
-def cache_locations(dirs: dict[str, str]) -> dict[str, dict]:
+def cache_locations(dirs: dict[str, str]) -> dict[str, dict[str, str | bool]]:
     """Per cache dir: resolved path, filesystem type and id, and whether other hosts can mount it."""
     mounts = _mounts()
-    out = {}
+    out: dict[str, dict[str, str | bool]] = {}
     for name, path in dirs.items():
         try:
             real = os.path.realpath(path)
@@ -214,7 +259,15 @@ def collective_timeout_s() -> float | None:
         if not (dist.is_available() and dist.is_initialized()):
             return None
         pg = dist.distributed_c10d._get_default_group()
-        options = [lambda: pg.options] + [lambda d=d: pg._get_backend(torch.device(d)).options for d in ("cuda", "cpu")]
+
+        def backend(device: str) -> Any:
+            return pg._get_backend(torch.device(device)).options
+
+        options: list[Callable[[], Any]] = [
+            lambda: pg.options,  # type: ignore[attr-defined]  # torch < 2.2 only
+            lambda: backend("cuda"),
+            lambda: backend("cpu"),
+        ]
         for get in options:
             try:
                 return float(get()._timeout.total_seconds())

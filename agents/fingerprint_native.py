@@ -15,6 +15,7 @@ feature flags (the build uses -march=native, so a cache shared between unlike ma
 hand out a foreign binary). Recipes are tried best first (`_recipes`); when none builds and loads,
 the Inductor and eager paths remain; `LOCKSTEP_FP_NATIVE=0` skips it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -70,9 +71,15 @@ def _recipes(cc: str) -> list[tuple[str, list[list[str]]]]:
     recipes = []
     runtime = _openmp_runtime()
     if runtime:
-        recipes.append((f"{cc} openmp {runtime}",
-                        [[cc, *native, "-fopenmp", "-fPIC", "-c", "-o", "{obj}", "{src}"],
-                         [cc, "-shared", "-o", "{lib}", "{obj}", runtime, f"-Wl,-rpath,{os.path.dirname(runtime)}"]]))
+        recipes.append(
+            (
+                f"{cc} openmp {runtime}",
+                [
+                    [cc, *native, "-fopenmp", "-fPIC", "-c", "-o", "{obj}", "{src}"],
+                    [cc, "-shared", "-o", "{lib}", "{obj}", runtime, f"-Wl,-rpath,{os.path.dirname(runtime)}"],
+                ],
+            )
+        )
     recipes.append((f"{cc} native", [[cc, *native, "-shared", "-fPIC", "-o", "{lib}", "{src}"]]))
     recipes.append((f"{cc} portable", [[cc, "-O3", f"-DCOLS={COLS}", "-shared", "-fPIC", "-o", "{lib}", "{src}"]]))
     return recipes
@@ -82,7 +89,7 @@ def _compile(out: Path) -> bool:
     source = SOURCE.read_bytes()
     compilers = [c for c in (os.environ.get("CC"), "cc", "gcc") if c]
     for cc in compilers:
-        for name, commands in _recipes(cc):
+        for _name, commands in _recipes(cc):
             key = hashlib.sha256(b"\0".join([source, repr(commands).encode(), _cpu_identity().encode()]))
             target = out / f"fingerprint-{key.hexdigest()[:16]}.so"
             if target.exists():
@@ -118,8 +125,14 @@ def _load(path: Path) -> bool:
         return False
     fn = lib.lockstep_lane_sums
     fn.restype = None
-    fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 6, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p,
-                   ctypes.c_int]
+    fn.argtypes = [
+        ctypes.c_int64,
+        *[ctypes.c_void_p] * 6,
+        ctypes.c_uint32,
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
     _lib = lib
     return True
 
@@ -154,15 +167,16 @@ def _pieces(spans: list[tuple[int, int]], threads: int) -> list[tuple[int, int, 
     return pieces
 
 
-def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int],
-              stats: list[bool] | None = None) -> tuple[list[int], float, int]:
+def lane_sums(
+    spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple[int, int], stats: list[bool] | None = None
+) -> tuple[list[int], float, int]:
     """Lane sums of (address, words) spans of 32-bit words in CPU memory (the caller keeps the
     memory alive): [lane 0, lane 1] per span, flat, as 32-bit ints; and over the spans flagged in
     `stats` (float32 data) the float64 sum of squares and how many spans hold a non-finite value.
 
     Runs inside every optimizer step, so the call's own cost counts: the piece table and the
     results live in `array` buffers (a few microseconds, where torch tensors cost tens)."""
-    if not available():
+    if not available() or not isinstance(_lib, ctypes.CDLL):
         raise RuntimeError("native fingerprint kernel unavailable")
     total = sum(n for _, n in spans)
     threads = max(1, torch.get_num_threads()) if total >= SPLIT_WORDS else 1
@@ -173,8 +187,9 @@ def lane_sums(spans: list[tuple[int, int]], colw: torch.Tensor, row_mults: tuple
     addresses = [c.buffer_info()[0] for c in columns]
     out = array("q", bytes(32 * len(pieces)))  # per piece: lane 0, lane 1, sum of squares (bits), non-finite
     colw = colw.contiguous()
-    _lib.lockstep_lane_sums(len(pieces), *addresses, colw.data_ptr(), row_mults[0], row_mults[1],
-                            out.buffer_info()[0], threads)
+    _lib.lockstep_lane_sums(
+        len(pieces), *addresses, colw.data_ptr(), row_mults[0], row_mults[1], out.buffer_info()[0], threads
+    )
     lanes = [0] * (2 * len(spans))
     squares, nonfinite = 0.0, [0] * len(spans)
     square_bits = array("d", out.tobytes())

@@ -20,7 +20,7 @@ and torch version gives the same value for the same bits.
 Why the row/column split (v1 hashed the full index per element) and the sums mod 2^32 (v2 kept
 exact 64-bit sums): the per-element work per lane is one add, xor, or, multiply and a 32-bit
 add (the column table is loaded once per row block), which lets a kernel run near memory speed
-(DESIGN 7, P3). v1, v2 and v3 agree on nothing but tensors of < 4096 words (v1 = v2 there).
+(target P3, docs/design.md). v1, v2 and v3 agree on nothing but tensors of < 4096 words (v1 = v2 there).
 
 Implementations, chosen per tensor and device, all giving the same sums:
 - `_lane_sums_eager`: plain torch ops (reference; always available).
@@ -34,10 +34,11 @@ Implementations, chosen per tensor and device, all giving the same sums:
 Each fast path is checked against the reference once per device at first use and disabled if it
 disagrees or fails; failures fall back to eager, never into user code.
 
-The public entry is `agents.fingerprint(tensor)` (DESIGN 3.1), which calls `fingerprint` here. This
+The public entry is `agents.fingerprint(tensor)` (docs/design.md, The agent), which calls `fingerprint` here. This
 module is not named `agents/fingerprint.py`: importing a submodule binds it as an attribute of its
 package, which would replace that public function with the module.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,6 +48,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -66,11 +68,13 @@ BIG_WORDS_DEFAULT = 1 << 20
 ROW_SUM_DTYPE = torch.int32 if os.environ.get("LOCKSTEP_FP_ROW_SUM", "int32") == "int32" else torch.int64
 _lock = threading.Lock()
 LaneSums = Callable[[torch.Tensor], torch.Tensor]  # int32 words -> int64 [2] lane sums
-RowsKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # `_rows_kernel`'s signature
-_col_cache: dict[str, torch.Tensor] = {}
-_layout_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+RowsKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]  # `_rows_kernel`'s signature
+_col_cache: dict[str | tuple[str, str], torch.Tensor] = {}
+_layout_cache: dict[tuple[str, tuple[int, ...], bool], tuple[Any, ...]] = {}
 _compiled: dict[str, RowsKernel | bool] = {}  # device type -> compiled kernel, or False when disabled
-_triton: dict[int, object] = {}
+_triton: dict[int, Any] = {}  # Triton's JIT function (untyped)
 _verified: dict[tuple[str, str], bool] = {}
 
 
@@ -156,8 +160,9 @@ def _arange_rows(k: int, device: torch.device) -> torch.Tensor:
     with _lock:
         cached = _col_cache.get(key)
     if cached is None or cached.shape[0] < k:
-        cached = torch.arange(max(k, 2 * (cached.shape[0] if cached is not None else 0), 64),
-                              dtype=torch.int32, device=device).view(-1, 1)
+        cached = torch.arange(
+            max(k, 2 * (cached.shape[0] if cached is not None else 0), 64), dtype=torch.int32, device=device
+        ).view(-1, 1)
         with _lock:
             _col_cache[key] = cached
     return cached[:k]
@@ -175,7 +180,7 @@ def _compiled_for(device: torch.device) -> RowsKernel | None:
             except Exception:
                 fn = False
         _compiled[device.type] = fn
-    return fn or None
+    return None if isinstance(fn, bool) else fn
 
 
 def _rows_call(fn: RowsKernel, x2: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -198,7 +203,7 @@ def _lane_sums_compiled(x: torch.Tensor) -> torch.Tensor:
     k = x.numel() >> LOG2_COLS
     sums = _rows_call(fn, x[: k * COLS].view(k, COLS), _arange_rows(k, x.device)).sum(dim=1)
     if x.numel() > k * COLS:
-        sums = sums + _lane_sums_eager(x[k * COLS:], k * COLS)
+        sums = sums + _lane_sums_eager(x[k * COLS :], k * COLS)
     return sums
 
 
@@ -207,7 +212,7 @@ _TRITON_ITERS = int(os.environ.get("LOCKSTEP_FP_TRITON_ITERS", "16"))
 _TRITON_WARPS = int(os.environ.get("LOCKSTEP_FP_TRITON_WARPS", "16"))
 
 
-def _triton_kernel() -> object | None:
+def _triton_kernel() -> Any:
     """The Triton kernel, built once (None: Triton missing or the build failed)."""
     key = 0
     if key in _triton:
@@ -216,9 +221,19 @@ def _triton_kernel() -> object | None:
         import triton
         import triton.language as tl
 
-        @triton.jit
-        def fp_kernel(x_ptr, colw_ptr, out_ptr, n, row_base, R0: tl.constexpr, R1: tl.constexpr,
-                      BLOCK: tl.constexpr, ITERS: tl.constexpr, MASKED: tl.constexpr):
+        @triton.jit  # type: ignore[untyped-decorator]  # Triton reads the parameters' annotations itself
+        def fp_kernel(  # type: ignore[no-untyped-def]
+            x_ptr,
+            colw_ptr,
+            out_ptr,
+            n,
+            row_base,
+            R0: tl.constexpr,
+            R1: tl.constexpr,
+            BLOCK: tl.constexpr,
+            ITERS: tl.constexpr,
+            MASKED: tl.constexpr,
+        ):
             # BLOCK == COLS: every iteration covers exactly one row, so the column weights are
             # loaded once per program and the row weight is one scalar per iteration. The bulk
             # launch covers whole groups of ITERS full rows with no masks at all; a second, masked
@@ -264,8 +279,9 @@ def _lane_sums_triton(x: torch.Tensor) -> torch.Tensor:
     rest = -(-(n - bulk * _TRITON_ITERS * COLS) // (COLS * _TRITON_ITERS))
     out = torch.empty(bulk + rest, 2, dtype=torch.int64, device=x.device)
     colw = _column_weights(x.device)
-    consts = dict(R0=_s32(_LANES[0][2]), R1=_s32(_LANES[1][2]), BLOCK=COLS, ITERS=_TRITON_ITERS,
-                  num_warps=_TRITON_WARPS)
+    consts = dict(
+        R0=_s32(_LANES[0][2]), R1=_s32(_LANES[1][2]), BLOCK=COLS, ITERS=_TRITON_ITERS, num_warps=_TRITON_WARPS
+    )
     if bulk:
         kernel[(bulk,)](x, colw, out, n, 0, MASKED=False, **consts)
     if rest:
@@ -292,8 +308,9 @@ def _native_many(tensors: list[torch.Tensor], stats: bool = False) -> tuple[list
     keep: list[torch.Tensor] = []
     spans = [_span(t, keep) for t in tensors]
     flags = [t.dtype == torch.float32 for t in tensors] if stats else None
-    return fingerprint_native.lane_sums(spans, _column_weights(torch.device("cpu")), (_LANES[0][2], _LANES[1][2]),
-                                        flags)
+    return fingerprint_native.lane_sums(
+        spans, _column_weights(torch.device("cpu")), (_LANES[0][2], _LANES[1][2]), flags
+    )
 
 
 def _lane_sums_native(x: torch.Tensor) -> torch.Tensor:
@@ -306,7 +323,7 @@ def _lane_sums_native(x: torch.Tensor) -> torch.Tensor:
 # --- choosing a path ----------------------------------------------------------------------------
 def _fast_paths(device: torch.device) -> list[tuple[str, LaneSums]]:
     """The fast paths to try on this device, fastest first."""
-    paths = []
+    paths: list[tuple[str, LaneSums]] = []
     if device.type == "cuda" and os.environ.get("LOCKSTEP_FP_TRITON", "1") != "0":
         paths.append(("triton", _lane_sums_triton))
     if device.type == "cpu":
@@ -383,19 +400,22 @@ def segmented_lane_sums(words: list[torch.Tensor]) -> torch.Tensor:
             _verified[("compiled", device.type)] = False
             return segmented_lane_sums(words)
         sums = torch.zeros(2, len(words), dtype=torch.int64, device=device).index_add_(1, row_seg, per_row)
-        return sums - pad_sums
+        return torch.sub(sums, pad_sums)
     w, seg = cached
     x = torch.cat(words).unsqueeze(0)
     terms = ((x ^ w) * (w | 1)).to(torch.int64)
     return torch.zeros(2, len(words), dtype=torch.int64, device=device).index_add_(1, seg, terms)
 
 
-def _layout(sizes: tuple[int, ...], device: torch.device, rows_layout: bool) -> tuple:
+def _layout(sizes: tuple[int, ...], device: torch.device, rows_layout: bool) -> tuple[Any, ...]:
     """What `segmented_lane_sums` caches per layout: the compiled path's padding, row numbers, row ->
     tensor index and the padding's lane sums; or the eager path's weights and element -> tensor index."""
     if not rows_layout:
-        pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in sizes]) if sum(sizes) else \
-            torch.zeros(0, dtype=torch.int64)
+        pos = (
+            torch.cat([torch.arange(n, dtype=torch.int64) for n in sizes])
+            if sum(sizes)
+            else torch.zeros(0, dtype=torch.int64)
+        )
         seg = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes, dtype=torch.int64))
         return _weights_at(pos.to(device), device), seg.to(device)
     pads, rows, row_seg, pad_sums = [], [], [], []
@@ -406,8 +426,12 @@ def _layout(sizes: tuple[int, ...], device: torch.device, rows_layout: bool) -> 
         rows.append(torch.arange(k, dtype=torch.int32))
         row_seg.append(torch.full((k,), j, dtype=torch.int64))
         pad_sums.append(_lane_sums_eager(torch.zeros(extra, dtype=torch.int32), n))
-    return (pads, torch.cat(rows).view(-1, 1).to(device), torch.cat(row_seg).to(device),
-            torch.stack(pad_sums, dim=1).to(device))
+    return (
+        pads,
+        torch.cat(rows).view(-1, 1).to(device),
+        torch.cat(row_seg).to(device),
+        torch.stack(pad_sums, dim=1).to(device),
+    )
 
 
 def splitmix64(x: int) -> int:
@@ -418,7 +442,7 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dtype_code(dtype: torch.dtype | None) -> int:
     """A u64 per dtype name, stable across torch versions (not torch's own enum values)."""
     name = "none" if dtype is None else str(dtype).removeprefix("torch.")
@@ -474,7 +498,7 @@ class Pending:
     the host copy (a tensor) or, from `host_pending`, the words themselves."""
 
     host: torch.Tensor | list[int]
-    event: object | None
+    event: torch.cuda.Event | None
     numels: list[int]
     dtypes: list[torch.dtype | None]
     buckets: list[list[int]]
@@ -498,7 +522,7 @@ class Pending:
 
     def extra(self) -> list[int]:
         """Raw int64 words appended after the lane sums (used for grad statistics)."""
-        return self.words()[2 * len(self.numels):]
+        return self.words()[2 * len(self.numels) :]
 
     def result(self) -> tuple[list[int], list[int]]:
         """(per-tensor fingerprints, per-bucket fingerprints)."""
@@ -506,7 +530,7 @@ class Pending:
         return per, [fold([per[i] for i in b]) for b in self.buckets]
 
 
-def start_copy(device_words: torch.Tensor) -> tuple[torch.Tensor, object | None]:
+def start_copy(device_words: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """One non-blocking device->host copy (pinned on CUDA) plus an event to poll."""
     if device_words.device.type != "cuda":
         return device_words.cpu(), None
@@ -549,8 +573,13 @@ def host_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]], s
     if native is None or (stats and native[1] is None):
         return None
     lanes, extra = native
-    return Pending(lanes + (extra or []), None, [t.numel() if t is not None else 0 for t in tensors],
-                   [t.dtype if t is not None else None for t in tensors], buckets)
+    return Pending(
+        lanes + (extra or []),
+        None,
+        [t.numel() if t is not None else 0 for t in tensors],
+        [t.dtype if t is not None else None for t in tensors],
+        buckets,
+    )
 
 
 def _native_words(tensors: list[torch.Tensor | None], stats: bool) -> tuple[list[int], list[int] | None] | None:
@@ -588,7 +617,7 @@ def _per_tensor_generic(tensors: list[torch.Tensor | None]) -> torch.Tensor:
             out[i] = lane_sums_words(w).to(device)
         else:
             small.setdefault(w.device, []).append((i, w))
-    for dev, items in small.items():
+    for items in small.values():
         sums = segmented_lane_sums([w for _, w in items]).to(device)
         for j, (i, _) in enumerate(items):
             out[i] = sums[:, j]

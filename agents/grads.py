@@ -1,4 +1,4 @@
-"""Gradient fingerprints at every optimizer step (DESIGN 4).
+"""Gradient fingerprints at every optimizer step (docs/design.md, What the agent captures).
 
 A global optimizer step pre-hook sees the final gradients (after DDP's all-reduce) just before
 the update. Step numbering: every `optimizer.step()` call is one step, counted from 0 per
@@ -10,6 +10,7 @@ the k-th one seen (k >= 1) gets groups "ddp.k" / "local.k".
 No device synchronization inside the step: fingerprints travel to the host with one async
 copy and are read at the next step (immediately on CPU, where the copy is already done).
 """
+
 from __future__ import annotations
 
 import collections
@@ -19,23 +20,27 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
 
 from agents import protocol
 from agents.fingerprinting import Pending, balanced_buckets, bucket_fingerprints, host_pending
 
 RING_STEPS = 128
+Groups = dict[str, tuple[list[str], list[torch.Tensor]]]  # group -> (names, parameters)
+GroupKey = tuple[tuple[int, ...], tuple[int, ...]]  # ids of the optimizer's parameters and of the DDP modules
 NBUCKETS = 16
 
-_ddp_modules: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_ddp_modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 _ddp_patched = False
 
 
-def _ddp_class():
+def _ddp_class() -> type[torch.nn.Module] | None:
     try:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -52,12 +57,12 @@ def track_ddp() -> None:
         return
     original = cls.__init__
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         _ddp_modules.add(self)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    cls.__init__ = __init__
+    cls.__init__ = __init__  # type: ignore[method-assign]
     _ddp_patched = True
 
 
@@ -68,11 +73,10 @@ def _scan_ddp() -> None:
     if cls is None:
         return
     for obj in gc.get_objects():
-        try:
-            if isinstance(obj, cls):
-                _ddp_modules.add(obj)
-        except Exception:
-            continue
+        # type(), not isinstance(): isinstance reads `obj.__class__` of every object on the heap, and
+        # torch's deprecated aliases (`torch.distributed.reduce_op`) warn on any attribute read.
+        if issubclass(type(obj), cls):
+            _ddp_modules.add(obj)
 
 
 def _ddp_params() -> dict[int, str]:
@@ -80,7 +84,8 @@ def _ddp_params() -> dict[int, str]:
     out: dict[int, str] = {}
     for module in list(_ddp_modules):
         ignored = set(getattr(module, "parameters_to_ignore", ()) or ())
-        for name, p in module.module.named_parameters():
+        inner: torch.nn.Module = getattr(module, "module", module)  # DDP's wrapped model
+        for name, p in inner.named_parameters():
             if p.requires_grad and name not in ignored:
                 out.setdefault(id(p), name)
     return out
@@ -100,7 +105,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     (detached only when they require grad: this runs for every parameter at every step)."""
     if type(t).__name__ == "DTensor":
         try:
-            return t.to_local()
+            local: torch.Tensor = t.to_local()  # type: ignore[attr-defined]  # a DTensor, known by name only
+            return local
         except Exception:
             pass
     return t.detach() if t.requires_grad else t
@@ -117,9 +123,10 @@ def _dtensor_group(p: torch.Tensor) -> str | None:
     if type(p).__name__ != "DTensor":
         return None
     try:
-        coord = p.device_mesh.get_coordinate() or []
-        sharded = [str(c) for c, pl in zip(coord, p.placements) if not pl.is_replicate()]
-        dims = [str(i) for i, pl in enumerate(p.placements) if not pl.is_replicate()]
+        dtensor: Any = p  # a DTensor, known by name only (torch.distributed.tensor may not import)
+        coord = dtensor.device_mesh.get_coordinate() or []
+        sharded = [str(c) for c, pl in zip(coord, dtensor.placements) if not pl.is_replicate()]
+        dims = [str(i) for i, pl in enumerate(dtensor.placements) if not pl.is_replicate()]
         return "dtensor" if not sharded else f"shard:{','.join(dims)}={','.join(sharded)}"
     except Exception:
         return "local"
@@ -143,28 +150,38 @@ def _grad_stats(present: list[torch.Tensor]) -> torch.Tensor:
 class GradTracker:
     """Owns the step counter, the optimizer hook, in-flight fingerprints and the detail ring."""
 
-    def __init__(self, emit: Callable[[protocol.Event], None], grad_every: int = 1, param_every: int = 50,
-                 on_layout: Callable[[list[str], list[list[int]]], None] | None = None) -> None:
+    def __init__(
+        self,
+        emit: Callable[[protocol.Event], None],
+        grad_every: int = 1,
+        param_every: int = 50,
+        on_layout: Callable[[list[str], list[list[int]]], None] | None = None,
+    ) -> None:
         self._emit = emit
         self._on_layout = on_layout
         self._layout: tuple[list[str], list[list[int]]] | None = None  # as last reported
         # optimizer index -> (parameter identity, {group: buckets}, {group: names})
-        self._bucket_cache: dict[int, tuple[tuple, dict[str, list[list[int]]], dict[str, list[str]]]] = {}
+        self._bucket_cache: dict[
+            int, tuple[tuple[tuple[str, tuple[int, ...]], ...], dict[str, list[list[int]]], dict[str, list[str]]]
+        ] = {}
         self._every = max(1, grad_every)
         self._param_every = max(0, param_every)  # 0: no weight fingerprints
         self._next_step = 0
         self._current: int | None = None
         self._last_time: float | None = None
-        self._optimizers: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
-        self._group_cache: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple]" = weakref.WeakKeyDictionary()
+        self._optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self._group_cache: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[GroupKey, Groups]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._inflight: list[_InFlight] = []
-        self._losses: list[tuple[int, torch.Tensor, object]] = []  # (step, host copy, device event) in flight
+        self._losses: list[tuple[int, torch.Tensor, torch.cuda.Event]] = []  # (step, host copy, device event) in flight
         self._steps_seen = 0
         self._log_after: bool | None = None  # log() called after optimizer.step() (learned at its first call)
         self._ring: collections.deque[tuple[int, str, dict[str, int]]] = collections.deque()
+        self._weights_asked: set[int] = set()  # steps the server asked weight fingerprints after (`weights_at`)
         self._lock = threading.Lock()
-        self._handle = None
-        self._post_handle = None
+        self._handle: RemovableHandle | None = None
+        self._post_handle: RemovableHandle | None = None
 
     @property
     def step(self) -> int:
@@ -189,20 +206,37 @@ class GradTracker:
                 setattr(self, name, None)
 
     # the hook ------------------------------------------------------------------------
-    def _hook(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
             self._on_step(optimizer)
         except Exception:  # never raise into user code
             pass
 
-    def _post_hook(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-        """After the update: weight fingerprints every `param_every` steps (same groups and buckets)."""
+    def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """After the update: weight fingerprints every `param_every` steps (same groups and buckets),
+        and after the steps the server asked for."""
         try:
             step = self._next_step - 1
-            if step >= 0 and step % self._param_every == 0:
+            if step >= 0 and (step % self._param_every == 0 or self._asked_now(step)):
                 self._fingerprint(optimizer, step, weights=True)
         except Exception:  # never raise into user code
             pass
+
+    def weights_at(self, steps: list[int]) -> None:
+        """The server wants weight fingerprints after these steps (every rank is asked for the same
+        ones, so their slots compare); a step already past is never taken: the ranks could not agree on it.
+        Called from the sender thread."""
+        with self._lock:
+            self._weights_asked.update(s for s in steps if s >= self._next_step)
+
+    def _asked_now(self, step: int) -> bool:
+        """Whether `step` was asked for; forgets the asks up to it."""
+        if not self._weights_asked:
+            return False
+        with self._lock:
+            asked = step in self._weights_asked
+            self._weights_asked = {s for s in self._weights_asked if s > step}
+        return asked
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         step = self._next_step
@@ -216,21 +250,23 @@ class GradTracker:
             self._fingerprint(optimizer, step)
         self.drain(block=False)
 
-    def _groups(self, optimizer: torch.optim.Optimizer) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
+    def _groups(self, optimizer: torch.optim.Optimizer) -> Groups:
         """Comparison groups of the optimizer's parameters; computed again only when its parameters
         or the DDP modules change (the cache holds the parameters, so their ids stay theirs)."""
         k = self._optimizers.setdefault(optimizer, len(self._optimizers))
-        key = (tuple(map(id, itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups))),
-               tuple(map(id, _ddp_modules)))
+        key = (
+            tuple(map(id, itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups))),
+            tuple(map(id, _ddp_modules)),
+        )
         cached = self._group_cache.get(optimizer)
         if cached is None or cached[0] != key:
             cached = self._group_cache[optimizer] = (key, self._make_groups(optimizer, k))
         return cached[1]
 
-    def _make_groups(self, optimizer: torch.optim.Optimizer, k: int) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
+    def _make_groups(self, optimizer: torch.optim.Optimizer, k: int) -> Groups:
         suffix = f".{k}" if k else ""
         ddp = _ddp_params()
-        groups: dict[str, tuple[list[str], list[torch.Tensor]]] = {}
+        groups: Groups = {}
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 name = ddp.get(id(p))
@@ -249,8 +285,9 @@ class GradTracker:
             if weights:
                 pending = bucket_fingerprints([_local(p) for p in params], buckets=layout[group])
             else:
-                pending = self._grad_pending([_local(p.grad) if p.grad is not None else None for p in params],
-                                             layout[group])
+                pending = self._grad_pending(
+                    [_local(p.grad) if p.grad is not None else None for p in params], layout[group]
+                )
             with self._lock:
                 self._inflight.append(_InFlight(step, group, names, pending, weights=weights))
 
@@ -271,8 +308,10 @@ class GradTracker:
         key = tuple((group, tuple(map(id, params))) for group, (_, params) in groups.items())
         cached = self._bucket_cache.get(k)
         if cached is None or cached[0] != key:
-            layout = {group: balanced_buckets([_local(p).numel() for p in params], NBUCKETS)
-                      for group, (_, params) in groups.items()}
+            layout = {
+                group: balanced_buckets([_local(p).numel() for p in params], NBUCKETS)
+                for group, (_, params) in groups.items()
+            }
             self._bucket_cache[k] = (key, layout, {group: names for group, (names, _) in groups.items()})
             self._report_layout()
         return self._bucket_cache[k][1]
@@ -294,7 +333,7 @@ class GradTracker:
                 self._on_layout(names, buckets)
 
     # the loss ------------------------------------------------------------------------
-    def log_loss(self, loss: "float | torch.Tensor", step: int | None = None) -> None:
+    def log_loss(self, loss: float | torch.Tensor, step: int | None = None) -> None:
         """The loss of `step`, by default of the step in progress: the next optimizer.step()'s when
         the job logs before stepping, the one just taken when it logs after (told by the first call:
         had a step run already?). A device tensor travels with one async copy, read a step later."""
@@ -348,8 +387,11 @@ class GradTracker:
         if len(extra) == 2:
             norm = struct.unpack("<d", struct.pack("<q", extra[0]))[0] ** 0.5
             nonfinite = int(extra[1])
-        self._emit(protocol.Grad(ts=time.time(), step=item.step, group=item.group, fps=buckets,
-                                 norm=norm, nonfinite=nonfinite or 0))
+        self._emit(
+            protocol.Grad(
+                ts=time.time(), step=item.step, group=item.group, fps=buckets, norm=norm, nonfinite=nonfinite or 0
+            )
+        )
         with self._lock:
             self._ring.append((item.step, item.group, dict(zip(item.names, per))))
             while self._ring and self._ring[0][0] <= item.step - RING_STEPS:
@@ -359,5 +401,7 @@ class GradTracker:
         """Per-parameter fingerprints of `step` from the ring (empty if it has aged out)."""
         with self._lock:
             found = [(g, params) for s, g, params in self._ring if s == step]
-        return [protocol.Detail(ts=time.time(), step=step, group=g, params={k[:512]: v for k, v in params.items()})
-                for g, params in found]
+        return [
+            protocol.Detail(ts=time.time(), step=step, group=g, params={k[:512]: v for k, v in params.items()})
+            for g, params in found
+        ]

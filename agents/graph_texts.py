@@ -1,10 +1,11 @@
-"""Normalized graph texts of this process's compiles, kept for the server's `want_blobs` (DESIGN 3.2).
+"""Normalized graph texts of this process's compiles, kept for the server's `want_blobs` (docs/design.md).
 
 A compile event carries only hashes. The server asks for a text it lacks (`want_blobs`), of one
 rank only however many hold it, and that rank uploads it to `POST /api/v1/blobs`, where the hash
 is verified; the frame page diffs these texts. Texts are kept newest-first within a byte budget:
 one asked for after it was evicted, or longer than the server takes, is not sent.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -45,10 +46,16 @@ class GraphTexts:
         groups: list[list[protocol.Blob]] = []
         size = 0
         for blob in found:
-            if not groups or size + len(blob.text) > protocol.MAX_BLOB_BYTES or len(groups[-1]) >= protocol.MAX_BLOBS_PER_UPLOAD:
+            if (
+                not groups
+                or size + len(blob.text) > protocol.MAX_BLOB_BYTES
+                or len(groups[-1]) >= protocol.MAX_BLOBS_PER_UPLOAD
+            ):
                 groups.append([])
                 size = 0
             groups[-1].append(blob)
             size += len(blob.text)
-        return [gzip.compress(protocol.encode(protocol.BlobUpload(v=protocol.PROTOCOL_VERSION, blobs=group)), 6)
-                for group in groups]
+        return [
+            gzip.compress(protocol.encode(protocol.BlobUpload(v=protocol.PROTOCOL_VERSION, blobs=group)), 6)
+            for group in groups
+        ]

@@ -4,15 +4,19 @@ Found from what the process already has: the library's active run when the train
 it (looked up in `sys.modules`: the agent never imports wandb or mlflow, which would cost seconds
 and start their machinery in every rank), else the environment those tools and their launchers
 set (WANDB_RUN_ID / WANDB_PROJECT / WANDB_ENTITY, MLFLOW_RUN_ID / MLFLOW_TRACKING_URI /
-MLFLOW_EXPERIMENT_ID). The links go to the server in `RankStart.links` (name -> URL); into each
+MLFLOW_EXPERIMENT_ID). The links go to the server in `RankStart.links` (name -> URL, or for a W&B
+run that has no URL yet the reason, which the run page shows as text); into each
 active run the agent writes the Lockstep run's page URL once (W&B config `lockstep_url`, MLflow
 tag `lockstep.url`). Everything here is best-effort and never raises.
 """
+
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote
 
 WANDB = "wandb"
@@ -21,6 +25,8 @@ WANDB_CONFIG_KEY = "lockstep_url"
 MLFLOW_TAG = "lockstep.url"
 WANDB_APP_URL = "https://wandb.ai"
 URL_MAX_CHARS = 2048
+
+log = logging.getLogger("lockstep.agent")
 
 
 class Links:
@@ -52,13 +58,28 @@ class Links:
             run.config.update({WANDB_CONFIG_KEY: self.lockstep_url}, allow_val_change=True)
             self._told.add((WANDB, run.id))
         said = getattr(getattr(run, "settings", None), "run_url", "")  # wandb's own URL for it (its app host)
-        return said or wandb_url(WANDB_APP_URL, run.entity, run.project, run.id)
+        return said or wandb_url(WANDB_APP_URL, run.entity, run.project, run.id) or self._wandb_why_not(run)
+
+    def _wandb_why_not(self, run: Any) -> str:
+        """What the run page shows instead of a link when the run has no URL yet: an offline run
+        without an entity gets one only when `wandb sync` uploads it (under the account's default
+        entity, which an offline process cannot know). Logged once, at debug."""
+        folder = getattr(getattr(run, "settings", None), "sync_dir", "") or ""
+        sync = f"wandb sync {folder}" if folder else "wandb sync"
+        why = (
+            f"offline run {run.id} (project {run.project}) has no URL until `{sync}`; "
+            "set WANDB_ENTITY or wandb.init(entity=...) to link it now"
+        )
+        if (WANDB, f"why:{run.id}") not in self._told:
+            log.debug("W&B run %s not linked: %s", run.id, why)
+            self._told.add((WANDB, f"why:{run.id}"))
+        return why
 
     def _mlflow(self) -> str | None:
         """The active MLflow run's URL (tagged with the Lockstep URL), when mlflow is imported."""
         mlflow = sys.modules.get("mlflow")
         run = mlflow.active_run() if mlflow is not None and hasattr(mlflow, "active_run") else None
-        if run is None:
+        if mlflow is None or run is None:
             return None
         run_id = run.info.run_id
         if self.lockstep_url and (MLFLOW, run_id) not in self._told:

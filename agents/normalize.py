@@ -4,6 +4,7 @@ Ranks legitimately differ in device index, process-group names, addresses, temp 
 their own rank number; everything else in a graph or generated code must match. The rules are
 versioned (`protocol.NORM_VERSION`) because a changed rule changes every normalized hash.
 """
+
 from __future__ import annotations
 
 import re
@@ -84,7 +85,7 @@ def user_path(filename: str, root: str | None) -> str:
     if root:
         base = root.replace("\\", "/").rstrip("/") + "/"
         if path.startswith(base):
-            return path[len(base):]
+            return path[len(base) :]
     return path.rsplit("/", 1)[-1] or "?"
 
 
@@ -95,6 +96,17 @@ def frame_path(filename: str, root: str | None = None) -> str:
 def is_wrapper(path: str) -> bool:
     """Dynamo's own wrapper code (what `torch.compile(module)` compiles in torch >= 2.5)."""
     return path.startswith(WRAPPER_PREFIXES)
+
+
+def is_library_wrapper(path: str) -> bool:
+    """Code of torch or contextlib that Dynamo compiles on the way into the user's model (DDP's
+    forward, the context managers it enters): a frame named by the user's line that entered it."""
+    return path.startswith("torch/") or path == "contextlib.py"
+
+
+def via(path: str, name: str) -> str:
+    """'contextlib.__init__' for a wrapper frame's code: what a user-named key adds to stay that code's key."""
+    return (path[:-3] if path.endswith(".py") else path).replace("/", ".") + "." + name
 
 
 def frame_key(filename: str, line: int | None, name: str, root: str | None = None) -> str:

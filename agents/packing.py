@@ -1,5 +1,6 @@
 """Steady-state wire volume: consecutive `grad` events of one group become one compact `grads`
 event (base64 u64s instead of ~20 decimal digits each, one JSON frame for many steps; P7)."""
+
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ import math
 from agents import protocol
 
 
-def compact(events: list[protocol.Event]) -> list[protocol.Event]:
+def compact(events: list[protocol.Event]) -> list[protocol.AnyEvent]:
     """Same information, fewer bytes: runs of Grad (same group, bucket count and step stride) are
     packed; everything else keeps its place. The server treats both forms identically."""
     out: list[protocol.Event] = []
@@ -21,7 +22,7 @@ def compact(events: list[protocol.Event]) -> list[protocol.Event]:
         if not run:
             out.append(event)
     out.extend(_pack(run))
-    return out
+    return protocol.wire_events(out)
 
 
 def _extends(run: list[protocol.Grad], event: protocol.Grad) -> bool:
@@ -43,5 +44,6 @@ def _pack(run: list[protocol.Grad]) -> list[protocol.Event]:
     extra = {"norms": norms} if all(n is not None and math.isfinite(n) for n in norms) else {}
     if any(g.nonfinite for g in run):
         extra["nonfinite"] = [g.nonfinite for g in run]
-    return [protocol.Grads.pack(run[0].step, [g.fps for g in run], group=run[0].group, stride=stride,
-                                ts=run[0].ts, **extra)]
+    return [
+        protocol.Grads.pack(run[0].step, [g.fps for g in run], group=run[0].group, stride=stride, ts=run[0].ts, **extra)
+    ]

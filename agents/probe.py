@@ -1,4 +1,5 @@
 """A fixed, device-independent probe tensor and its fingerprints (CPU vs CUDA fixture)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ def probe_tensors() -> dict[str, torch.Tensor]:
         i = torch.arange(n, dtype=torch.int64)
         words = ((i * 2654435761 + 12345) % (1 << 32) - (1 << 31)).to(torch.int32)
         if name.startswith("bf16"):
-            out[name] = words.view(torch.bfloat16)[: n]
+            out[name] = words.view(torch.bfloat16)[:n]
         else:
             out[name] = words.view(torch.float32)
     return out

@@ -10,6 +10,7 @@ more after it moves on). So the server's view of a waiting rank is never older t
 interval: a wait that ended is not carried forward into a false forecast. Compiles are known exactly from the capture (`dynamo_start`), everything else from
 which torch module the stack is in.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,11 +18,11 @@ import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Callable
 
-from agents import protocol
+from agents import normalize, protocol
 from agents.capture import CompileCapture, frame_key
 
 _TORCH = os.sep + os.path.join("torch", "")
@@ -50,7 +51,7 @@ def classify(frame: FrameType | None) -> _Where:
     """Phase of a stack from its innermost frame outwards: a collective or data loader anywhere in
     it wins over backward (a collective inside a backward hook is a wait), backward over the step."""
     found: dict[str, tuple[str, int]] = {}
-    user = ""
+    user = library = ""  # innermost frame of the job's own code; of an installed package, if none
     depth = 0
     while frame is not None and depth < MAX_DEPTH:
         code = frame.f_code
@@ -64,10 +65,16 @@ def classify(frame: FrameType | None) -> _Where:
             found["data"] = (code.co_name, id(frame))
         elif _AUTOGRAD in path:
             found.setdefault("backward", (code.co_name, id(frame)))
-        elif not user and _TORCH not in path and not path.startswith((_AGENT_DIR, _STDLIB)) and not path.startswith("<"):
-            user = f"{frame_key(path, frame.f_lineno, code.co_name)}"
+        elif not user and _TORCH not in path and not path.startswith((_AGENT_DIR, _STDLIB, "<")):
+            # An installed package's frame (a trainer library, or a gc callback that ran on this thread
+            # in the middle of a compile) names the job's line only when the job has none of its own.
+            if normalize.library_path(path) is None:
+                user = frame_key(path, frame.f_lineno, code.co_name)
+            elif not library:
+                library = frame_key(path, frame.f_lineno, code.co_name)
         frame = frame.f_back
         depth += 1
+    user = user or library
     for phase in ("collective", "data", "backward"):
         if phase in found:
             op, anchor = found[phase]
@@ -79,15 +86,21 @@ class Sampler:
     """Samples the main thread every `interval` seconds in a daemon thread; `event()` is one more
     sample, taken by the sender at each heartbeat. Never raises."""
 
-    def __init__(self, capture: CompileCapture | None, step: Callable[[], int | None], interval: float,
-                 thread: int | None = None, stuck_after: float = STUCK_S) -> None:
+    def __init__(
+        self,
+        capture: CompileCapture | None,
+        step: Callable[[], int | None],
+        interval: float,
+        thread: int | None = None,
+        stuck_after: float = STUCK_S,
+    ) -> None:
         self._capture = capture
         self._stuck_after = stuck_after
         self._step = step
         self._interval = interval
-        self._thread = thread if thread is not None else threading.main_thread().ident
+        self._thread = thread if thread is not None else threading.main_thread().ident or 0  # 0: no thread has it
         self._lock = threading.Lock()
-        self._key: tuple | None = None
+        self._key: tuple[str, str, int, int | None] | None = None
         self._since = time.monotonic()
         self._step_seen: int | None = None
         self._step_at: float | None = None
@@ -95,7 +108,7 @@ class Sampler:
         self._sent_stuck = False
         self._worker = threading.Thread(target=self._run, name="lockstep-progress", daemon=True)
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         self._worker.start()
         return self
 
@@ -138,12 +151,26 @@ class Sampler:
             since_step = round(now - self._step_at, 3) if self._step_at is not None else None
             if compiling is not None:
                 self._key = None  # after the compile, whatever the thread does starts anew
-                return protocol.Progress(ts=time.time(), phase="compiling", phase_s=round(now - compiling.started, 3),
-                                         step=step, since_step_s=since_step, where=where.user[:512],
-                                         op=compiling.frame[:512], compile_id=compiling.compile_id[:64],
-                                         reason=compiling.reason[:16_384])
+                return protocol.Progress(
+                    ts=time.time(),
+                    phase="compiling",
+                    phase_s=round(now - compiling.started, 3),
+                    step=step,
+                    since_step_s=since_step,
+                    where=where.user[:512],
+                    op=compiling.frame[:512],
+                    compile_id=compiling.compile_id[:64],
+                    reason=compiling.reason[:16_384],
+                )
             key = (where.phase, where.op, where.anchor, step)
             if key != self._key:
                 self._key, self._since = key, now
-            return protocol.Progress(ts=time.time(), phase=where.phase, phase_s=round(now - self._since, 3), step=step,
-                                     since_step_s=since_step, where=where.user[:512], op=where.op[:512])
+            return protocol.Progress(
+                ts=time.time(),
+                phase=where.phase,
+                phase_s=round(now - self._since, 3),
+                step=step,
+                since_step_s=since_step,
+                where=where.user[:512],
+                op=where.op[:512],
+            )

@@ -1,22 +1,41 @@
 """Wire protocol v1: the one definition of what an agent sends and what ingest accepts.
 
 Both sides import these structs: the agent encodes them, `ingest` decodes request bodies
-straight into them, so a field renamed here is renamed everywhere (DESIGN 3.2).
+straight into them, so a field renamed here is renamed everywhere (docs/design.md, Wire protocol).
 Fingerprints travel as unsigned 64-bit integers.
 """
-from __future__ import annotations
 
-from typing import Annotated, Union
+from __future__ import annotations
 
 import hashlib
 import sys
 import zlib
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, cast, get_args
 
 import msgspec
 
 PROTOCOL_VERSION = 1
 NORM_VERSION = 1
 FINGERPRINT_ALGO = "lockstep-fp64-v3"  # agents/fingerprinting.py ALGO; baselines compare only equal algorithms
+# Environment variables that name one launch, not how the job is set up (the launcher's run id, error
+# file, attempt, rendezvous port, rank ids): the agent does not send them, and compare ignores them in
+# runs stored before it stopped.
+PER_LAUNCH_ENV = frozenset(
+    {
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_ERROR_FILE",
+        "TORCHELASTIC_RESTART_COUNT",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "NCCL_COMM_ID",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT_FILE",
+    }
+)
 
 # Bounds the server enforces; the agent batches below them.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -89,7 +108,7 @@ class GraphHash(msgspec.Struct, omit_defaults=True):
 
 
 class Compile(Event, tag="compile"):
-    """One compilation of one frame on this rank (DESIGN 4: `compilation_metrics` + artifacts).
+    """One compilation of one frame on this rank (`compilation_metrics` and its artifacts).
 
     `index` is the n-th compile of `frame` in this process (0-based): with `frame` it names
     the compile slot that ranks are compared on. `step` is the optimizer step in progress.
@@ -155,7 +174,7 @@ class GraphBreak(Event, tag="graph_break"):
     step: NonNeg | None = None
 
 
-def _check_u64(values) -> None:
+def _check_u64(values: Iterable[int]) -> None:
     if any(v > U64_MAX for v in values):
         raise ValueError("fingerprint exceeds 64 bits")
 
@@ -199,14 +218,16 @@ class Grads(Event, tag="grads"):
 
     def __post_init__(self) -> None:
         if len(self.fps) != 8 * self.steps * self.buckets:
-            raise ValueError(f"fps holds {len(self.fps)} bytes, expected 8 * steps * buckets = {8 * self.steps * self.buckets}")
+            raise ValueError(
+                f"fps holds {len(self.fps)} bytes, expected 8 * steps * buckets = {8 * self.steps * self.buckets}"
+            )
         if self.norms and len(self.norms) != self.steps:
             raise ValueError("norms must hold one value per step")
         if self.nonfinite and len(self.nonfinite) != self.steps:
             raise ValueError("nonfinite must hold one value per step")
 
     @classmethod
-    def pack(cls, step: int, rows: list[list[int]], group: str = "ddp", **kw) -> "Grads":
+    def pack(cls, step: int, rows: list[list[int]], group: str = "ddp", **kw: Any) -> Grads:
         """Build from per-step bucket fingerprints (what an agent has after `steps` grad events);
         pass `stride=K` when steps are K apart."""
         buckets = len(rows[0])
@@ -221,9 +242,9 @@ class Grads(Event, tag="grads"):
         if _LITTLE:
             values = memoryview(self.fps).cast("Q").tolist()
         else:
-            values = [int.from_bytes(self.fps[i:i + 8], "little") for i in range(0, len(self.fps), 8)]
+            values = [int.from_bytes(self.fps[i : i + 8], "little") for i in range(0, len(self.fps), 8)]
         n = self.buckets
-        return [values[i * n:(i + 1) * n] for i in range(self.steps)]
+        return [values[i * n : (i + 1) * n] for i in range(self.steps)]
 
 
 class Param(Event, tag="param"):
@@ -269,8 +290,33 @@ class Dropped(Event, tag="dropped"):
     reason: Short = ""
 
 
-AnyEvent = Union[RankStart, Compile, CompileStart, CompileRuntime, Progress, GraphBreak, Grad, Grads, Param, Step, Heartbeat, Detail, RankEnd, Dropped]
-EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in AnyEvent.__args__)
+AnyEvent = (
+    RankStart
+    | Compile
+    | CompileStart
+    | CompileRuntime
+    | Progress
+    | GraphBreak
+    | Grad
+    | Grads
+    | Param
+    | Step
+    | Heartbeat
+    | Detail
+    | RankEnd
+    | Dropped
+)
+EVENT_CLASSES: tuple[type[Event], ...] = get_args(AnyEvent)
+EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in EVENT_CLASSES)
+
+
+def wire_events(events: Sequence[Event]) -> list[AnyEvent]:
+    """The events as the batch's field types them; an event of a class the protocol does not list is a
+    programming error, refused here rather than sent."""
+    for event in events:
+        if not isinstance(event, EVENT_CLASSES):
+            raise TypeError(f"not a wire event: {type(event).__name__}")
+    return cast(list[AnyEvent], list(events))
 
 
 class RunInfo(msgspec.Struct, omit_defaults=True):
@@ -295,10 +341,14 @@ class IngestReply(msgspec.Struct):
     want_blobs: list[str] = []
     detail: list[int] = []
     # true: send a Flight Recorder dump (`POST /api/v1/flight-recorder`); absent otherwise, so the reply
-    # is DESIGN 3.2's four fields exactly unless the server asks, and old agents ignore it
+    # is the protocol's four fields exactly unless the server asks, and old agents ignore it
     flight_recorder: bool | msgspec.UnsetType = msgspec.UNSET
     # backpressure: flush no more often than every this many seconds; absent while the server keeps up
     flush_interval_s: float | msgspec.UnsetType = msgspec.UNSET
+    # fingerprint the weights (a `param` event) after each of these steps' update, as every rank is asked
+    # to: after a divergence the server wants the weights compared at once, not at the next
+    # LOCKSTEP_PARAM_EVERY step; absent otherwise (old agents ignore it)
+    weights_at: list[NonNeg] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Bulk(msgspec.Struct):
@@ -363,7 +413,9 @@ class FREntry(msgspec.Struct, omit_defaults=True):
     p2p_seq_id: NonNeg = 0
     op_id: NonNeg = 0
     pg_id: NonNeg = 0
-    process_group: Annotated[list[Short], msgspec.Meta(min_length=2, max_length=2)] = msgspec.field(default_factory=lambda: ["", ""])
+    process_group: Annotated[list[Short], msgspec.Meta(min_length=2, max_length=2)] = msgspec.field(
+        default_factory=lambda: ["", ""]
+    )
     profiling_name: Short = ""
     state: Short = ""
     retired: bool = False

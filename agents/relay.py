@@ -17,6 +17,7 @@ batch. One bad batch does not sink its neighbours: when the server refuses a bul
 through: each batch's answer carries its `flush_interval_s`, a 429 or 503 its Retry-After, and
 the agents slow their flushes themselves. Graph-text uploads (`/api/v1/blobs`) pass through unchanged. Standard library and msgspec only, like the rest of the agent.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -26,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import msgspec
 
@@ -67,8 +69,14 @@ def _error(status: int, message: str, retry: bool = False) -> Reply:
 class Relay:
     """The window, the upstream sender (one thread: while a request is out, the next one fills up)."""
 
-    def __init__(self, upstream: str, window: float = WINDOW_S, max_batches: int = MAX_BATCHES,
-                 upstream_timeout: float = UPSTREAM_TIMEOUT, answer_timeout: float = ANSWER_TIMEOUT):
+    def __init__(
+        self,
+        upstream: str,
+        window: float = WINDOW_S,
+        max_batches: int = MAX_BATCHES,
+        upstream_timeout: float = UPSTREAM_TIMEOUT,
+        answer_timeout: float = ANSWER_TIMEOUT,
+    ):
         self.upstream = upstream.rstrip("/")
         self.window = window
         self.max_batches = max_batches
@@ -91,7 +99,9 @@ class Relay:
                 item.abandoned = True
             if not item.done.is_set():
                 return _error(504, "relay: no answer from the server in time; retry", retry=True)
-        return item.answer
+        return (
+            item.answer if item.answer is not None else _error(502, "relay: the server's answer was lost", retry=True)
+        )
 
     def close(self) -> None:
         with self._cv:
@@ -121,13 +131,16 @@ class Relay:
             if self._closed and not self._waiting:
                 return None
             deadline = self._waiting[0].arrived + self.window
-            while len(self._waiting) < self.max_batches and (left := deadline - time.monotonic()) > 0 and not self._closed:
+            while (
+                len(self._waiting) < self.max_batches and (left := deadline - time.monotonic()) > 0 and not self._closed
+            ):
                 self._cv.wait(left)
             self._waiting = [item for item in self._waiting if not item.abandoned]
             if not self._waiting:
                 return []
             token = self._waiting[0].token
-            group, size = [], 0
+            group: list[_Waiting] = []
+            size = 0
             for item in list(self._waiting):
                 if item.token == token and len(group) < self.max_batches and size + len(item.batch) <= MAX_BULK_BYTES:
                     group.append(item)
@@ -153,7 +166,9 @@ class Relay:
             for item, result in zip(group, results, strict=True):
                 item.reply(Reply(200, msgspec.json.encode(result), {"Content-Type": "application/json"}))
         elif 400 <= answer.status < 500 and answer.status != 429:
-            log.warning("relay: server refused a bulk of %d batches (%d); sending each alone", len(group), answer.status)
+            log.warning(
+                "relay: server refused a bulk of %d batches (%d); sending each alone", len(group), answer.status
+            )
             for item in group:
                 self._single(item)
         else:  # 429, 5xx, unreachable: every batch stays with its agent, which resends it
@@ -170,7 +185,9 @@ class Relay:
 def _post(url: str, token: str, data: bytes, encoding: str, timeout: float = UPSTREAM_TIMEOUT) -> Reply:
     """POST upstream with the agent's own Authorization; an unreachable server is a 503 with
     Retry-After (the agent keeps the batch)."""
-    reply = exchange(url, data, {k: v for k, v in (("Content-Encoding", encoding), ("Authorization", token)) if v}, timeout)
+    reply = exchange(
+        url, data, {k: v for k, v in (("Content-Encoding", encoding), ("Authorization", token)) if v}, timeout
+    )
     if reply.status == 0:
         log.warning("relay: server unreachable: %s", reply.error)
         return _error(503, f"relay: server unreachable ({reply.error}); retry later", retry=True)
@@ -225,7 +242,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/healthz":
-            self._send(Reply(200, json.dumps({"ok": True, **self.relay.sent}).encode(), {"Content-Type": "application/json"}))
+            self._send(
+                Reply(200, json.dumps({"ok": True, **self.relay.sent}).encode(), {"Content-Type": "application/json"})
+            )
         else:
             self._send(_error(404, f"relay: no such endpoint {self.path}"))
 
@@ -238,7 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(answer.body)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
         log.debug("relay: " + format, *args)
 
 

@@ -1,4 +1,4 @@
-"""`python -m agents replay TRACE_DIR --run KEY`: ingest existing TORCH_TRACE logs (DESIGN 3.1).
+"""`python -m agents replay TRACE_DIR --run KEY`: ingest existing TORCH_TRACE logs (docs/design.md, The agent).
 
 A TORCH_TRACE directory holds one `dedicated_log_torch_trace_rank_<r>_<x>.log` per rank (the
 files tlparse reads). Each record is one glog-prefixed line,
@@ -8,6 +8,7 @@ as live capture, so a replayed run carries the same Compile / GraphBreak events.
 events become batches under a session derived from (run, rank, file contents), so replaying
 the same files twice stores nothing twice (the server deduplicates (session, seq)).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -17,7 +18,8 @@ import json
 import os
 import re
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from agents import protocol
 
@@ -36,9 +38,9 @@ def rank_files(trace_dir: str) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def records(path: str) -> Iterator[tuple[dict, str | None, str]]:
+def records(path: str) -> Iterator[tuple[dict[str, Any], str | None, str]]:
     """(metadata, payload or None, glog prefix) for each record of one trace file."""
-    meta: dict | None = None
+    meta: dict[str, Any] | None = None
     prefix = ""
     payload: list[str] = []
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -53,7 +55,7 @@ def records(path: str) -> Iterator[tuple[dict, str | None, str]]:
             if meta is not None:
                 yield meta, ("".join(payload) if payload else None), prefix
             try:
-                meta = json.loads(line[i + 2:])
+                meta = json.loads(line[i + 2 :])
             except ValueError:
                 meta = None
             prefix, payload = line[:i], []
@@ -67,18 +69,22 @@ def _glog_time(prefix: str, year: int) -> float | None:
         return None
     mo, d, h, mi, s, frac = m.groups()
     try:
-        t = _dt.datetime(year, int(mo), int(d), int(h), int(mi), int(s), tzinfo=_dt.timezone.utc)
+        t = _dt.datetime(year, int(mo), int(d), int(h), int(mi), int(s), tzinfo=_dt.UTC)
     except ValueError:
         return None
     return t.timestamp() + float("0." + frac)
 
 
-_METRIC_VERSIONS = {"pytorch_version": "torch", "python_version": "python", "cuda_version": "cuda",
-                    "triton_version": "triton"}
+_METRIC_VERSIONS = {
+    "pytorch_version": "torch",
+    "python_version": "python",
+    "cuda_version": "cuda",
+    "triton_version": "triton",
+}
 _GPU = re.compile(r"system_info\[device\]: \{'name': '([^']{1,200})'")
 
 
-def trace_versions(meta: dict, payload: str | None, versions: dict[str, str]) -> None:
+def trace_versions(meta: dict[str, Any], payload: str | None, versions: dict[str, str]) -> None:
     """What a trace says about the software it ran on: `compilation_metrics` names torch, Python,
     CUDA and Triton (torch >= 2.6), the FX cache's key components the GPU, the `torch_version`
     artifact torch; a value seen once is kept."""
@@ -114,7 +120,7 @@ def rank_events(path: str, extra: dict[str, str] | None = None) -> list[protocol
 
     events: list[protocol.Event] = []
     capture = CompileCapture(events.append, lambda: None)
-    year = _dt.datetime.fromtimestamp(os.path.getmtime(path), _dt.timezone.utc).year
+    year = _dt.datetime.fromtimestamp(os.path.getmtime(path), _dt.UTC).year
     clock = {"t": os.path.getmtime(path)}
     capture.now = lambda: clock["t"]
     first = last = None
@@ -131,10 +137,16 @@ def rank_events(path: str, extra: dict[str, str] | None = None) -> list[protocol
                 clock["t"] = float(m["start_time"]) + float(m.get("entire_frame_compile_time_s") or 0)
         trace_versions(meta, payload, versions)
         capture.feed(meta, payload)
-    settings = {k[len("settings."):]: v for k, v in (extra or {}).items() if k.startswith("settings.")}
+    settings = {k[len("settings.") :]: v for k, v in (extra or {}).items() if k.startswith("settings.")}
     versions.update({k: v for k, v in (extra or {}).items() if not k.startswith("settings.")})
-    start = protocol.RankStart(ts=first or clock["t"], host="replay", device="", versions=versions, settings=settings,
-                               env={"LOCKSTEP_SOURCE": "replay:" + os.path.basename(path)[:400]})
+    start = protocol.RankStart(
+        ts=first or clock["t"],
+        host="replay",
+        device="",
+        versions=versions,
+        settings=settings,
+        env={"LOCKSTEP_SOURCE": "replay:" + os.path.basename(path)[:400]},
+    )
     end = protocol.RankEnd(ts=last or clock["t"], status="ok", reason="replayed from TORCH_TRACE")
     return [start, *events, end]
 
@@ -147,8 +159,9 @@ def session_for(run: str, rank: int, path: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"lockstep-replay:{run}:{rank}:{h.hexdigest()}"))
 
 
-def batches(trace_dir: str, run: str, world_size: int | None = None,
-            extra: dict[str, str] | None = None) -> list[protocol.Batch]:
+def batches(
+    trace_dir: str, run: str, world_size: int | None = None, extra: dict[str, str] | None = None
+) -> list[protocol.Batch]:
     """All batches for a trace directory, rank by rank, each rank's seqs from 0."""
     files = rank_files(trace_dir)
     if not files:
@@ -160,6 +173,14 @@ def batches(trace_dir: str, run: str, world_size: int | None = None,
         events = rank_events(path, extra)
         session = session_for(run, rank, path)
         for seq, i in enumerate(range(0, len(events), BATCH_EVENTS)):
-            out.append(protocol.Batch(v=protocol.PROTOCOL_VERSION, run=info, rank=rank, session=session, seq=seq,
-                                      events=events[i:i + BATCH_EVENTS]))
+            out.append(
+                protocol.Batch(
+                    v=protocol.PROTOCOL_VERSION,
+                    run=info,
+                    rank=rank,
+                    session=session,
+                    seq=seq,
+                    events=protocol.wire_events(events[i : i + BATCH_EVENTS]),
+                )
+            )
     return out

@@ -5,6 +5,7 @@ a name sort is (rank, session, seq) order and each session's batches go out in s
 A batch the server proved malformed moves to `quarantine/` next to its answer (`<name>.answer`):
 it never goes out again, and nothing is ever deleted unsent.
 """
+
 from __future__ import annotations
 
 import contextlib

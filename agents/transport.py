@@ -1,4 +1,4 @@
-"""Background delivery of events: batching, gzip, retries, spool, heartbeats (DESIGN 3.2).
+"""Background delivery of events: batching, gzip, retries, spool, heartbeats (docs/design.md, Wire protocol).
 
 The training thread only appends to a bounded in-memory queue; one daemon thread does all
 network and disk I/O, so user code is never blocked on the network and never sees an error.
@@ -6,6 +6,7 @@ Every batch keeps its (session, seq) identity from creation to delivery: a batch
 is spooled with its exact body and later batches queue behind it, so the server receives
 each session's batches in seq order and deduplicates repeats.
 """
+
 from __future__ import annotations
 
 import collections
@@ -17,8 +18,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from email.message import Message
 
 import msgspec
 
@@ -60,7 +62,9 @@ class Reply:
 
 def exchange(url: str, body: bytes, headers: dict[str, str], timeout: float = HTTP_TIMEOUT) -> Reply:
     """POST a JSON body and return the answer whatever it is (the agent and the node relay both send through this)."""
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **headers}, method="POST")
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json", **headers}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return Reply(response.status, response.read(), _kept(response.headers))
@@ -70,7 +74,7 @@ def exchange(url: str, body: bytes, headers: dict[str, str], timeout: float = HT
         return Reply(0, b"", error=str(e))
 
 
-def _kept(headers) -> dict[str, str]:
+def _kept(headers: Message[str, str]) -> dict[str, str]:
     return {k: v for k in ("Content-Type", "Retry-After") if (v := headers.get(k))}
 
 
@@ -88,6 +92,7 @@ def post(url: str, token: str | None, body: bytes, timeout: float = HTTP_TIMEOUT
     return classify(exchange(url + "/api/v1/ingest", body, _headers(token, body), timeout))
 
 
+BLOBS_NOT_NEEDED = (429, 507)  # a graph-text quota (ingest/blobs.py): the texts are dropped, never resent
 PROVEN_MALFORMED = (409, 415, 422)  # and a 400 whose JSON error names the failing field
 
 
@@ -132,11 +137,16 @@ def encode_body(batch: protocol.Batch) -> bytes:
 class Transport:
     """Queue + sender thread. `put` is cheap and thread-safe; `close` flushes with a deadline."""
 
-    def __init__(self, cfg: Config, on_detail: Callable[[list[int]], list[protocol.Event]] | None = None,
-                 step: Callable[[], int | None] = lambda: None,
-                 on_blobs: Callable[[list[str]], list[bytes]] | None = None,
-                 progress: Callable[[bool], protocol.Event | None] | None = None,
-                 on_flight_recorder: Callable[[str], bytes] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        on_detail: Callable[[list[int]], list[protocol.Event]] | None = None,
+        step: Callable[[], int | None] = lambda: None,
+        on_blobs: Callable[[list[str]], list[bytes]] | None = None,
+        progress: Callable[[bool], protocol.Event | None] | None = None,
+        on_flight_recorder: Callable[[str], bytes] | None = None,
+        on_weights: Callable[[list[int]], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.session = str(uuid.uuid4())
         self.run = protocol.RunInfo(key=cfg.run, world_size=cfg.world_size, name=cfg.run_name)
@@ -145,6 +155,7 @@ class Transport:
         self._step = step
         self._progress = progress
         self._on_flight_recorder = on_flight_recorder
+        self._on_weights = on_weights
         self._queue: collections.deque[protocol.Event] = collections.deque()
         self._cv = threading.Condition()
         self._seq = 0
@@ -157,7 +168,13 @@ class Transport:
         self._deadline = float("inf")
         self._last_heartbeat = time.monotonic()
         self.server_interval: float | None = None  # the server's backpressure (`IngestReply.flush_interval_s`)
-        self.stats = {"sent_batches": 0, "spooled_batches": 0, "dropped_events": 0, "quarantined_batches": 0}
+        self.stats = {
+            "sent_batches": 0,
+            "spooled_batches": 0,
+            "dropped_events": 0,
+            "quarantined_batches": 0,
+            "blobs_not_needed": 0,
+        }
         self._thread = threading.Thread(target=self._run, name="lockstep-sender", daemon=True)
         self._thread.start()
 
@@ -191,7 +208,7 @@ class Transport:
                 self._maybe_heartbeat(closing)
                 self._cycle(closing)
                 if closing and not self._queue:
-                    if self._backlog and self._online() and time.monotonic() < self._deadline:
+                    if self._backlog and self._server() is not None and time.monotonic() < self._deadline:
                         wait = min(self._not_before, self._deadline) - time.monotonic()
                         time.sleep(min(max(wait, 0.01), 1.0))
                         continue
@@ -250,8 +267,14 @@ class Transport:
 
     def _make_body(self, events: list[protocol.Event]) -> tuple[int, bytes, int]:
         """(seq, body, n_events). Oversized batches are split before they get a seq."""
-        batch = protocol.Batch(v=protocol.PROTOCOL_VERSION, run=self.run, rank=self.cfg.rank,
-                               session=self.session, seq=self._seq, events=packing.compact(events))
+        batch = protocol.Batch(
+            v=protocol.PROTOCOL_VERSION,
+            run=self.run,
+            rank=self.cfg.rank,
+            session=self.session,
+            seq=self._seq,
+            events=packing.compact(events),
+        )
         try:
             raw = protocol.encode(batch)
         except (TypeError, ValueError, msgspec.MsgspecError):
@@ -276,15 +299,17 @@ class Transport:
                 self._count_drop(1, "unencodable")
         return good
 
-    def _online(self) -> bool:
-        return not self.cfg.offline and self.cfg.url is not None
+    def _server(self) -> str | None:
+        """The server's URL while batches go to it; None offline."""
+        return None if self.cfg.offline else self.cfg.url
 
     def _deliver(self, item: tuple[int, bytes, int], closing: bool) -> None:
         seq, body, n = item
-        if not self._online() or self._backlog or time.monotonic() < self._not_before:
+        url = self._server()
+        if url is None or self._backlog or time.monotonic() < self._not_before:
             self._to_spool(seq, body, n)
             return
-        outcome = post(self.cfg.url, self.cfg.token, body, self._timeout(closing))
+        outcome = post(url, self.cfg.token, body, self._timeout(closing))
         name = file_name(self.cfg.rank, self.session, seq, body[:2] == GZIP_MAGIC)
         if outcome.kind == "split" and not self._spool_halves(body):
             outcome = Outcome("retry", detail=outcome.detail)
@@ -295,7 +320,7 @@ class Transport:
         self._after(outcome, n)
 
     def _drain_backlog(self, closing: bool) -> None:
-        while self._backlog and self._online() and time.monotonic() >= self._not_before:
+        while self._backlog and (url := self._server()) is not None and time.monotonic() >= self._not_before:
             if closing and time.monotonic() >= self._deadline:
                 return
             path = self._backlog[0]
@@ -305,7 +330,7 @@ class Transport:
             except OSError:
                 self._backlog.popleft()
                 continue
-            outcome = post(self.cfg.url, self.cfg.token, body, self._timeout(closing))
+            outcome = post(url, self.cfg.token, body, self._timeout(closing))
             if outcome.kind == "split" and not self._spool_halves(body, first=True):
                 outcome = Outcome("retry", detail=outcome.detail)
             if outcome.kind != "retry":
@@ -324,22 +349,22 @@ class Transport:
         halves = split_body(body)
         if halves is None:
             return False
-        paths = []
+        paths: list[str | None] = []
         for name, half in halves:
             try:
                 paths.append(self._spool.write(name, half))
             except OSError as e:
                 log.debug("lockstep: spool write failed: %s", e)
                 paths.append(None)
-        if None in paths:
-            for path in paths:
-                if path is not None:
-                    self._spool.remove(path)
+        written = [path for path in paths if path is not None]
+        if len(written) < len(paths):
+            for path in written:
+                self._spool.remove(path)
             return False
         if first:
-            self._backlog.extendleft(reversed(paths))
+            self._backlog.extendleft(reversed(written))
         else:
-            self._backlog.extend(paths)
+            self._backlog.extend(written)
         return True
 
     def _quarantine(self, name: str, body: bytes, outcome: Outcome, spooled: str | None = None) -> None:
@@ -369,6 +394,8 @@ class Transport:
         if outcome.reply:
             asked = outcome.reply.flush_interval_s
             self.server_interval = None if asked is msgspec.UNSET else min(float(asked), MAX_SERVER_INTERVAL)
+        if outcome.reply and outcome.reply.weights_at and self._on_weights:
+            self._on_weights(list(outcome.reply.weights_at))
         if outcome.reply and outcome.reply.detail and self._on_detail:
             for event in self._on_detail(list(outcome.reply.detail)):
                 self.put(event)
@@ -380,18 +407,29 @@ class Transport:
     def _upload_flight_record(self) -> None:
         """The server asked for a Flight Recorder dump (agents/flight_recorder.py): taken here, on the
         sender thread, since the main thread may be blocked in the collective. Best effort, sent once."""
+        if self._on_flight_recorder is None or self.cfg.url is None:
+            return
         body = self._on_flight_recorder(self.session)
-        reply = exchange(self.cfg.url + "/api/v1/flight-recorder", body, _headers(self.cfg.token, body),
-                         self._timeout(self._closing))
+        reply = exchange(
+            self.cfg.url + "/api/v1/flight-recorder", body, _headers(self.cfg.token, body), self._timeout(self._closing)
+        )
         if reply.status != 200:
             log.debug("lockstep: flight recorder upload failed: %s", reply.error or f"HTTP {reply.status}")
 
     def _upload_blobs(self, hashes: list[str]) -> None:
-        """Send the graph texts the server asked of this rank. Best effort: a text that does not
-        arrive is only missing from a diff, and the server asks again for it later."""
+        """Send the graph texts the server asked of this rank. Best effort, never retried: a text that
+        does not arrive is only missing from a diff, and the server asks again for it later. A 429 or
+        507 (the project's graph-text quota) means "not needed": the rest of this request is dropped."""
+        if self._on_blobs is None or self.cfg.url is None:
+            return
         for body in self._on_blobs(hashes):
-            reply = exchange(self.cfg.url + "/api/v1/blobs", body, _headers(self.cfg.token, body),
-                             self._timeout(self._closing))
+            reply = exchange(
+                self.cfg.url + "/api/v1/blobs", body, _headers(self.cfg.token, body), self._timeout(self._closing)
+            )
+            if reply.status in BLOBS_NOT_NEEDED:
+                self.stats["blobs_not_needed"] += 1
+                log.debug("lockstep: graph texts not needed (HTTP %s): the project's quota", reply.status)
+                return
             if reply.status != 200:
                 log.debug("lockstep: graph text upload failed: %s", reply.error or f"HTTP {reply.status}")
 
@@ -422,4 +460,3 @@ class Transport:
         """Last chance: report drops into the spool; whatever is spooled stays for `upload`."""
         if self._dropped:
             self._deliver(self._make_body(self._take_events()), True)
-

@@ -1,11 +1,11 @@
 """P4: the agent's cost per training step (target <= 2% with defaults), and the trace handler's
 cost per compiled graph.
 
-    python bench/agent_overhead.py                   # both parts, CPU (gloo), 2 ranks
-    python bench/agent_overhead.py --part step --nproc 2 --steps 300 --width 1024 --depth 4
-    python bench/agent_overhead.py --part hook --batch 256
-    python bench/agent_overhead.py --part handler --graphs 12
-    python bench/agent_overhead.py --part sampler --batch 256
+    python -m bench agent_overhead                   # both parts, CPU (gloo), 2 ranks
+    python -m bench agent_overhead --part step --nproc 2 --steps 300 --width 1024 --depth 4
+    python -m bench agent_overhead --part hook --batch 256
+    python -m bench agent_overhead --part handler --graphs 12
+    python -m bench agent_overhead --part sampler --batch 256
 
 `step`: runs demo/ddp_job.py under torchrun (DDP + torch.compile; NCCL with one GPU per rank
 when CUDA is there, else gloo) alternately with LOCKSTEP_DISABLE=1 and with the agent in
@@ -22,6 +22,7 @@ the extra compile time per graph.
 samples (agents/progress.py) 100 times a second; reports the time one sample holds the GIL and its
 share of wall time at the default rate (every LOCKSTEP_PROGRESS_EVERY s plus one per heartbeat).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench.results import markdown, record, rerun
+from dashboard.devstack.processes import kill_tree
 
-from dashboard.devstack.processes import kill_tree  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _free_port() -> int:
@@ -46,8 +47,9 @@ def _free_port() -> int:
 
 
 def _run(cmd: list[str], env: dict, timeout: float) -> str:
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -61,14 +63,28 @@ def _run(cmd: list[str], env: dict, timeout: float) -> str:
 
 def _base_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "demo"), env.get("PYTHONPATH", "")])  # ddp_job
     return env
 
 
-def step_overhead(args) -> None:
+Row = tuple[str, str, str]
+
+
+def step_overhead(args) -> Row:
     job = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc)]
-    script = ["demo/ddp_job.py", "--steps", str(args.steps), "--time-from", str(args.time_from),
-              "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch)]
+    script = [
+        "demo/ddp_job.py",
+        "--steps",
+        str(args.steps),
+        "--time-from",
+        str(args.time_from),
+        "--width",
+        str(args.width),
+        "--depth",
+        str(args.depth),
+        "--batch",
+        str(args.batch),
+    ]
     results: dict[str, list[float]] = {"off": [], "on": []}
     cpu: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(args.rounds):
@@ -79,24 +95,38 @@ def step_overhead(args) -> None:
                     env["LOCKSTEP_DISABLE"] = "1"
                 else:
                     env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=spool)
-                out = _run(job + ["--master-port", str(_free_port()), "-m", "agents", "run"] + script, env,
-                           args.timeout)
+                out = _run(
+                    job + ["--master-port", str(_free_port()), "-m", "agents", "run"] + script, env, args.timeout
+                )
             m = re.search(r"STEPTIME backend=(\S+) steps=(\d+) mean_ms=([\d.]+) cpu_ms=([\d.]+)", out)
             if not m:
                 raise SystemExit("no STEPTIME line:\n" + out[-2000:])
             results[mode].append(float(m.group(3)))
             cpu[mode].append(float(m.group(4)))
-            print(f"round {r} agent={mode:<3} backend={m.group(1)} mean step {float(m.group(3)):.3f} ms wall, "
-                  f"{float(m.group(4)):.3f} ms CPU (rank 0 process)", flush=True)
+            print(
+                f"round {r} agent={mode:<3} backend={m.group(1)} mean step {float(m.group(3)):.3f} ms wall, "
+                f"{float(m.group(4)):.3f} ms CPU (rank 0 process)",
+                flush=True,
+            )
     off, on = min(results["off"]), min(results["on"])
     print(f"{'agent':<6} {'step ms (best round)':>22} {'all rounds':>30}")
     for mode, best in (("off", off), ("on", on)):
         print(f"{mode:<6} {best:>22.3f} {', '.join(f'{v:.3f}' for v in results[mode]):>30}")
-    print(f"P4 overhead: {100 * (on - off) / off:+.2f}% per step wall (target <= 2%); model width {args.width} "
-          f"depth {args.depth}, {args.nproc} ranks, steps {args.time_from}..{args.steps - 1}")
+    print(
+        f"P4 overhead: {100 * (on - off) / off:+.2f}% per step wall (target <= 2%); model width {args.width} "
+        f"depth {args.depth}, {args.nproc} ranks, steps {args.time_from}..{args.steps - 1}"
+    )
     c_off, c_on = min(cpu["off"]), min(cpu["on"])
-    print(f"CPU time of rank 0 per step: {c_off:.3f} ms off, {c_on:.3f} ms on: {100 * (c_on - c_off) / c_off:+.2f}% "
-          f"(less sensitive to other load on a shared machine)")
+    print(
+        f"CPU time of rank 0 per step: {c_off:.3f} ms off, {c_on:.3f} ms on: {100 * (c_on - c_off) / c_off:+.2f}% "
+        f"(less sensitive to other load on a shared machine)"
+    )
+    return (
+        "P4 step time with the agent",
+        f"{100 * (on - off) / off:+.2f}%",
+        f"rank 0, best of {args.rounds} rounds: {off:.3f} ms off, {on:.3f} ms on; CPU {100 * (c_on - c_off) / c_off:+.2f}%;"
+        f" {args.nproc} ranks, width {args.width}, depth {args.depth}; target <= 2%",
+    )
 
 
 _HANDLER_CHILD = r"""
@@ -120,7 +150,7 @@ print(f"HANDLER mode={mode} graphs={n} seconds={dt:.4f} events={len(events) if m
 """
 
 
-def handler_cost(args) -> None:
+def handler_cost(args) -> Row:
     times: dict[str, list[float]] = {"off": [], "on": []}
     env = _base_env()
     env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
@@ -130,15 +160,22 @@ def handler_cost(args) -> None:
             m = re.search(r"seconds=([\d.]+)", out)
             times[mode].append(float(m.group(1)))
     off, on = min(times["off"]), min(times["on"])
-    print(f"compile of {args.graphs} graphs: {off:.3f} s without the handler, {on:.3f} s with it (best of "
-          f"{args.rounds})")
-    print(f"trace handler cost: {1e3 * (on - off) / args.graphs:+.1f} ms per compiled graph "
-          f"({100 * (on - off) / off:+.1f}% of compile time)")
+    print(
+        f"compile of {args.graphs} graphs: {off:.3f} s without the handler, {on:.3f} s with it (best of {args.rounds})"
+    )
+    print(
+        f"trace handler cost: {1e3 * (on - off) / args.graphs:+.1f} ms per compiled graph "
+        f"({100 * (on - off) / off:+.1f}% of compile time)"
+    )
+    return (
+        "trace handler per compiled graph",
+        f"{1e3 * (on - off) / args.graphs:+.1f} ms",
+        f"{100 * (on - off) / off:+.1f}% of compile time, {args.graphs} graphs, best of {args.rounds}",
+    )
 
 
 _HOOK_CHILD = r"""
 import os, sys, tempfile, time
-sys.path.insert(0, os.path.join(sys.argv[1], "demo"))
 os.environ.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=tempfile.mkdtemp(), LOCKSTEP_RUN="bench-hook")
 import torch
 torch.set_num_threads(int(sys.argv[7]))
@@ -174,18 +211,38 @@ print(f"HOOK step={median(step_times) * 1e3:.3f} hook={median(hook_times) * 1e3:
 """
 
 
-def hook_cost(args) -> None:
-    out = _run([sys.executable, "-c", _HOOK_CHILD, ROOT, str(args.width), str(args.depth), str(args.batch),
-                str(args.steps), str(args.time_from), str(args.threads)], _base_env(), args.timeout)
+def hook_cost(args) -> Row:
+    out = _run(
+        [
+            sys.executable,
+            "-c",
+            _HOOK_CHILD,
+            ROOT,
+            str(args.width),
+            str(args.depth),
+            str(args.batch),
+            str(args.steps),
+            str(args.time_from),
+            str(args.threads),
+        ],
+        _base_env(),
+        args.timeout,
+    )
     m = re.search(r"HOOK step=([\d.]+) hook=([\d.]+) params=(\d+)", out)
     step, hook, params = float(m.group(1)), float(m.group(2)), int(m.group(3))
-    print(f"{'params':>10} {'batch':>6} {'step ms':>9} {'agent ms':>9} {'share':>7}   (medians, {args.threads} thread(s))")
+    print(
+        f"{'params':>10} {'batch':>6} {'step ms':>9} {'agent ms':>9} {'share':>7}   (medians, {args.threads} thread(s))"
+    )
     print(f"{params:>10} {args.batch:>6} {step:>9.2f} {hook:>9.3f} {100 * hook / step:>6.2f}%   target <= 2%")
+    return (
+        "agent's work inside each step",
+        f"{100 * hook / step:.2f}%",
+        f"median {hook:.3f} of {step:.2f} ms, {params:,} params, batch {args.batch}, {args.threads} thread(s); target <= 2%",
+    )
 
 
 _SAMPLER_CHILD = r"""
 import os, sys, threading, time
-sys.path.insert(0, sys.argv[1]); sys.path.insert(0, os.path.join(sys.argv[1], "demo"))
 width, depth, batch, steps = map(int, sys.argv[2:6])
 import torch
 torch.set_num_threads(1)
@@ -220,22 +277,44 @@ print(f"SAMPLER median_us={costs[len(costs) // 2] * 1e6:.1f} p99_us={costs[int(l
 """
 
 
-def sampler_cost(args) -> None:
+def sampler_cost(args) -> Row:
     """The progress sampler holds the GIL while it reads the main thread's stack: that time, at the
     default rate (every `progress_every` s, plus one per heartbeat), is what it can take from the step."""
     with tempfile.TemporaryDirectory() as spool:
-        out = _run([sys.executable, "-c", _SAMPLER_CHILD, ROOT, str(args.width), str(args.depth), str(args.batch),
-                    str(args.steps)], dict(_base_env(), SPOOL=spool), args.timeout)
-    m = re.search(r"SAMPLER median_us=([\d.]+) p99_us=([\d.]+) n=(\d+) step_ms=([\d.]+) every=([\d.]+) "
-                  r"heartbeat=([\d.]+)", out)
+        out = _run(
+            [
+                sys.executable,
+                "-c",
+                _SAMPLER_CHILD,
+                ROOT,
+                str(args.width),
+                str(args.depth),
+                str(args.batch),
+                str(args.steps),
+            ],
+            dict(_base_env(), SPOOL=spool),
+            args.timeout,
+        )
+    m = re.search(
+        r"SAMPLER median_us=([\d.]+) p99_us=([\d.]+) n=(\d+) step_ms=([\d.]+) every=([\d.]+) "
+        r"heartbeat=([\d.]+)",
+        out,
+    )
     median, p99, n, step, every, heartbeat = (float(g) for g in m.groups())
     per_s = 1 / every + 1 / heartbeat
     print(f"{'samples':>8} {'median us':>10} {'p99 us':>8} {'per s':>6} {'step ms':>8} {'share':>8}")
-    print(f"{n:>8.0f} {median:>10.1f} {p99:>8.1f} {per_s:>6.1f} {step:>8.2f} {100 * median * 1e-6 * per_s:>7.3f}%"
-          f"   of wall time (and of each step), target <= 2% with the rest of the agent")
+    print(
+        f"{n:>8.0f} {median:>10.1f} {p99:>8.1f} {per_s:>6.1f} {step:>8.2f} {100 * median * 1e-6 * per_s:>7.3f}%"
+        f"   of wall time (and of each step), target <= 2% with the rest of the agent"
+    )
+    return (
+        "progress sampler",
+        f"{100 * median * 1e-6 * per_s:.3f}%",
+        f"of wall time: median {median:.1f} us (p99 {p99:.1f}) per sample, {per_s:.1f} samples/s",
+    )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("all", "step", "hook", "handler", "sampler"), default="all")
     p.add_argument("--nproc", type=int, default=2)
@@ -248,18 +327,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for --part hook")
     p.add_argument("--graphs", type=int, default=12)
     p.add_argument("--timeout", type=float, default=600)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     t = time.time()
-    if args.part in ("all", "step"):
-        step_overhead(args)
-    if args.part in ("all", "hook"):
-        hook_cost(args)
-    if args.part in ("all", "handler"):
-        handler_cost(args)
-    if args.part in ("all", "sampler"):
-        sampler_cost(args)
+    parts = {"step": step_overhead, "hook": hook_cost, "handler": handler_cost, "sampler": sampler_cost}
+    rows = [measure(args) for name, measure in parts.items() if args.part in ("all", name)]
     print(f"({time.time() - t:.0f} s)")
+    record(
+        "agent_overhead",
+        markdown(("measure", "value", "detail"), rows),
+        rerun("agent_overhead", argv),
+        note="P4: the agent's cost per training step and per compiled graph (CPU, gloo).",
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,6 +3,7 @@
 The bench database (`lockstep_bench` next to DATABASE_URL's, dropped and migrated at start) and
 Redis database 10 are its own, so a run never touches the suite's or the demo's data.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -15,9 +16,11 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
+
+from dashboard.devstack.processes import server_command
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = Path(__file__).resolve().parent / "data" / "agent-events.json"
@@ -33,6 +36,7 @@ def bench_env(db_name: str = "lockstep_bench") -> dict:
         DJANGO_SETTINGS_MODULE="dashboard.settings",
         PYTHONPATH=str(ROOT),
         LOCKSTEP_RATE_LIMIT="0",
+        LOCKSTEP_METRICS_PUBLIC="1",  # the bench reads /metrics without a token
         LOG_LEVEL="WARNING",
         LOCKSTEP_DB_POOL="4",
         SECRET_KEY=os.environ.get("SECRET_KEY", "lockstep-bench-only"),
@@ -49,17 +53,25 @@ def fresh_database(env: dict, root: Path = ROOT) -> None:
     with psycopg.connect(urlunparse(url._replace(path="/postgres")), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=root, env=dict(env, PYTHONPATH=str(root)),
-                   check=True, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"],
+        cwd=root,
+        env=dict(env, PYTHONPATH=str(root)),
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
     import redis
 
     redis.Redis.from_url(env["REDIS_URL"]).flushdb()
 
 
 def setup_django(env: dict) -> None:
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "LOCKSTEP_RATE_LIMIT",
-                                           "SECRET_KEY")})
-    sys.path.insert(0, str(ROOT))
+    os.environ.update(
+        {
+            k: env[k]
+            for k in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "LOCKSTEP_RATE_LIMIT", "SECRET_KEY")
+        }
+    )
     import django
 
     django.setup()
@@ -79,7 +91,7 @@ class Servers:
     procs: list[subprocess.Popen]
 
     def stop(self) -> None:
-        from dashboard.devstack.processes import stop_groups  # the repository root is on sys.path by now
+        from dashboard.devstack.processes import stop_groups
 
         stop_groups(self.procs)
 
@@ -104,14 +116,38 @@ def start_servers(env: dict, ingest: int, celery: int, root: Path = ROOT) -> Ser
     port = free_port()
     env = dict(env, PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="lockstep-prom-"), PYTHONPATH=str(root))
     log = open(Path(tempfile.gettempdir()) / "lockstep-bench-servers.log", "ab")
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", str(ingest), "--log-level", "warning", "--no-access-log"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)]
+    procs = [
+        subprocess.Popen(
+            server_command("127.0.0.1", port, "--workers", str(ingest), "--no-access-log"),
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    ]
     if celery:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "--concurrency", str(celery), "--loglevel", "warning"],
-            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "dashboard",
+                    "worker",
+                    "--concurrency",
+                    str(celery),
+                    "--loglevel",
+                    "warning",
+                ],
+                cwd=root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     servers = Servers(f"http://127.0.0.1:{port}", procs)
     _wait_http(port)
     return servers
@@ -135,8 +171,14 @@ def recording() -> list[dict]:
 
 def compile_burst(recorded: list[dict], rank: int) -> list[dict]:
     """The recorded start of a rank: its compile (and graph-break) events, plus a rank_start."""
-    start = {"t": "rank_start", "host": f"node{rank // 8}", "pid": 1000 + rank, "local_rank": rank % 8,
-             "device": f"cuda:{rank % 8}", "versions": {"torch": "2.13.0"}}
+    start = {
+        "t": "rank_start",
+        "host": f"node{rank // 8}",
+        "pid": 1000 + rank,
+        "local_rank": rank % 8,
+        "device": f"cuda:{rank % 8}",
+        "versions": {"torch": "2.13.0"},
+    }
     return [start] + [e for e in recorded if e["t"] in ("compile", "graph_break")]
 
 
@@ -149,14 +191,6 @@ def fingerprints(step: int, buckets: int) -> list[int]:
 def gzip_body(body: dict | bytes) -> bytes:
     raw = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
     return gzip.compress(raw, compresslevel=6)
-
-
-def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
-    width = max(len(r[0]) for r in rows)
-    vwidth = max(len(r[1]) for r in rows)
-    print(f"\n{title}\n" + "-" * (width + vwidth + 40))
-    for name, value, note in rows:
-        print(f"{name:<{width}}  {value:>{vwidth}}  {note}")
 
 
 def project_member(name: str) -> tuple[str, str]:
@@ -185,29 +219,35 @@ def raw_copy(packed: dict, ranks: int, run_key: str, together: int = 1) -> tuple
     from django.db import connection
 
     from agents import protocol
-    from ingest import partitions, pgcopy, writers
+    from dashboard.evidence import binary_copy, partitions
     from dashboard.tenancy.models import Project, Run
 
     project = Project.objects.get(name="bench")
     run = Run.objects.create(project=project, key=f"{run_key}-rawcopy-{together}", world_size=ranks)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     partitions.ensure_around(now)
-    rows = [pgcopy.HEADER]
+    rows = [binary_copy.HEADER]
     rank_steps = 0
     for body in packed.values():
-        events = writers.GradEvents([protocol.msgspec.json.decode(body, type=protocol.Grads)], [])
+        events = binary_copy.GradEvents([protocol.msgspec.json.decode(body, type=protocol.Grads)], [])
         for first in range(0, ranks, together):
-            rows += writers.grad_copy([(run.id, rank, events) for rank in range(first, min(first + together, ranks))], now)
+            rows += binary_copy.grad_copy(
+                [(run.id, rank, events) for rank in range(first, min(first + together, ranks))], now
+            )
         rank_steps += events.rows * ranks
-    rows.append(pgcopy.TRAILER)
+    rows.append(binary_copy.TRAILER)
     data = b"".join(rows)
-    cols = ", ".join(f'"{c}"' for c in writers.GRAD_COLUMNS)
+    cols = ", ".join(f'"{c}"' for c in binary_copy.GRAD_COLUMNS)
     connection.ensure_connection()
     raw = connection.connection
     started = time.perf_counter()
-    with raw.transaction(), raw.cursor() as cur, cur.copy(f"COPY ingest_gradreport ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+    with (
+        raw.transaction(),
+        raw.cursor() as cur,
+        cur.copy(f"COPY evidence_gradreport ({cols}) FROM STDIN (FORMAT BINARY)") as copy,
+    ):
         for i in range(0, len(data), 1 << 20):
-            copy.write(data[i:i + (1 << 20)])
+            copy.write(data[i : i + (1 << 20)])
     return rank_steps, len(rows) - 2, time.perf_counter() - started
 
 
@@ -233,6 +273,7 @@ def configure_in_process(db: str) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
     os.environ.setdefault("SECRET_KEY", "lockstep-bench-only")
     os.environ["ALLOWED_HOSTS"] = "testserver"  # the in-process test client
+    os.environ.setdefault("LOCKSTEP_METRICS_PUBLIC", "1")  # bench/metrics.py reads /metrics without a token
     import psycopg
 
     with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:

@@ -1,7 +1,7 @@
 """P9: compare page and `/api/v1/compare` server time for two runs of 1024 ranks x 10k steps
 (target <= 500 ms).
 
-    . .venv/bin/activate && python -m bench.compare [--ranks 1024] [--steps 10000] [-n 9] [--rebuild]
+    python -m bench compare [--ranks 1024] [--steps 10000] [-n 9] [--rebuild]
 
 Uses its own database (`lockstep_bench_compare` on the DATABASE_URL server, default the local
 PostgreSQL), filled once in SQL (generate_series) through the owning apps' models' tables: per run,
@@ -12,6 +12,7 @@ other versions, one setting changed, frame 3 compiling 1.4x slower, its loss dri
 6000. The views are timed in-process with Django's test client (middleware, auth, queries,
 template or JSON): median and p90 of N calls after one warm-up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,9 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import configure_in_process, timed_get  # noqa: E402
+from bench.common import configure_in_process, timed_get
+from bench.results import markdown, record, rerun
 
 BENCH_DB = "lockstep_bench_compare"
 TARGET_MS = 500
@@ -33,12 +33,19 @@ def configure() -> None:
 
 
 def tables() -> dict[str, str]:
+    from dashboard.evidence.models import CompileEvent, GradReport, GraphBreakEvent, StepReport
     from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank
-    from ingest.models import CompileEvent, GradReport, GraphBreakEvent, StepReport
 
-    models = {"rank": Rank, "grad_slot": GradSlot, "compile_slot": CompileSlot, "compile": CompileEvent,
-              "grad": GradReport, "graph_break": GraphBreakEvent, "step": StepReport}
+    models = {
+        "rank": Rank,
+        "grad_slot": GradSlot,
+        "compile_slot": CompileSlot,
+        "compile": CompileEvent,
+        "grad": GradReport,
+        "graph_break": GraphBreakEvent,
+        "step": StepReport,
+    }
     return {name: model._meta.db_table for name, model in models.items()}
 
 
@@ -50,47 +57,75 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
     project, _ = Project.objects.get_or_create(name="bench")
     Run.objects.filter(project=project, key=key).delete()
     torch = "2.11.0+cu130" if newer else "2.13.0+cpu"
-    run = Run.objects.create(project=project, key=key, name=key, world_size=ranks, torch_version=torch, last_step=steps - 1)
+    run = Run.objects.create(
+        project=project, key=key, name=key, world_size=ranks, torch_version=torch, last_step=steps - 1
+    )
     t = tables()
-    p = {"run": run.id, "ranks": ranks, "steps": steps, "t0": time.time() - 7200, "torch": torch,
-         "python": "3.12.3" if newer else "3.11.7", "slow": 1.4 if newer else 1.0, "drift": 1.0 if newer else 0.0,
-         "cudagraphs": "True" if newer else "False"}
+    p = {
+        "run": run.id,
+        "ranks": ranks,
+        "steps": steps,
+        "t0": time.time() - 7200,
+        "torch": torch,
+        "python": "3.12.3" if newer else "3.11.7",
+        "slow": 1.4 if newer else 1.0,
+        "drift": 1.0 if newer else 0.0,
+        "cudagraphs": "True" if newer else "False",
+    }
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
         if cur.fetchone()[0]:
-            cur.execute("SELECT lockstep_raw_partition(x, current_date) FROM unnest(%s::text[]) x",
-                        [[t["compile"], t["graph_break"], t["step"], t["grad"]]])
-        cur.execute(f"""
-            INSERT INTO {t['rank']} (run_id, rank, host, pid, info, status, last_step, last_seen)
+            cur.execute(
+                "SELECT lockstep_raw_partition(x, current_date) FROM unnest(%s::text[]) x",
+                [[t["compile"], t["graph_break"], t["step"], t["grad"]]],
+            )
+        cur.execute(
+            f"""
+            INSERT INTO {t["rank"]} (run_id, rank, host, pid, info, status, last_step, last_seen)
             SELECT %(run)s, r, 'node' || (r / 8), 1000 + r,
                    jsonb_build_object('versions', jsonb_build_object('torch', %(torch)s, 'python', %(python)s),
                                       'settings', jsonb_build_object('inductor.triton.cudagraphs', %(cudagraphs)s),
                                       'config_hash', 'cfg', 'env', jsonb_build_object('OMP_NUM_THREADS', '1'),
                                       'params', (SELECT jsonb_agg('ddp:layer' || i || '.weight') FROM generate_series(0, 63) i)),
                    'ok', %(steps)s - 1, now()
-            FROM generate_series(0, %(ranks)s - 1) r""", p)
-        cur.execute(f"""
-            INSERT INTO {t['grad_slot']} (run_id, step, "group", reported, first_seen, settled_at, settled_n, dissenters, consensus)
+            FROM generate_series(0, %(ranks)s - 1) r""",
+            p,
+        )
+        cur.execute(
+            f"""
+            INSERT INTO {t["grad_slot"]} (run_id, step, "group", reported, first_seen, settled_at, settled_n, dissenters, consensus)
             SELECT %(run)s, s, 'ddp', %(ranks)s, now(), now(), %(ranks)s, '{{}}'::int[],
                    jsonb_build_object('reference', jsonb_build_array(s + (%(drift)s * (s / 10))::bigint), 'tie', false)
-            FROM generate_series(0, %(steps)s - 1) s""", p)
-        cur.execute(f"""
-            INSERT INTO {t['grad']} (run_id, ranks, step, "group", fps, norm, nonfinite, ts)
+            FROM generate_series(0, %(steps)s - 1) s""",
+            p,
+        )
+        cur.execute(
+            f"""
+            INSERT INTO {t["grad"]} (run_id, ranks, step, "group", fps, norm, nonfinite, ts)
             SELECT %(run)s, ARRAY(SELECT generate_series(n * 8, n * 8 + 7)), s, 'ddp', ARRAY[s, n, s + n, 7]::bigint[],
                    1.0 / (s + 1) * (1 + %(drift)s * 1e-7 * s), 0, to_timestamp(%(t0)s + s * 0.5)
-            FROM generate_series(0, %(steps)s - 1) s, generate_series(0, %(ranks)s / 8 - 1) n""", p)
-        cur.execute(f"""
-            INSERT INTO {t['step']} (run_id, rank, step, loss, step_time, ts)
+            FROM generate_series(0, %(steps)s - 1) s, generate_series(0, %(ranks)s / 8 - 1) n""",
+            p,
+        )
+        cur.execute(
+            f"""
+            INSERT INTO {t["step"]} (run_id, rank, step, loss, step_time, ts)
             SELECT %(run)s, r, s, (2.0 / (s + 1)) * (1 + %(drift)s * CASE WHEN s >= 6000 THEN 1e-2 ELSE 1e-7 END), 0.2,
                    to_timestamp(%(t0)s + s * 0.5)
-            FROM generate_series(0, %(steps)s - 1) s, generate_series(0, %(ranks)s - 1) r""", p)
-        cur.execute(f"""
-            INSERT INTO {t['compile_slot']} (run_id, frame, index, reported, first_seen, settled_at, settled_n, dissenters, consensus)
+            FROM generate_series(0, %(steps)s - 1) s, generate_series(0, %(ranks)s - 1) r""",
+            p,
+        )
+        cur.execute(
+            f"""
+            INSERT INTO {t["compile_slot"]} (run_id, frame, index, reported, first_seen, settled_at, settled_n, dissenters, consensus)
             SELECT %(run)s, 'model.py:' || (10 * f) || ':Block' || f || '.forward', i, %(ranks)s, now(), now(), %(ranks)s,
                    '{{}}'::int[], '{{"reference": "aa"}}'
-            FROM generate_series(0, 7) f, generate_series(0, 2) i""", p)
-        cur.execute(f"""
-            INSERT INTO {t['compile']} (run_id, rank, frame, index, compile_id, step, status, graph_raw, graph_norm, code_raw,
+            FROM generate_series(0, 7) f, generate_series(0, 2) i""",
+            p,
+        )
+        cur.execute(
+            f"""
+            INSERT INTO {t["compile"]} (run_id, rank, frame, index, compile_id, step, status, graph_raw, graph_norm, code_raw,
                                         code_norm, compile_time, cache, detail, ts)
             SELECT %(run)s, r, 'model.py:' || (10 * f) || ':Block' || f || '.forward', i, f || '/' || i, i * 1000, 'ok',
                    'g' || f || i, 'g' || f || i, 'c', 'c', (1.0 + (r %% 7) * 0.1) * CASE WHEN f = 3 THEN %(slow)s ELSE 1 END,
@@ -98,11 +133,16 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
                    jsonb_build_object('counts', jsonb_build_object('graph_op_count', 40, 'guard_count', 90 + f,
                                                                    'kernel_count', 6 + f)),
                    to_timestamp(%(t0)s + f * 20 + i * 600)
-            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, generate_series(0, 2) i""", p)
-        cur.execute(f"""
-            INSERT INTO {t['graph_break']} (run_id, rank, frame, reason, step, ts)
+            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, generate_series(0, 2) i""",
+            p,
+        )
+        cur.execute(
+            f"""
+            INSERT INTO {t["graph_break"]} (run_id, rank, frame, reason, step, ts)
             SELECT %(run)s, r, 'model.py:10:Block1.forward', 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
-            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b""", p)
+            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b""",
+            p,
+        )
     with connection.cursor() as cur:
         for table in t.values():
             cur.execute(f"ANALYZE {table}")
@@ -134,18 +174,32 @@ def main(argv: list[str] | None = None) -> int:
     runs = ",".join(keys)
     body = client.get(f"/api/v1/compare?runs={runs}").json()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"P9 (2 runs of {args.ranks} ranks x {args.steps} steps), server time in ms, n={args.n}, "
-          f"load average {load} on {os.cpu_count()} cores")
+    print(
+        f"P9 (2 runs of {args.ranks} ranks x {args.steps} steps), server time in ms, n={args.n}, "
+        f"load average {load} on {os.cpu_count()} cores"
+    )
     print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
-    worst = 0.0
+    worst, table = 0.0, []
     for name, url in (("compare page", f"/compare/?runs={runs}"), ("compare API", f"/api/v1/compare?runs={runs}")):
         samples = timed_get(client, url, args.n)
         median, p90 = statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.9))]
         worst = max(worst, median)
-        print(f"{name:<16}{median:>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}{TARGET_MS:>10}  {'yes' if median <= TARGET_MS else 'NO'}")
+        ok = "yes" if median <= TARGET_MS else "NO"
+        print(f"{name:<16}{median:>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}{TARGET_MS:>10}  {ok}")
+        table.append((name, f"{median:.1f}", f"{p90:.1f}", f"{samples[-1]:.1f}", TARGET_MS, ok))
     loss = body["drift"]["vs"][0]["loss"]
-    print(f"API payload {len(client.get(f'/api/v1/compare?runs={runs}').content) / 1024:.0f} KiB; loss drift past 1e-3 "
-          f"at step {loss['first_over_tolerance']} of {loss['steps_compared']} compared; {body['verdict']['lines'][0]}")
+    summary = (
+        f"API payload {len(client.get(f'/api/v1/compare?runs={runs}').content) / 1024:.0f} KiB; loss drift past 1e-3 "
+        f"at step {loss['first_over_tolerance']} of {loss['steps_compared']} compared; {body['verdict']['lines'][0]}"
+    )
+    print(summary)
+    record(
+        "compare",
+        markdown(("endpoint", "median ms", "p90 ms", "max ms", "target ms", "ok"), table),
+        rerun("compare", argv),
+        f"P9: 2 runs of {args.ranks} ranks x {args.steps} steps, server time, n={args.n}, load average {load} on "
+        f"{os.cpu_count()} cores. {summary}",
+    )
     return 0 if worst <= TARGET_MS else 1
 
 

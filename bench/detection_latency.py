@@ -5,26 +5,25 @@ divergent one; the clock starts when that last batch's 200 arrives and stops whe
 grad_divergence alert reaches a websocket client of the project. Each trial uses its own
 comparison group, so each is a new alert (one desync = one notification).
 
-    python bench/detection_latency.py                 # 256 and 1024 ranks
-    python bench/detection_latency.py --ranks 256 --trials 20
+    python -m bench detection_latency                 # 256 and 1024 ranks
+    python -m bench detection_latency --ranks 256 --trials 20
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import bench_env, fresh_database, print_table, project_member, setup_django, start_servers  # noqa: E402
+from bench.common import bench_env, fresh_database, project_member, setup_django, start_servers
+from bench.results import report
 
-TARGETS = {256: (0.25, 1.0), 1024: (None, 2.0)}  # p50, p99 seconds (DESIGN 7, P2)
+TARGETS = {256: (0.25, 1.0), 1024: (None, 2.0)}  # p50, p99 seconds (P2)
 
 
 class AlertClock(threading.Thread):
@@ -34,8 +33,11 @@ class AlertClock(threading.Thread):
         from websockets.sync.client import connect
 
         super().__init__(daemon=True)
-        self.ws = connect(url.replace("http", "ws") + "/ws/alerts/", open_timeout=10,
-                          additional_headers={"Cookie": f"sessionid={session}", "Origin": url})
+        self.ws = connect(
+            url.replace("http", "ws") + "/ws/alerts/",
+            open_timeout=10,
+            additional_headers={"Cookie": f"sessionid={session}", "Origin": url},
+        )
         self.seen: dict[tuple[str, str], float] = {}
 
     def run(self) -> None:
@@ -50,10 +52,20 @@ class AlertClock(threading.Thread):
 
 
 def post(http: requests.Session, url: str, token: str, run: str, ranks: int, rank: int, trial: int, bad: bool) -> float:
-    body = {"v": 1, "run": {"key": run, "world_size": ranks}, "rank": rank, "session": f"lat-{run}-{rank}-{trial}",
-            "seq": 0, "events": [{"t": "grad", "step": trial, "group": f"g{trial}", "fps": [trial, 1 if bad else 0]}]}
-    response = http.post(f"{url}/api/v1/ingest", data=json.dumps(body), timeout=30,
-                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    body = {
+        "v": 1,
+        "run": {"key": run, "world_size": ranks},
+        "rank": rank,
+        "session": f"lat-{run}-{rank}-{trial}",
+        "seq": 0,
+        "events": [{"t": "grad", "step": trial, "group": f"g{trial}", "fps": [trial, 1 if bad else 0]}],
+    }
+    response = http.post(
+        f"{url}/api/v1/ingest",
+        data=json.dumps(body),
+        timeout=30,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     response.raise_for_status()
     return time.perf_counter()
 
@@ -81,13 +93,13 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--celery", type=int, default=2, help="Celery worker processes")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     env = dict(bench_env("lockstep_bench_latency"), LOCKSTEP_SETTLE_TIMEOUT="600")  # only complete slots settle
     fresh_database(env)
     setup_django(env)
@@ -102,15 +114,28 @@ def main() -> None:
             lat = measure(servers.url, token, clock, ranks, args.trials)
             p50, p99 = pct(lat, 50), pct(lat, 99)
             goal50, goal99 = TARGETS.get(ranks, (None, None))
-            verdict = ("ok" if (goal50 is None or p50 <= goal50) and (goal99 is None or p99 <= goal99) else "MISSED")
-            goal = " ".join(x for x in (goal50 and f"p50<={goal50 * 1000:.0f}ms", goal99 and f"p99<={goal99 * 1000:.0f}ms") if x)
-            rows.append((f"{ranks} ranks", f"p50 {p50 * 1000:.0f} ms / p99 {p99 * 1000:.0f} ms / max {max(lat) * 1000:.0f} ms",
-                         f"target {goal or '-'}: {verdict} ({len(lat)} trials)"))
+            verdict = "ok" if (goal50 is None or p50 <= goal50) and (goal99 is None or p99 <= goal99) else "MISSED"
+            goal = " ".join(
+                x for x in (goal50 and f"p50<={goal50 * 1000:.0f}ms", goal99 and f"p99<={goal99 * 1000:.0f}ms") if x
+            )
+            rows.append(
+                (
+                    f"{ranks} ranks",
+                    f"p50 {p50 * 1000:.0f} ms / p99 {p99 * 1000:.0f} ms / max {max(lat) * 1000:.0f} ms",
+                    f"target {goal or '-'}: {verdict} ({len(lat)} trials)",
+                )
+            )
     finally:
         servers.stop()
-    print_table(f"P2 detection latency (last batch accepted -> alert on websocket; {args.ingest} ingest, "
-                f"{args.celery} Celery processes)", rows)
+    report(
+        "detection_latency",
+        argv,
+        f"P2 detection latency (last batch accepted -> alert on websocket; {args.ingest} ingest, "
+        f"{args.celery} Celery processes)",
+        rows,
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,9 +16,20 @@ Cache modes, alternating: cold-shared (a fresh dir all ranks share), warm-shared
 last cold-shared run of the shape), cold-private (a fresh dir per rank), warm-private (the per-rank
 dirs of the last cold-private run of the shape).
 
-    python bench/false_alarms.py               # 30 runs
-    python bench/false_alarms.py --runs 10 --steps 4
-    python bench/false_alarms.py --runs 2 --shapes same-isa
+    python -m bench false_alarms               # 30 runs
+    python -m bench false_alarms --runs 10 --steps 4
+    python -m bench false_alarms --runs 2 --shapes same-isa
+
+Then the real GPU recordings (tests/fixtures/realism_*.tgz: demo/realism_job.py on an H200, torch 2.11,
+real Triton kernels; tests/fixtures/make_realism_fixtures.sh): every clean spool (torch.compile(DDP(model)),
+DDP(torch.compile(model)), per-block compile, activation checkpointing, bf16 autocast, no_sync gradient
+accumulation, FSDP2 fully_shard; cold and warm, shared and private cache dirs) is uploaded with
+`python -m agents upload` and its alerts counted as those of a clean run; the recorded positive
+controls (a model made only of torch.nn containers under torch.compile(DDP(model)), one rank
+recompiling, one rank graph-breaking) must each be one incident rooted at the right ranks.
+
+    python -m bench false_alarms --runs 0      # the GPU recordings alone
+    python -m bench false_alarms --no-fixtures
 
 Left out on purpose: `--storm` (recompiling on every step is a real recompile_storm) and
 `--compile-ddp` (torch.compile(DDP(model)) really runs eager: ineffective_compile).
@@ -26,6 +37,7 @@ The database is `lockstep_false_alarms` (dropped and migrated at start) and Redi
 BENCH_REDIS_URL's server (default redis://127.0.0.1:6379/0: the suite uses 1-15, the other
 benchmarks 10), so a run never touches the suite's, the demo's or another benchmark's data.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,35 +52,65 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import ROOT, bench_env, free_port, fresh_database, setup_django, start_servers  # noqa: E402
+from bench.common import ROOT, bench_env, free_port, fresh_database, setup_django, start_servers
+from bench.results import markdown, record, rerun
+from dashboard.devstack.processes import worker_command
 
 RANKS = 3
+FIXTURES = ROOT / "tests" / "fixtures"
+# positive control's run key -> (the kind its one incident is rooted at, None: any; the ranks it names)
+CONTROLS = {
+    "realism-containers-cold-private": ("ineffective_compile", [0, 1]),
+    "realism-recompile-cold-private": ("recompile_divergence", [1]),
+    "realism-graph-break-cold-shared": (None, [1]),
+}
 WRAPPER = "demo/per_rank_env.py"
-HELPERS = ["--branch-rank", "99", "--slow-rank", "99", "--slow-seconds", "0", "--fail-rank", "99",
-           "--collective-rank", "99", "--elementwise-check"]
+HELPERS = [
+    "--branch-rank",
+    "99",
+    "--slow-rank",
+    "99",
+    "--slow-seconds",
+    "0",
+    "--fail-rank",
+    "99",
+    "--collective-rank",
+    "99",
+    "--elementwise-check",
+]
 SHAPES = {
     "demo": (["demo/ddp_job.py"], {}),
     "scenarios": (["demo/scenarios.py", *HELPERS], {}),
-    "same-isa": (["demo/scenarios.py", "--elementwise-check"],
-                 {str(r): {"ATEN_CPU_CAPABILITY": "avx2"} for r in range(RANKS)}),
+    "same-isa": (
+        ["demo/scenarios.py", "--elementwise-check"],
+        {str(r): {"ATEN_CPU_CAPABILITY": "avx2"} for r in range(RANKS)},
+    ),
 }
-SCHEDULE = [(shape, mode) for shape in ("demo", "scenarios") for mode in ("cold-shared", "warm-shared",
-                                                                          "cold-private", "warm-private")]
+SCHEDULE = [
+    (shape, mode)
+    for shape in ("demo", "scenarios")
+    for mode in ("cold-shared", "warm-shared", "cold-private", "warm-private")
+]
 SCHEDULE += [("same-isa", "cold-shared"), ("same-isa", "warm-shared")]
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--settle", type=float, default=5.0, help="seconds to wait after the run's slots settled")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of: " + ", ".join(SHAPES))
-    p.add_argument("--no-control", action="store_true",
-                   help="skip the positive control (one faulty run at the end, not counted: rank 1 traces another "
-                        "graph, which must raise graph_divergence, or the zero above proves nothing)")
+    p.add_argument(
+        "--no-control",
+        action="store_true",
+        help="skip the positive control (one faulty run at the end, not counted: rank 1 traces another "
+        "graph, which must raise graph_divergence, or the zero above proves nothing)",
+    )
+    p.add_argument(
+        "--no-fixtures", action="store_true", help="skip the uploaded GPU recordings (tests/fixtures/realism_*)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the cache and spool dirs (printed at the end)")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 class Caches:
@@ -89,18 +131,39 @@ class Caches:
 
 
 def job_env(env: dict, url: str, token: str, key: str, spool: Path, shape: str, dirs: list[Path]) -> dict:
-    per_rank = {str(r): dict(SHAPES[shape][1].get(str(r), {}), TORCHINDUCTOR_CACHE_DIR=str(dirs[r]))
-                for r in range(RANKS)}
-    return dict(env, LOCKSTEP_URL=url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=key, LOCKSTEP_SPOOL_DIR=str(spool),
-                OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1", PER_RANK_ENV=json.dumps(per_rank))
+    per_rank = {
+        str(r): dict(SHAPES[shape][1].get(str(r), {}), TORCHINDUCTOR_CACHE_DIR=str(dirs[r])) for r in range(RANKS)
+    }
+    return dict(
+        env,
+        LOCKSTEP_URL=url,
+        LOCKSTEP_TOKEN=token,
+        LOCKSTEP_RUN=key,
+        LOCKSTEP_SPOOL_DIR=str(spool),
+        OMP_NUM_THREADS="1",
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        PER_RANK_ENV=json.dumps(per_rank),
+    )
 
 
 def run_job(env: dict, shape: str, steps: int, timeout: float = 400) -> tuple[int, str, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), "--master-port",
-           str(free_port()), WRAPPER, *SHAPES[shape][0], "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(RANKS),
+        "--master-port",
+        str(free_port()),
+        WRAPPER,
+        *SHAPES[shape][0],
+        "--steps",
+        str(steps),
+    ]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -117,10 +180,11 @@ def settled(key: str) -> bool:
     from django.db.models import F, Q
 
     from dashboard.ledger.models import CompileSlot, GradSlot
-    from dashboard.tenancy.models import Rank
+    from dashboard.tenancy.models import Rank, Run
 
+    run = Run.objects.filter(key=key).first()
     ranks = Rank.objects.filter(run__key=key)
-    if ranks.count() < RANKS or ranks.filter(status="running").exists():
+    if run is None or ranks.count() < run.world_size or ranks.filter(status="running").exists():
         return False
     pending = Q(settled_at__isnull=True) | Q(reported__gt=F("settled_n"))
     return not any(m.objects.filter(run__key=key).filter(pending).exists() for m in (CompileSlot, GradSlot))
@@ -142,8 +206,62 @@ def alerts_of(key: str) -> list:
     return list(Alert.objects.filter(run__key=key).order_by("id"))
 
 
-def main() -> None:
-    args = parse_args()
+def upload(url: str, token: str, fixture: str, into: Path) -> list[str]:
+    """Every run spool of a recorded fixture, sent as the agent would (`python -m agents upload`); their keys."""
+    import tarfile
+
+    with tarfile.open(FIXTURES / fixture) as tar:
+        tar.extractall(into, filter="data")
+    keys = sorted(p.name for p in into.iterdir())
+    for key in keys:
+        subprocess.run(
+            [sys.executable, "-m", "agents", "upload", str(into / key), "--url", url, "--token", token],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    return keys
+
+
+def recorded_runs(url: str, token: str, work: Path, settle: float) -> list[tuple]:
+    """Rows (like a live job's) of the clean GPU recordings, uploaded."""
+    rows = []
+    for key in upload(url, token, "realism_clean.tgz", work / "realism-clean"):
+        ok = wait_settled(key, 0.0)
+        name = key.removeprefix("realism-")
+        setup, mode = name.rsplit("-", 2)[0].split(".")[0], "-".join(name.rsplit("-", 2)[1:])  # ".p": own cache dirs
+        rows.append((key, f"h200 {setup}", mode, 0.0, 0, ok))
+    time.sleep(settle)  # the sweep's look at runs just ended
+    return [(*row, collections.Counter(a.kind for a in alerts_of(row[0]))) for row in rows]
+
+
+def recorded_controls(url: str, token: str, work: Path, settle: float) -> tuple[str, bool]:
+    """Each recorded positive control must be one incident rooted at its ranks."""
+    from dashboard.detection.models import Incident
+
+    keys = upload(url, token, "realism_controls.tgz", work / "realism-controls")
+    for key in keys:
+        wait_settled(key, 0.0)
+    time.sleep(settle)
+    parts, right = [], True
+    for key in keys:
+        kind, ranks = CONTROLS[key]
+        found = [
+            (i.root.kind, i.root.ranks)
+            for i in Incident.objects.filter(run__key=key).select_related("root")
+            if i.root is not None
+        ]
+        good = len(found) == 1 and found[0][1] == ranks and kind in (None, found[0][0])
+        right &= good
+        parts.append(
+            f"{key.removeprefix('realism-')}: {len(found)} incident(s) {found} ({'right' if good else 'WRONG'})"
+        )
+    return "; ".join(parts), right
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     env = bench_env("lockstep_false_alarms")
     env["REDIS_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
     print("fresh database lockstep_false_alarms ...", flush=True)
@@ -156,21 +274,28 @@ def main() -> None:
     servers = start_servers(env, ingest=1, celery=0)
     beat_dir = Path(tempfile.mkdtemp(prefix="lockstep-fa-beat-"))
     log = open(Path(tempfile.gettempdir()) / "lockstep-false-alarms-worker.log", "ab")
-    servers.procs.append(subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1", "--loglevel",
-         "warning", "--schedule", str(beat_dir / "beat-schedule")],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    servers.procs.append(
+        subprocess.Popen(
+            worker_command("--schedule", str(beat_dir / "beat-schedule")),
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    )
     work = Path(tempfile.mkdtemp(prefix="lockstep-false-alarms-"))
     caches = Caches(work)
-    rows, details, failed, control = [], [], [], "skipped"
+    rows, details, failed, control, recorded_right = [], [], [], "skipped", False
     schedule = [(shape, mode) for shape, mode in SCHEDULE if shape in args.shapes.split(",")]
     try:
         for i in range(args.runs):
             shape, mode = schedule[i % len(schedule)]
             key = f"fa-{i:02d}-{shape}-{mode}-{uuid.uuid4().hex[:4]}"
             dirs = caches.dirs(shape, mode, RANKS)
-            rc, out, wall = run_job(job_env(env, servers.url, token, key, work / f"spool-{i}", shape, dirs),
-                                    shape, args.steps)
+            rc, out, wall = run_job(
+                job_env(env, servers.url, token, key, work / f"spool-{i}", shape, dirs), shape, args.steps
+            )
             ok = rc == 0 and wait_settled(key, args.settle)
             found = alerts_of(key)
             kinds = collections.Counter(a.kind for a in found)
@@ -179,21 +304,48 @@ def main() -> None:
             rows.append((i, shape, mode, wall, rc, ok, kinds))
             details += [(key, a) for a in found]
             text = ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) or "none"
-            print(f"{i:>3}  {shape:<9}  {mode:<12}  {wall:6.1f} s  rc={rc}  {'settled' if ok else 'NOT SETTLED'}  "
-                  f"alerts: {text}", flush=True)
+            print(
+                f"{i:>3}  {shape:<9}  {mode:<12}  {wall:6.1f} s  rc={rc}  {'settled' if ok else 'NOT SETTLED'}  "
+                f"alerts: {text}",
+                flush=True,
+            )
         if not args.no_control:
             key = f"fa-control-{uuid.uuid4().hex[:4]}"
             dirs = caches.dirs("scenarios", "cold-private", RANKS)
             env_c = job_env(env, servers.url, token, key, work / "spool-control", "scenarios", dirs)
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), "--master-port",
-                   str(free_port()), WRAPPER, "demo/scenarios.py", "--branch-rank", "1", "--steps", str(args.steps)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(RANKS),
+                "--master-port",
+                str(free_port()),
+                WRAPPER,
+                "demo/scenarios.py",
+                "--branch-rank",
+                "1",
+                "--steps",
+                str(args.steps),
+            ]
             rc = subprocess.run(cmd, cwd=ROOT, env=env_c, capture_output=True, timeout=400).returncode
             wait_settled(key, args.settle)
             kinds = collections.Counter(a.kind for a in alerts_of(key))
             control = f"rc={rc}, alerts: {dict(sorted(kinds.items())) or 'none'} " + (
-                "(graph_divergence raised: the stack detects)" if "graph_divergence" in kinds
-                else "(NO graph_divergence: the stack did not detect a real fault; the zero proves nothing)")
+                "(graph_divergence raised: the stack detects)"
+                if "graph_divergence" in kinds
+                else "(NO graph_divergence: the stack did not detect a real fault; the zero proves nothing)"
+            )
             print(f"control  scenarios --branch-rank 1  {control}", flush=True)
+        if not args.no_fixtures:
+            for key, shape, mode, wall, rc, ok, kinds in recorded_runs(servers.url, token, work, args.settle):
+                rows.append((key, shape, mode, wall, rc, ok, kinds))
+                details += [(key, a) for a in alerts_of(key)]
+                text = ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) or "none"
+                print(f"{key:<40}  {'settled' if ok else 'NOT SETTLED'}  alerts: {text}", flush=True)
+            recorded, recorded_right = recorded_controls(servers.url, token, work, args.settle)
+            print(f"recorded controls  {recorded}", flush=True)
+            control += f"; recorded GPU controls: {recorded}"
     finally:
         servers.stop()
         if not args.keep:
@@ -201,18 +353,35 @@ def main() -> None:
             shutil.rmtree(beat_dir, ignore_errors=True)
 
     total = collections.Counter()
-    print(f"\nFalse alarms: {len(rows)} clean runs, {RANKS} ranks, {args.steps} steps each (gloo, torch.compile, agent)")
+    recorded = sum(1 for row in rows if str(row[1]).startswith("h200 "))
+    print(
+        f"\nFalse alarms: {len(rows) - recorded} live clean runs ({RANKS} ranks, {args.steps} steps each, gloo, torch.compile, "
+        f"agent) and {recorded} recorded on an H200 (2-3 ranks, 8 steps each, uploaded)"
+    )
     print(f"{'shape':<10} {'cache':<13} {'runs':>4} {'alerts raised':<40}")
     by = collections.defaultdict(lambda: [0, collections.Counter()])
     for _, shape, mode, _, _, _, kinds in rows:
         by[(shape, mode)][0] += 1
         by[(shape, mode)][1].update(kinds)
         total.update(kinds)
+    table = []
     for (shape, mode), (n, kinds) in by.items():
-        print(f"{shape:<10} {mode:<13} {n:>4} {', '.join(f'{k}: {c}' for k, c in sorted(kinds.items())) or '-':<40}")
+        raised = ", ".join(f"{k}: {c}" for k, c in sorted(kinds.items())) or "-"
+        print(f"{shape:<10} {mode:<13} {n:>4} {raised:<40}")
+        table.append((shape, mode, n, raised))
     n_alerts = sum(total.values())
-    print(f"total: {n_alerts} alerts in {len(rows)} runs = {n_alerts / max(len(rows), 1):.2f} alerts per clean run"
-          f" (target 0); by kind: {dict(sorted(total.items())) or '-'}")
+    table.append(
+        (
+            "**total**",
+            "",
+            len(rows),
+            f"**{n_alerts} alerts = {n_alerts / max(len(rows), 1):.2f} per clean run** (target 0)",
+        )
+    )
+    print(
+        f"total: {n_alerts} alerts in {len(rows)} runs = {n_alerts / max(len(rows), 1):.2f} alerts per clean run"
+        f" (target 0); by kind: {dict(sorted(total.items())) or '-'}"
+    )
     print(f"jobs that failed: {len(failed)}; runs not settled in time: {sum(1 for r in rows if not r[5])}")
     print(f"positive control (not counted): {control}")
     for key, alert in details:
@@ -221,7 +390,17 @@ def main() -> None:
         print(f"\n--- {key} exited {rc}; last output:\n{out}")
     if args.keep:
         print(f"kept: {work}")
+    record(
+        "false_alarms",
+        markdown(("shape", "cache", "runs", "alerts raised"), table),
+        rerun("false_alarms", argv),
+        f"F1: clean {RANKS}-rank gloo jobs with torch.compile and the agent, {args.steps} steps each, and {recorded} clean "
+        "runs recorded on an H200 (tests/fixtures/realism_clean.tgz, uploaded); jobs failed: "
+        f"{len(failed)}; runs not settled in time: {sum(1 for r in rows if not r[5])}; positive control (not counted): "
+        f"{control}.",
+    )
+    return 0 if n_alerts == 0 and not failed and (args.no_fixtures or recorded_right) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

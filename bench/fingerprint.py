@@ -1,6 +1,6 @@
-"""P3: fingerprint throughput vs `tensor.sum()` on the same bytes (DESIGN 7: target >= 0.75x).
+"""P3: fingerprint throughput vs `tensor.sum()` on the same bytes (target >= 0.75x).
 
-    python bench/fingerprint.py [--mb 256] [--repeat 7] [--device cpu|cuda|all]
+    python -m bench fingerprint [--mb 256] [--repeat 7] [--device cpu|cuda|all]
 
 Prints one table row per (device, path): GB/s of the fingerprint, GB/s of float32 sum over the
 same tensor, and the ratio. Timings are interleaved (sum, fp, sum, ...) and the best of
@@ -9,22 +9,21 @@ times come from CUDA events. Paths: `agent` (what the agent uses: Triton on CUDA
 kernel on the CPU, else the Inductor-compiled one), `native`, `compiled`, `eager` (the
 torch-ops reference), `segmented` (~4k small tensors in one call, as a step's parameters are).
 """
+
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-import agents.fingerprinting as F  # noqa: E402
+import agents.fingerprinting as F
+from bench.results import markdown, record, rerun
 
 
 def _timer(device: torch.device):
     if device.type == "cuda":
+
         def run(fn):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -33,10 +32,12 @@ def _timer(device: torch.device):
             end.synchronize()
             return start.elapsed_time(end) / 1e3
     else:
+
         def run(fn):
             t = time.perf_counter()
             fn()
             return time.perf_counter() - t
+
     return run
 
 
@@ -74,21 +75,24 @@ def measure(device: torch.device, mb: int, repeat: int, paths: list[str]) -> lis
         for _ in range(reps):  # interleaved, best of each
             t_sum = min(t_sum, timer(ref))
             t_fp = min(t_fp, timer(fn))
-        rows.append((device.type, name, f"{nbytes / t_fp / 1e9:.1f}", f"{nbytes / t_sum / 1e9:.1f}", f"{t_sum / t_fp:.2f}"))
+        rows.append(
+            (device.type, name, f"{nbytes / t_fp / 1e9:.1f}", f"{nbytes / t_sum / 1e9:.1f}", f"{t_sum / t_fp:.2f}")
+        )
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=int, default=256)
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--device", default="all", help="cpu, cuda or all (cuda when available)")
     p.add_argument("--paths", default="agent,native,compiled,triton,eager", help="comma-separated")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d != "cuda" or torch.cuda.is_available()]
     print(f"torch {torch.__version__}, {args.mb} MiB float32, best of {args.repeat}, algo {F.ALGO}")
     print(f"{'device':<7} {'path':<10} {'fp GB/s':>10} {'sum GB/s':>10} {'ratio':>6}")
+    table = []
     for d in devices:
         paths = [q for q in args.paths.split(",") if (q != "triton" or d == "cuda") and (q != "native" or d == "cpu")]
         for row in measure(torch.device(d), args.mb, args.repeat, paths):
@@ -96,9 +100,18 @@ def main() -> None:
                 print(f"{row[0]:<7} {row[1]:<10} {row[2]}")
             else:
                 print(f"{row[0]:<7} {row[1]:<10} {row[2]:>10} {row[3]:>10} {row[4]:>6}")
+            table.append(row)
     print(f"fast paths equal to the reference (checked once per device): {F._verified}")
     print("target P3: ratio >= 0.75 for `agent`")
+    record(
+        "fingerprint",
+        markdown(("device", "path", "fingerprint GB/s", "sum GB/s", "ratio"), table),
+        rerun("fingerprint", argv),
+        f"P3 (target: ratio >= 0.75 for `agent`): torch {torch.__version__}, {args.mb} MiB float32, best of {args.repeat}, "
+        f"algorithm {F.ALGO}; fast paths equal to the reference: {F._verified}.",
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

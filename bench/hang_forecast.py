@@ -7,9 +7,10 @@ compile a large graph afresh) while ranks 0 and 2 wait in the next all_reduce. T
 when rank 1 prints that it stalls (its wall clock, the same host) and stops when the forecast
 reaches a websocket client; the job is then killed (it would die at the collective timeout).
 
-    python bench/hang_forecast.py --trials 5
-    python bench/hang_forecast.py --stall compile --depth 40 --trials 3
+    python -m bench hang_forecast --trials 5
+    python -m bench hang_forecast --stall compile --depth 40 --trials 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,10 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import (ROOT, bench_env, fresh_database, free_port, print_table, project_member,  # noqa: E402
-                          setup_django, start_servers)
+from bench.common import ROOT, bench_env, free_port, fresh_database, project_member, setup_django, start_servers
+from bench.results import report
+from dashboard.devstack.processes import worker_command
 
 TARGET_S = 15.0
 
@@ -51,8 +51,11 @@ class ForecastClock(threading.Thread):
     def _connect(self):
         from websockets.sync.client import connect
 
-        return connect(self.url.replace("http", "ws") + "/ws/alerts/", open_timeout=10,
-                       additional_headers={"Cookie": f"sessionid={self.session}", "Origin": self.url})
+        return connect(
+            self.url.replace("http", "ws") + "/ws/alerts/",
+            open_timeout=10,
+            additional_headers={"Cookie": f"sessionid={self.session}", "Origin": self.url},
+        )
 
     def run(self) -> None:
         while True:
@@ -80,14 +83,38 @@ def trial(url: str, token: str, env: dict, args, n: int, clock: ForecastClock) -
 
     run = f"hang-{args.stall}-{int(time.time())}-{n}"
     cache = tempfile.mkdtemp(prefix="lockstep-bench-hang-inductor-")  # rank 1's graph is compiled afresh
-    job_env = dict(env, LOCKSTEP_URL=url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run, OMP_NUM_THREADS="1",
-                   TORCHINDUCTOR_COMPILE_THREADS="1", LOCKSTEP_SPOOL_DIR=f"/tmp/lockstep-bench-hang/{run}",
-                   TORCHINDUCTOR_CACHE_DIR=cache)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
-           "-m", "agents", "run", "demo/hang_job.py", "--stall", args.stall, "--depth", str(args.depth),
-           "--timeout", str(args.timeout)]
-    job = subprocess.Popen(cmd, cwd=ROOT, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    job_env = dict(
+        env,
+        LOCKSTEP_URL=url,
+        LOCKSTEP_TOKEN=token,
+        LOCKSTEP_RUN=run,
+        OMP_NUM_THREADS="1",
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        LOCKSTEP_SPOOL_DIR=f"/tmp/lockstep-bench-hang/{run}",
+        TORCHINDUCTOR_CACHE_DIR=cache,
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "3",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "agents",
+        "run",
+        "demo/hang_job.py",
+        "--stall",
+        args.stall,
+        "--depth",
+        str(args.depth),
+        "--timeout",
+        str(args.timeout),
+    ]
+    job = subprocess.Popen(
+        cmd, cwd=ROOT, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     stalled = None
     try:
         for line in job.stdout:
@@ -118,21 +145,26 @@ def stored_alerts(url: str, token: str, run: str) -> list[str]:
     return [f"{a['kind']} {a['severity']} {a['state']} ranks {a['ranks']}" for a in answer.json()["alerts"]]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--stall", choices=("data", "compile"), default="data")
     parser.add_argument("--depth", type=int, default=40, help="layers of the graph rank 1 recompiles (--stall compile)")
     parser.add_argument("--timeout", type=float, default=60.0, help="the job's collective timeout, seconds")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     env = bench_env("lockstep_bench_hang")
     fresh_database(env)
     setup_django(env)
     token, session = project_member("bench-hang")
     servers = start_servers(env, ingest=1, celery=0)
-    beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1",
-                             "--loglevel", "warning", "--schedule", "/tmp/lockstep-bench-hang-beat"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    beat = subprocess.Popen(
+        worker_command("--schedule", "/tmp/lockstep-bench-hang-beat"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     servers.procs.append(beat)
     latencies, alerts, missed = [], [], []
     try:
@@ -154,16 +186,25 @@ def main() -> None:
     half = args.timeout / 2
     latencies = latencies or [float("inf")]
     verdict = "ok" if not missed and max(latencies) <= TARGET_S and max(latencies) < half else "MISSED"
-    print_table(f"P8 stall -> hang_forecast on the websocket ({args.stall} stall, 3-rank gloo jobs, "
-                f"{args.timeout:.0f} s collective timeout, defaults)", [
-        ("stall -> forecast", f"median {statistics.median(latencies):.1f} s / max {max(latencies):.1f} s "
-                              f"(min {min(latencies):.1f} s)",
-         f"target <= {TARGET_S:.0f} s and < {half:.0f} s (half the timeout): {verdict} ({len(latencies)} trials)"),
-        ("late rank named", f"{sum(a['ranks'] == [1] for a in alerts)} of {len(alerts)}", "rank 1 every time"),
-        ("trials without a forecast", str(len(missed)), "; ".join(str(m["stored"]) for m in missed)[:200]),
-        ("websocket drops", str(len(clock.errors)), "; ".join(clock.errors)[:200]),
-    ])
+    report(
+        f"hang_forecast ({args.stall} stall)",
+        argv,
+        f"P8 stall -> hang_forecast on the websocket ({args.stall} stall, 3-rank gloo jobs, "
+        f"{args.timeout:.0f} s collective timeout, defaults)",
+        [
+            (
+                "stall -> forecast",
+                f"median {statistics.median(latencies):.1f} s / max {max(latencies):.1f} s "
+                f"(min {min(latencies):.1f} s)",
+                f"target <= {TARGET_S:.0f} s and < {half:.0f} s (half the timeout): {verdict} ({len(latencies)} trials)",
+            ),
+            ("late rank named", f"{sum(a['ranks'] == [1] for a in alerts)} of {len(alerts)}", "rank 1 every time"),
+            ("trials without a forecast", str(len(missed)), "; ".join(str(m["stored"]) for m in missed)[:200]),
+            ("websocket drops", str(len(clock.errors)), "; ".join(clock.errors)[:200]),
+        ],
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

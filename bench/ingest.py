@@ -10,14 +10,14 @@ the clock starts; the clock covers the steady phase only. Then the same grad eve
 by one raw binary COPY, one row per rank-step, into the same table, same indexes, same run of the
 script. Ingest itself stores a request's agreeing ranks in shared rows; the table says how many.
 
-    python bench/ingest.py                          # P1/P7 as in the README: 1024 ranks x 1024 steps, 256 steps
+    python -m bench ingest                          # P1/P7 as in the README: 1024 ranks x 1024 steps, 256 steps
                                                     # per batch, 8 ranks per request, 2 ingest processes, 8 connections
-    python bench/ingest.py --ranks-per-request 1    # no relay: one request per rank and batch
-    python bench/ingest.py --ingest 2 --celery 2    # the docs/scale-out.md run
+    python -m bench ingest --ranks-per-request 1    # no relay: one request per rank and batch
+    python -m bench ingest --ingest 2 --celery 2    # the docs/scale-out.md run
 
-Ingest goes through the lean ASGI route (ingest/fastpath.py), as in production; LOCKSTEP_INGEST_FASTPATH=0
-in the environment sends it through Django's full request handling instead, for comparison.
+Ingest goes through the agents' door (ingest/door.py), as in production.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +30,18 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from common import (bench_env, compile_burst, fingerprints, fresh_database, gzip_body, print_table, raw_copy,
-                    recording, setup_django, start_servers)
+from bench.common import (
+    bench_env,
+    compile_burst,
+    fingerprints,
+    fresh_database,
+    gzip_body,
+    raw_copy,
+    recording,
+    setup_django,
+    start_servers,
+)
+from bench.results import report
 
 PENDING_GRAD = 'lockstep_slots_pending{kind="grad"}'
 MLFLOW_ANCHOR = "MLflow tracking server log_batch: 1.6k-3.3k points/s on this kind of machine"
@@ -66,25 +76,42 @@ def build(args, recorded: list[dict]) -> tuple[list[Request], list[Request], dic
         rows = [fingerprints(first + i, args.buckets) for i in range(args.steps_per_batch)]
         packed[b] = protocol.encode(protocol.Grads.pack(first, rows, ts=time.time())).decode()
     sessions = [str(uuid.uuid4()) for _ in range(args.ranks)]
-    burst = [Request(gzip_body({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": 0,
-                                "events": compile_burst(recorded, r)}), 0) for r in range(args.ranks)]
+    burst = [
+        Request(
+            gzip_body(
+                {"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": 0, "events": compile_burst(recorded, r)}
+            ),
+            0,
+        )
+        for r in range(args.ranks)
+    ]
     steady = []
     per = args.ranks_per_request
     for b in range(n_batches):
         first = b * args.steps_per_batch
         extra = ""
         if args.step_events:
-            extra = "," + ",".join(json.dumps(dict(step_template, step=first + i, ts=time.time()), separators=(",", ":"))
-                                   for i in range(args.steps_per_batch))
+            extra = "," + ",".join(
+                json.dumps(dict(step_template, step=first + i, ts=time.time()), separators=(",", ":"))
+                for i in range(args.steps_per_batch)
+            )
         bodies = []
         for r in range(args.ranks):
-            head = json.dumps({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": b + 1}, separators=(",", ":"))
+            head = json.dumps(
+                {"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": b + 1}, separators=(",", ":")
+            )
             bodies.append((head[:-1] + ',"events":[' + packed[b] + extra + "]}").encode())
         if per == 1:
             steady += [Request(gzip_body(body), args.steps_per_batch) for body in bodies]
         else:  # what a node relay (agents/relay.py) sends: its ranks' batches, byte for byte, in one bulk body
-            steady += [Request(gzip_body(protocol.bulk_body(bodies[i:i + per])), args.steps_per_batch * len(bodies[i:i + per]),
-                               "/api/v1/ingest/bulk") for i in range(0, len(bodies), per)]
+            steady += [
+                Request(
+                    gzip_body(protocol.bulk_body(bodies[i : i + per])),
+                    args.steps_per_batch * len(bodies[i : i + per]),
+                    "/api/v1/ingest/bulk",
+                )
+                for i in range(0, len(bodies), per)
+            ]
     return burst, steady, {"run": run["key"], "packed": packed}
 
 
@@ -147,19 +174,25 @@ def drain_time(url: str, timeout: float = 120) -> float | None:
     return None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=1024, help="steady steps per rank (the clock runs for several seconds)")
+    parser.add_argument(
+        "--steps", type=int, default=1024, help="steady steps per rank (the clock runs for several seconds)"
+    )
     parser.add_argument("--steps-per-batch", type=int, default=256)
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--ingest", type=int, default=2, help="ASGI worker processes")
     parser.add_argument("--celery", type=int, default=0, help="Celery worker processes settling slots meanwhile")
     parser.add_argument("--connections", type=int, default=8)
-    parser.add_argument("--ranks-per-request", type=int, default=8,
-                        help="batches of this many ranks per request, as a node relay sends them (bulk endpoint; 1: each rank posts its own)")
+    parser.add_argument(
+        "--ranks-per-request",
+        type=int,
+        default=8,
+        help="batches of this many ranks per request, as a node relay sends them (bulk endpoint; 1: each rank posts its own)",
+    )
     parser.add_argument("--step-events", action="store_true", help="also send the recorded per-step `step` event")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     env = bench_env()
     fresh_database(env)
@@ -179,42 +212,74 @@ def main() -> None:
         drained = drain_time(servers.url) if args.celery else None
     finally:
         servers.stop()
-    from ingest.models import GradReport
+    from dashboard.evidence.models import GradReport
 
     stored_rows = GradReport.objects.filter(run__key=built["run"]).count()
     _, rows, copy_s = raw_copy(built["packed"], args.ranks, built["run"])
-    shared_steps, shared_rows, shared_s = (raw_copy(built["packed"], args.ranks, built["run"], args.ranks_per_request)
-                                           if args.ranks_per_request > 1 else (rows, rows, copy_s))
+    shared_steps, shared_rows, shared_s = (
+        raw_copy(built["packed"], args.ranks, built["run"], args.ranks_per_request)
+        if args.ranks_per_request > 1
+        else (rows, rows, copy_s)
+    )
     http_rate, copy_rate, shared_rate = tally.rank_steps / elapsed, rows / copy_s, shared_steps / shared_s
     failures = burst_tally.failures + tally.failures
-    print_table(
+    report(
+        f"ingest ({args.ranks_per_request} rank(s) per request)",
+        argv,
         f"ingest bench: {args.ranks} ranks x {args.steps} steps, {args.buckets} buckets, {args.steps_per_batch} steps/batch,"
         f" {args.ingest} ingest processes, {args.celery} Celery workers, {args.connections} connections,"
         f" {args.ranks_per_request} rank(s) per request",
         [
-            ("compile burst", f"{burst_s:.2f} s", f"{len(burst)} batches, {burst_tally.sent - len(burst_tally.failures)} accepted"),
-            ("P1 grad events/s over HTTP", f"{http_rate:,.0f}", f"{tally.rank_steps:,} rank-steps in {elapsed:.2f} s (target >= 200,000)"),
+            (
+                "compile burst",
+                f"{burst_s:.2f} s",
+                f"{len(burst)} batches, {burst_tally.sent - len(burst_tally.failures)} accepted",
+            ),
+            (
+                "P1 grad events/s over HTTP",
+                f"{http_rate:,.0f}",
+                f"{tally.rank_steps:,} rank-steps in {elapsed:.2f} s (target >= 200,000)",
+            ),
             ("raw binary COPY rows/s", f"{copy_rate:,.0f}", f"{rows:,} same events, a row each, one COPY, same table"),
             ("P1 HTTP / raw COPY", f"{http_rate / copy_rate:.2f}x", "target >= 0.5x"),
-            ("grad rows stored per rank-step", f"{stored_rows / max(tally.rank_steps, 1):.3f}",
-             f"{stored_rows:,} rows: agreeing ranks of one request share a row"),
-            ("raw COPY of rows as stored", f"{shared_rate:,.0f}",
-             f"rank-steps/s: {shared_rows:,} rows as ingest shares them, one COPY (HTTP at {http_rate / shared_rate:.2f}x)"),
-            ("server CPU per request", f"{1000 * cpu_used / max(len(steady), 1):.2f} ms",
-             f"uvicorn processes, user + system, {len(steady):,} requests (steadier than the clock on a loaded machine)"),
-            ("P7 wire bytes per rank-step", f"{tally.wire_bytes / max(tally.rank_steps, 1):.1f}",
-             "gzip body + HTTP request headers (target <= 200)"),
+            (
+                "grad rows stored per rank-step",
+                f"{stored_rows / max(tally.rank_steps, 1):.3f}",
+                f"{stored_rows:,} rows: agreeing ranks of one request share a row",
+            ),
+            (
+                "raw COPY of rows as stored",
+                f"{shared_rate:,.0f}",
+                f"rank-steps/s: {shared_rows:,} rows as ingest shares them, one COPY (HTTP at {http_rate / shared_rate:.2f}x)",
+            ),
+            (
+                "server CPU per request",
+                f"{1000 * cpu_used / max(len(steady), 1):.2f} ms",
+                f"uvicorn processes, user + system, {len(steady):,} requests (steadier than the clock on a loaded machine)",
+            ),
+            (
+                "P7 wire bytes per rank-step",
+                f"{tally.wire_bytes / max(tally.rank_steps, 1):.1f}",
+                "gzip body + HTTP request headers (target <= 200)",
+            ),
             ("failed requests", str(len(failures)), failures[0] if failures else ""),
             ("slots pending at end", f"{after.get(PENDING_GRAD, 0):.0f}", "grad slots not yet settled"),
             ("settle queue depth at end", f"{after.get('lockstep_settle_queue_depth', 0):.0f}", "Celery tasks waiting"),
-            ("all grad slots settled", "-" if drained is None else f"{drained:.2f} s",
-             "after the last batch was accepted (detection keeping up: about one batch wave)"),
+            (
+                "all grad slots settled",
+                "-" if drained is None else f"{drained:.2f} s",
+                "after the last batch was accepted (detection keeping up: about one batch wave)",
+            ),
             ("anchor", "1.6k-3.3k/s", MLFLOW_ANCHOR),
-            ("load average (1 min)", f"{load_before:.1f} -> {load_after:.1f}",
-             f"{os.cpu_count()} CPUs shared by client, server, PostgreSQL (and whatever else runs)"),
+            (
+                "load average (1 min)",
+                f"{load_before:.1f} -> {load_after:.1f}",
+                f"{os.cpu_count()} CPUs shared by client, server, PostgreSQL (and whatever else runs)",
+            ),
         ],
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

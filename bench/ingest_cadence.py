@@ -19,10 +19,11 @@ measured with indexes it does not have, or without those it needs); the variants
 A B B A per repetition, so a load that drifts over the run favours neither. Every cell is a fresh
 run whose ranks have sent one untimed batch first.
 
-    python bench/ingest_cadence.py                                   # this tree
-    python bench/ingest_cadence.py --server today=/tmp/before --server new=. --repeat 2
-    python bench/ingest_cadence.py --sizes 256 --modes relay         # the upper bound row
+    python -m bench ingest_cadence                                   # this tree
+    python -m bench ingest_cadence --server today=/tmp/before --server new=. --repeat 2
+    python -m bench ingest_cadence --sizes 256 --modes relay         # the upper bound row
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,8 @@ try:
 except ImportError:
     uvloop = None
 
-from common import (ROOT, bench_env, fingerprints, fresh_database, gzip_body, print_table, raw_copy, setup_django,
-                    start_servers)
+from bench.common import ROOT, bench_env, fingerprints, fresh_database, gzip_body, raw_copy, setup_django, start_servers
+from bench.results import report
 
 RELAY_RANKS = 8  # ranks per node, per bulk request
 
@@ -62,13 +63,22 @@ def cell_requests(ranks: int, steps_per_batch: int, per: int, waves: int, bucket
         packed = protocol.encode(protocol.Grads.pack(first, rows, ts=time.time())).decode()
         bodies = []
         for r in range(ranks):
-            head = json.dumps({"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": wave}, separators=(",", ":"))
+            head = json.dumps(
+                {"v": 1, "run": run, "rank": r, "session": sessions[r], "seq": wave}, separators=(",", ":")
+            )
             bodies.append((head[:-1] + ',"events":[' + packed + "]}").encode())
         if per == 1:
             requests = [("/api/v1/ingest", gzip_body(b), steps_per_batch, r) for r, b in enumerate(bodies)]
         else:
-            requests = [("/api/v1/ingest/bulk", gzip_body(protocol.bulk_body(bodies[i:i + per])), steps_per_batch * per, i // per)
-                        for i in range(0, ranks, per)]
+            requests = [
+                (
+                    "/api/v1/ingest/bulk",
+                    gzip_body(protocol.bulk_body(bodies[i : i + per])),
+                    steps_per_batch * per,
+                    i // per,
+                )
+                for i in range(0, ranks, per)
+            ]
         out.append((requests, steps_per_batch * ranks))
     return out
 
@@ -79,11 +89,15 @@ def _client(url: str, token: str, requests: list, connections: int, clients: int
     built before the clock starts: a thread per connection with http.client cost more CPU per request
     than the server it measured, on the same two cores."""
     host, port = url.removeprefix("http://").split(":")
-    head = ("POST {path} HTTP/1.1\r\nHost: " + f"{host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-            "Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {length}\r\n\r\n")
+    head = (
+        "POST {path} HTTP/1.1\r\nHost: " + f"{host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {length}\r\n\r\n"
+    )
     queues: dict[int, list] = {}
     for path, body, rank_steps, sender in reversed(requests):
-        queues.setdefault(sender // clients % connections, []).append((head.format(path=path, length=len(body)).encode() + body, rank_steps))
+        queues.setdefault(sender // clients % connections, []).append(
+            (head.format(path=path, length=len(body)).encode() + body, rank_steps)
+        )
     tally = {"ok": 0, "rank_steps": 0, "failures": []}
 
     async def connection(todo: list) -> None:
@@ -127,23 +141,36 @@ def send(url: str, token: str, requests: list, clients: int, connections: int) -
     """Send `requests` from `clients` processes (each `connections` connections); (tally, wall seconds)."""
     ctx = multiprocessing.get_context("fork")
     go, results = ctx.Event(), ctx.Queue()
-    shares = [[r for r in requests if r[3] % clients == i] for i in range(clients)]  # a sender's requests stay in wave order
-    procs = [ctx.Process(target=_client, args=(url, token, share, connections, clients, go, results)) for share in shares]
+    shares = [
+        [r for r in requests if r[3] % clients == i] for i in range(clients)
+    ]  # a sender's requests stay in wave order
+    procs = [
+        ctx.Process(target=_client, args=(url, token, share, connections, clients, go, results)) for share in shares
+    ]
     for p in procs:
         p.start()
     go.set()
     answers = [results.get() for _ in procs]
     for p in procs:
         p.join()
-    total = {"ok": sum(a[2]["ok"] for a in answers), "rank_steps": sum(a[2]["rank_steps"] for a in answers),
-             "failures": [f for a in answers for f in a[2]["failures"]]}
+    total = {
+        "ok": sum(a[2]["ok"] for a in answers),
+        "rank_steps": sum(a[2]["rank_steps"] for a in answers),
+        "failures": [f for a in answers for f in a[2]["failures"]],
+    }
     return total, max(a[1] for a in answers) - min(a[0] for a in answers)
 
 
 def _token(env: dict, root: Path) -> str:
     """A project token in the database of the tree at `root`, made by that tree (`manage.py createtoken`)."""
-    out = subprocess.run([sys.executable, "manage.py", "createtoken", "bench"], cwd=root, env=dict(env, PYTHONPATH=str(root)),
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "manage.py", "createtoken", "bench"],
+        cwd=root,
+        env=dict(env, PYTHONPATH=str(root)),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.strip().splitlines()[-1]
 
 
@@ -151,27 +178,44 @@ def anchor(ranks: int, buckets: int, steps: int = 64) -> float:
     """Rows/s of one binary COPY of `steps` steps of every rank, a row per rank-step (`common.raw_copy`)."""
     from agents import protocol
 
-    packed = {b: protocol.encode(protocol.Grads.pack(8 * b, [fingerprints(8 * b + i, buckets) for i in range(8)], ts=time.time()))
-              for b in range(steps // 8)}
+    packed = {
+        b: protocol.encode(
+            protocol.Grads.pack(8 * b, [fingerprints(8 * b + i, buckets) for i in range(8)], ts=time.time())
+        )
+        for b in range(steps // 8)
+    }
     _, rows, seconds = raw_copy(packed, ranks, f"anchor-{uuid.uuid4().hex[:8]}")
     return rows / seconds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--sizes", default="1,2,8", help="steps per batch, comma separated")
-    parser.add_argument("--modes", default="direct,relay", help="direct (one rank per request) and/or relay (8 per request)")
-    parser.add_argument("--requests", type=int, default=3072, help="timed requests per direct cell (relay cells: a third)")
+    parser.add_argument(
+        "--modes", default="direct,relay", help="direct (one rank per request) and/or relay (8 per request)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=3072, help="timed requests per direct cell (relay cells: a third)"
+    )
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes per server")
     parser.add_argument("--clients", type=int, default=2, help="client processes")
-    parser.add_argument("--connections", type=int, default=128,
-                        help="connections per client process (a 1024-rank job opens one per agent: 1024)")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=128,
+        help="connections per client process (a 1024-rank job opens one per agent: 1024)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="repetitions (each A B B A over the servers)")
-    parser.add_argument("--server", action="append", default=[], metavar="LABEL=PATH",
-                        help="a source tree to run the ingest processes from (default: this one)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="a source tree to run the ingest processes from (default: this one)",
+    )
+    args = parser.parse_args(argv)
     servers_of = [tuple(s.split("=", 1)) for s in args.server] or [("this tree", str(ROOT))]
 
     env = bench_env()
@@ -193,7 +237,7 @@ def main() -> None:
     anchors = [anchor(args.ranks, args.buckets)]
     loads = [os.getloadavg()[0]]
     try:
-        for rep in range(args.repeat):
+        for _ in range(args.repeat):
             order = [label for label, _ in servers_of]
             order = order + order[::-1] if len(order) > 1 else order
             for size in sizes:
@@ -213,10 +257,14 @@ def main() -> None:
                         cpu = servers.ingest_cpu_seconds() - cpu
                         failed = len(tally["failures"]) + len(warm["failures"])
                         results.setdefault((size, mode, label), []).append(
-                            (tally["rank_steps"] / wall, tally["ok"] / wall, 1000 * cpu / len(timed), failed))
-                        print(f"{label}, {size} step(s)/batch, {mode}: {tally['rank_steps'] / wall:,.0f} rank-steps/s,"
-                              f" {tally['ok'] / wall:,.0f} requests/s, {failed} failed"
-                              + (f", e.g. {(warm['failures'] + tally['failures'])[0]}" if failed else ""), flush=True)
+                            (tally["rank_steps"] / wall, tally["ok"] / wall, 1000 * cpu / len(timed), failed)
+                        )
+                        print(
+                            f"{label}, {size} step(s)/batch, {mode}: {tally['rank_steps'] / wall:,.0f} rank-steps/s,"
+                            f" {tally['ok'] / wall:,.0f} requests/s, {failed} failed"
+                            + (f", e.g. {(warm['failures'] + tally['failures'])[0]}" if failed else ""),
+                            flush=True,
+                        )
                         loads.append(os.getloadavg()[0])
     finally:
         for servers in started.values():
@@ -229,19 +277,39 @@ def main() -> None:
             for label, _ in servers_of:
                 got = results[(size, mode, label)]
                 steps_s = [g[0] for g in got]
-                rows.append((f"{size} step(s)/batch, {mode}, {label}",
-                             f"{statistics.median(steps_s):,.0f}",
-                             f"rank-steps/s (runs {' / '.join(f'{s:,.0f}' for s in steps_s)});"
-                             f" {statistics.median(g[1] for g in got):,.0f} requests/s;"
-                             f" {statistics.median(g[2] for g in got):.2f} ms server CPU/request;"
-                             f" {statistics.median(steps_s) / copy_rate:.3f}x COPY; failed {sum(g[3] for g in got)}"))
-    rows.append(("raw binary COPY rows/s", f"{copy_rate:,.0f}",
-                 f"same events, a row per rank-step, one COPY, same table (before / after: {anchors[0]:,.0f} / {anchors[1]:,.0f})"))
-    rows.append(("load average (1 min)", f"{min(loads):.1f}-{max(loads):.1f}",
-                 f"{os.cpu_count()} CPUs shared by clients, servers, PostgreSQL (and whatever else runs)"))
-    print_table(f"ingest at real cadence: {args.ranks} ranks, {args.buckets} buckets, {args.ingest} ingest processes per server,"
-                f" {args.clients}x{args.connections} connections, {args.repeat} repetition(s)", rows)
+                rows.append(
+                    (
+                        f"{size} step(s)/batch, {mode}, {label}",
+                        f"{statistics.median(steps_s):,.0f}",
+                        f"rank-steps/s (runs {' / '.join(f'{s:,.0f}' for s in steps_s)});"
+                        f" {statistics.median(g[1] for g in got):,.0f} requests/s;"
+                        f" {statistics.median(g[2] for g in got):.2f} ms server CPU/request;"
+                        f" {statistics.median(steps_s) / copy_rate:.3f}x COPY; failed {sum(g[3] for g in got)}",
+                    )
+                )
+    rows.append(
+        (
+            "raw binary COPY rows/s",
+            f"{copy_rate:,.0f}",
+            f"same events, a row per rank-step, one COPY, same table (before / after: {anchors[0]:,.0f} / {anchors[1]:,.0f})",
+        )
+    )
+    rows.append(
+        (
+            "load average (1 min)",
+            f"{min(loads):.1f}-{max(loads):.1f}",
+            f"{os.cpu_count()} CPUs shared by clients, servers, PostgreSQL (and whatever else runs)",
+        )
+    )
+    report(
+        "ingest_cadence",
+        argv,
+        f"ingest at real cadence: {args.ranks} ranks, {args.buckets} buckets, {args.ingest} ingest processes per server,"
+        f" {args.clients}x{args.connections} connections, {args.repeat} repetition(s)",
+        rows,
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

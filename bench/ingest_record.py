@@ -1,9 +1,10 @@
 """Record what the real agent sends: a small torch.compile CPU training job, offline spool.
 
-`python bench/ingest_record.py` writes bench/data/agent-events.json (committed), which
+`python -m bench ingest_record` writes bench/data/agent-events.json (committed), which
 bench/ingest.py replays as the template of every simulated rank: the recorded compile burst
 (compile, graph_break, rank_start events) and the recorded steady per-step events.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,8 @@ import json
 import os
 import tempfile
 from pathlib import Path
+
+from bench.results import markdown, record, rerun
 
 OUT = Path(__file__).resolve().parent / "data" / "agent-events.json"
 
@@ -42,10 +45,10 @@ def read_spool(spool: str) -> list[dict]:
     return events
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=40)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as spool:
         train(args.steps, spool)
         events = read_spool(spool)
@@ -55,7 +58,14 @@ def main() -> None:
     for e in events:
         kinds[e["t"]] = kinds.get(e["t"], 0) + 1
     print(f"wrote {OUT}: {kinds}")
+    record(
+        "ingest_record",
+        markdown(("event type", "events"), sorted(kinds.items())),
+        rerun("ingest_record", argv),
+        f"The agent's events of a {args.steps}-step compiled CPU job, recorded into bench/data/agent-events.json.",
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

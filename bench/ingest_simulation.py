@@ -15,9 +15,10 @@ rate), the flush intervals the agents ended with, and the added detection latenc
 when the server had accepted the last rank's report of it (the moment its grad slot can be
 settled) after the step ended, over the second half of the run (percentiles of the steps).
 
-    python bench/ingest_simulation.py                                  # 1024, 4096, 16384 ranks, direct
-    python bench/ingest_simulation.py --ranks 16384 --ranks-per-request 8 --seconds 60
+    python -m bench ingest_simulation                                  # 1024, 4096, 16384 ranks, direct
+    python -m bench ingest_simulation --ranks 16384 --ranks-per-request 8 --seconds 60
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from common import bench_env, fingerprints, fresh_database, gzip_body, print_table, setup_django, start_servers
+from bench.common import bench_env, fingerprints, fresh_database, gzip_body, setup_django, start_servers
+from bench.results import report
 
 HTTP_TIMEOUT = 10.0  # agents.transport.HTTP_TIMEOUT
 BACKOFF_BASE, BACKOFF_MAX = 0.25, 10.0  # agents.transport's
@@ -67,8 +69,10 @@ class Simulation:
         self.port = int(port)
         self.run = {"key": f"sim-{ranks}-{uuid.uuid4().hex[:8]}", "world_size": ranks, "name": "simulated job"}
         per = args.ranks_per_request
-        self.senders = [Sender(list(range(r, min(r + per, ranks))), [str(uuid.uuid4()) for _ in range(min(per, ranks - r))])
-                        for r in range(0, ranks, per)]
+        self.senders = [
+            Sender(list(range(r, min(r + per, ranks))), [str(uuid.uuid4()) for _ in range(min(per, ranks - r))])
+            for r in range(0, ranks, per)
+        ]
         self.tally = Tally()
         self.pool: asyncio.Queue = asyncio.Queue()
         self.packed: dict[tuple[int, int], str] = {}  # every rank reports the same fingerprints for a step
@@ -84,11 +88,14 @@ class Simulation:
         packed = self.packed.get((first, last))
         if packed is None:
             rows = [fingerprints(s, self.args.buckets) for s in range(first, last + 1)]
-            packed = self.packed[first, last] = protocol.encode(protocol.Grads.pack(first, rows, ts=time.time())).decode()
+            packed = self.packed[first, last] = protocol.encode(
+                protocol.Grads.pack(first, rows, ts=time.time())
+            ).decode()
         bodies = []
         for rank, session in zip(sender.ranks, sender.sessions):
-            head = json.dumps({"v": 1, "run": self.run, "rank": rank, "session": session, "seq": sender.seq},
-                              separators=(",", ":"))
+            head = json.dumps(
+                {"v": 1, "run": self.run, "rank": rank, "session": session, "seq": sender.seq}, separators=(",", ":")
+            )
             bodies.append((head[:-1] + ',"events":[' + packed + "]}").encode())
         sender.seq += 1
         return gzip_body(bodies[0] if len(bodies) == 1 else protocol.bulk_body(bodies))
@@ -100,13 +107,17 @@ class Simulation:
                 conn = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), HTTP_TIMEOUT)
             reader, writer = conn
             path = "/api/v1/ingest" if self.args.ranks_per_request == 1 else "/api/v1/ingest/bulk"
-            writer.write((f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
-                          f"Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n")
-                         .encode() + body)
+            writer.write(
+                (
+                    f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
+                    f"Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
             status, headers, payload = await asyncio.wait_for(_response(reader), HTTP_TIMEOUT)
             self.pool.put_nowait(conn)
             return status, headers, payload
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):  # a torn answer too
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):  # a torn answer too
             if conn is not None:
                 conn[1].close()
             self.pool.put_nowait(None)
@@ -133,7 +144,11 @@ class Simulation:
                     self.tally.refused[status or "timeout"] = self.tally.refused.get(status or "timeout", 0) + 1
                     sender.failures += 1
                     retry = headers.get("retry-after")
-                    delay = float(retry) if retry else min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (sender.failures - 1)) * random.uniform(0.5, 1)
+                    delay = (
+                        float(retry)
+                        if retry
+                        else min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (sender.failures - 1)) * random.uniform(0.5, 1)
+                    )
                     sender.not_before = time.time() + delay
             interval = sender.interval
             wait = interval - time.time() % interval
@@ -161,19 +176,24 @@ class Simulation:
     def report(self, seconds: float) -> tuple[str, str, str]:
         t = self.tally
         made = (self.step_now(self.t0 + seconds) + 1) * self.ranks
-        late = [got[1] - (self.t0 + (step + 1) * self.args.step_time)
-                for step, got in sorted(t.acked.items()) if got[0] >= self.ranks and step * self.args.step_time >= seconds / 2]
+        late = [
+            got[1] - (self.t0 + (step + 1) * self.args.step_time)
+            for step, got in sorted(t.acked.items())
+            if got[0] >= self.ranks and step * self.args.step_time >= seconds / 2
+        ]
         refused = sum(t.refused.values())
         intervals = sorted(s.interval for s in self.senders)
         q = statistics.quantiles(late, n=100) if len(late) >= 2 else [float("nan")] * 99
         form = "direct" if self.args.ranks_per_request == 1 else f"{self.args.ranks_per_request} ranks/request"
-        return (f"{self.ranks:,} ranks, {form}",
-                f"{t.rank_steps / seconds:,.0f}",
-                f"rank-steps/s accepted of {made / seconds:,.0f} made; {(t.ok + refused) / seconds:,.0f} requests/s;"
-                f" retried {refused / max(t.ok + refused, 1):.1%} ({', '.join(f'{k}: {v}' for k, v in sorted(t.refused.items(), key=str)) or 'none'});"
-                f" flush interval at end {intervals[0]:g}-{intervals[-1]:g} s (median {statistics.median(intervals):g});"
-                f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
-                f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete)")
+        return (
+            f"{self.ranks:,} ranks, {form}",
+            f"{t.rank_steps / seconds:,.0f}",
+            f"rank-steps/s accepted of {made / seconds:,.0f} made; {(t.ok + refused) / seconds:,.0f} requests/s;"
+            f" retried {refused / max(t.ok + refused, 1):.1%} ({', '.join(f'{k}: {v}' for k, v in sorted(t.refused.items(), key=str)) or 'none'});"
+            f" flush interval at end {intervals[0]:g}-{intervals[-1]:g} s (median {statistics.median(intervals):g});"
+            f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
+            f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete)",
+        )
 
 
 async def _response(reader) -> tuple[int, dict, bytes]:
@@ -184,17 +204,23 @@ async def _response(reader) -> tuple[int, dict, bytes]:
     return status, headers, await reader.readexactly(int(headers.get("content-length", "0")))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="1024,4096,16384", help="job sizes, comma separated")
     parser.add_argument("--seconds", type=float, default=40.0, help="how long each job runs")
-    parser.add_argument("--step-time", type=float, default=0.25, help="seconds per training step (2 steps per 0.5 s flush)")
+    parser.add_argument(
+        "--step-time", type=float, default=0.25, help="seconds per training step (2 steps per 0.5 s flush)"
+    )
     parser.add_argument("--ranks-per-request", type=int, default=1, help="8: node relays")
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes")
-    parser.add_argument("--connections", type=int, default=0,
-                        help="client connections the agents share (0: one each, as real agents have: the queue forms in the server)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=0,
+        help="client connections the agents share (0: one each, as real agents have: the queue forms in the server)",
+    )
+    args = parser.parse_args(argv)
 
     env = bench_env()
     fresh_database(env)
@@ -213,12 +239,23 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
     finally:
         servers.stop()
-    rows.append(("load average (1 min)", f"{min(loads):.1f}-{max(loads):.1f}",
-                 f"{os.cpu_count()} CPUs shared by the simulated agents, the servers, PostgreSQL (and whatever else runs)"))
+    rows.append(
+        (
+            "load average (1 min)",
+            f"{min(loads):.1f}-{max(loads):.1f}",
+            f"{os.cpu_count()} CPUs shared by the simulated agents, the servers, PostgreSQL (and whatever else runs)",
+        )
+    )
     conns = f"{args.connections} client connections" if args.connections else "one client connection per agent"
-    print_table(f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
-                f" {conns}, {args.buckets} buckets", rows)
+    report(
+        f"ingest_simulation ({args.ranks_per_request} rank(s) per request)",
+        argv,
+        f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
+        f" {conns}, {args.buckets} buckets",
+        rows,
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -7,32 +7,42 @@ divides its size by the rank-steps. What remains is O(slots) (settled slots: con
 dissenters) plus O(ranks) (rank rows, watermarks), which the table separates. Sizes are growth
 over the same tables freshly migrated (empty relations and indexes have fixed pages).
 
-    python bench/ingest_storage.py [--ranks 1024 --steps 128]
+    python -m bench ingest_storage [--ranks 1024 --steps 128]
 """
+
 from __future__ import annotations
 
 import argparse
 import time
 import uuid
 
-from common import bench_env, compile_burst, fingerprints, fresh_database, print_table, recording, setup_django
+from bench.common import bench_env, compile_burst, fingerprints, fresh_database, recording, setup_django
+from bench.results import report
 
 LONG_TERM = {
-    "O(slots)": ("dashboard_gradslot", "dashboard_compileslot", "dashboard_alert", "ingest_blob", "ingest_ingestbatch"),
-    "O(ranks)": ("ingest_rank", "ingest_gradwatermark", "ingest_run"),
+    "O(slots)": (
+        "ledger_gradslot",
+        "ledger_compileslot",
+        "detection_alert",
+        "evidence_blob",
+        "evidence_ingestbatch",
+    ),
+    "O(ranks)": ("tenancy_rank", "ledger_gradwatermark", "tenancy_run"),
 }
 
 
 def ingest(ranks: int, steps: int, per_batch: int, buckets: int) -> None:
     from agents import protocol
-    from ingest import validation, writers
     from dashboard.tenancy.models import Project
+    from ingest import validation, writers
 
     project = Project.objects.create(name="storage-bench")
     run = protocol.RunInfo(key=f"storage-{uuid.uuid4().hex[:8]}", world_size=ranks)
     burst = [protocol.msgspec.convert(e, protocol.AnyEvent) for e in compile_burst(recording(), 0)]
-    packed = [protocol.Grads.pack(first, [fingerprints(first + i, buckets) for i in range(per_batch)])
-              for first in range(0, steps, per_batch)]
+    packed = [
+        protocol.Grads.pack(first, [fingerprints(first + i, buckets) for i in range(per_batch)])
+        for first in range(0, steps, per_batch)
+    ]
     for rank in range(ranks):
         session = str(uuid.uuid4())
         for seq, events in enumerate([burst] + [[g] for g in packed]):
@@ -63,18 +73,18 @@ def sizes() -> dict[str, int]:
         return dict(cur.fetchall())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--steps-per-batch", type=int, default=64)
     parser.add_argument("--buckets", type=int, default=16)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     env = bench_env("lockstep_bench_storage")
     fresh_database(env)
     setup_django(env)
-    from ingest import retention
-    from ingest.models import GradReport
+    from dashboard.evidence import retention
+    from dashboard.evidence.models import GradReport
 
     empty = sizes()  # every table and index has fixed pages even when empty: not per rank-step
 
@@ -91,15 +101,24 @@ def main() -> None:
     rows += [
         ("raw grad rows before retention", f"{raw_rows:,}", f"{len(pruned.partitions)} partitions dropped"),
         ("grad slots settled", f"{slots:,}", f"{time.perf_counter() - started:.0f} s for the whole run"),
-        ("P5 bytes per rank-step, this run", f"{sum(per_group.values()) / rank_steps:.2f}",
-         f"{args.ranks} ranks x {args.steps} steps (target <= 8)"),
+        (
+            "P5 bytes per rank-step, this run",
+            f"{sum(per_group.values()) / rank_steps:.2f}",
+            f"{args.ranks} ranks x {args.steps} steps (target <= 8)",
+        ),
         ("  of which O(slots)", f"{per_group['O(slots)'] / rank_steps:.2f}", "grows with steps"),
         ("  of which O(ranks)", f"{per_group['O(ranks)'] / rank_steps:.2f}", "fixed per rank, shrinks with steps"),
         ("P5 at 10k steps (extrapolated)", f"{at_10k:.2f}", "O(slots) per rank-step + O(ranks) / 10k steps"),
         ("anchor", "~1 KB", "one row per rank-bucket-step"),
     ]
-    print_table(f"storage bench: {args.ranks} ranks, {args.steps} steps, {args.buckets} buckets, all ranks agree", rows)
+    report(
+        "ingest_storage",
+        argv,
+        f"storage bench: {args.ranks} ranks, {args.steps} steps, {args.buckets} buckets, all ranks agree",
+        rows,
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """/metrics scrape time with active 1024-rank runs (issue 18, item 4: the scrape must stay cheap).
 
-    . .venv/bin/activate && python -m bench.metrics [--runs 20] [--ranks 1024] [--steps 1000] [-n 15]
+    python -m bench metrics [--runs 20] [--ranks 1024] [--steps 1000] [-n 15]
 
 Fills its own database (`lockstep_bench_metrics`, kept between invocations; runs of other sizes are
 dropped) with `--runs` active runs built as bench/pages.py builds its big run (every rank with rank_start info, 24 compiles and 4 graph breaks per rank,
@@ -9,6 +9,7 @@ prometheus_client rendering, every query of ingest's and detection's collectors)
 collector alone: median and p90 of N calls after one warm-up. The runs default to LOCKSTEP_METRICS_RUNS, so every run gets
 its per-run series.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ import time
 
 from bench import pages
 from bench.common import configure_in_process, timed_get
+from bench.results import markdown, record, rerun
 
 BENCH_DB = "lockstep_bench_metrics"
 
@@ -34,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     from django.utils import timezone
 
     from dashboard.detection.metrics import HealthCollector
+    from dashboard.evidence.models import CompileEvent
     from dashboard.tenancy.models import Rank, Run
-    from ingest.models import CompileEvent
 
     keys = [f"metrics-{args.ranks}-{i}" for i in range(args.runs)]
     Run.objects.filter(project__name="bench").exclude(key__in=keys).delete()
@@ -51,12 +53,22 @@ def main(argv: list[str] | None = None) -> int:
     health = sorted(_timed(lambda: list(HealthCollector().collect()), args.n))
     body = client.get("/metrics").content.decode()
     series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
-    print(f"/metrics with {args.runs} active runs of {args.ranks} ranks ({CompileEvent.objects.count():,} compile events, "
-          f"{series} series, {len(body):,} bytes), ms, n={args.n}")
+    print(
+        f"/metrics with {args.runs} active runs of {args.ranks} ranks ({CompileEvent.objects.count():,} compile events, "
+        f"{series} series, {len(body):,} bytes), ms, n={args.n}"
+    )
     print(f"{'part':<28}{'median':>10}{'p90':>10}{'max':>10}")
+    table = []
     for name, samples in (("GET /metrics (all of it)", scrape), ("detection health collector", health)):
         p90 = samples[min(len(samples) - 1, int(len(samples) * 0.9))]
         print(f"{name:<28}{statistics.median(samples):>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}")
+        table.append((name, f"{statistics.median(samples):.1f}", f"{p90:.1f}", f"{samples[-1]:.1f}"))
+    record(
+        "metrics",
+        markdown(("part", "median ms", "p90 ms", "max ms"), table),
+        rerun("metrics", argv),
+        f"/metrics with {args.runs} active runs of {args.ranks} ranks ({series} series, {len(body):,} bytes), n={args.n}.",
+    )
     return 0
 
 
@@ -71,4 +83,4 @@ def _timed(call, n: int) -> list[float]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

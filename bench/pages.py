@@ -1,6 +1,6 @@
 """P6: run page and timeline API server time for one run of 1024 ranks x 10k steps (target <= 300 ms).
 
-    . .venv/bin/activate && python -m bench.pages [--ranks 1024] [--steps 10000] [--rebuild] [--no-raw] [--screenshot PNG]
+    python -m bench pages [--ranks 1024] [--steps 10000] [--rebuild] [--no-raw] [--screenshot PNG]
 
 Uses its own database (`lockstep_bench_pages` on the DATABASE_URL server, default the local
 PostgreSQL), fills it once with SQL (generate_series), then times the Django views in-process
@@ -9,6 +9,7 @@ one warm-up. The run is realistic in size: every rank has rank_start info, 10k g
 (rank 517 dissents from step 7000; scattered one-step dissent), 24 compiles and 4 graph breaks
 per rank, and (unless --no-raw) 10M step reports the pages must not scan.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,10 +17,9 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import configure_in_process, timed_get  # noqa: E402
+from bench.common import configure_in_process, timed_get
+from bench.results import markdown, record, rerun
 
 BENCH_DB = "lockstep_bench_pages"  # own name: other benchmarks recreate lockstep_bench
 
@@ -35,42 +35,56 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
 
     project, _ = Project.objects.get_or_create(name="bench")
     Run.objects.filter(key=key).delete()
-    run = Run.objects.create(project=project, key=key, name=f"bench {ranks}x{steps}", world_size=ranks,
-                             torch_version="2.13.0+cpu", last_step=steps - 1)
+    run = Run.objects.create(
+        project=project,
+        key=key,
+        name=f"bench {ranks}x{steps}",
+        world_size=ranks,
+        torch_version="2.13.0+cpu",
+        last_step=steps - 1,
+    )
     t0 = time.time() - 3600
     params = {"run": run.id, "ranks": ranks, "steps": steps, "t0": t0}
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
         if cur.fetchone()[0]:
-            cur.execute("SELECT lockstep_raw_partition(t, current_date) FROM unnest(ARRAY['ingest_compileevent',"
-                        " 'ingest_graphbreakevent', 'ingest_stepreport', 'ingest_gradreport', 'ingest_eventlog']) t")
+            cur.execute(
+                "SELECT lockstep_raw_partition(t, current_date) FROM unnest(ARRAY['evidence_compileevent',"
+                " 'evidence_graphbreakevent', 'evidence_stepreport', 'evidence_gradreport', 'evidence_eventlog']) t"
+            )
         cur.execute(
             """
-            INSERT INTO ingest_rank (run_id, rank, host, pid, info, status, last_step, last_seen)
+            INSERT INTO tenancy_rank (run_id, rank, host, pid, info, status, last_step, last_seen)
             SELECT %(run)s, r, 'node' || (r / 8), 1000 + r,
                    jsonb_build_object('versions', jsonb_build_object('torch', '2.13.0+cpu', 'python', '3.11.2'),
                                       'config_hash', 'cfg', 'env', jsonb_build_object('OMP_NUM_THREADS', '1')),
                    'ok', %(steps)s - 1, now()
             FROM generate_series(0, %(ranks)s - 1) r
-            """, params)
+            """,
+            params,
+        )
         cur.execute(
             """
-            INSERT INTO dashboard_gradslot (run_id, step, "group", reported, first_seen, settled_at, settled_n, dissenters, consensus)
+            INSERT INTO ledger_gradslot (run_id, step, "group", reported, first_seen, settled_at, settled_n, dissenters, consensus)
             SELECT %(run)s, s, 'ddp', %(ranks)s, now(), now(), %(ranks)s,
                    CASE WHEN s >= 7000 THEN ARRAY[517] WHEN s %% 997 = 0 THEN ARRAY[(s * 31) %% %(ranks)s] ELSE '{}'::int[] END,
                    jsonb_build_object('reference', jsonb_build_array(s, s + 1), 'tie', false)
             FROM generate_series(0, %(steps)s - 1) s
-            """, params)
+            """,
+            params,
+        )
         cur.execute(
             """
-            INSERT INTO dashboard_compileslot (run_id, frame, index, reported, first_seen, settled_at, settled_n, dissenters, consensus)
+            INSERT INTO ledger_compileslot (run_id, frame, index, reported, first_seen, settled_at, settled_n, dissenters, consensus)
             SELECT %(run)s, 'model.py:' || f || ':block' || f, i, %(ranks)s, now(), now(), %(ranks)s,
                    CASE WHEN f = 3 AND i = 1 THEN ARRAY[12, 700] ELSE '{}'::int[] END, '{"reference": "aa"}'
             FROM generate_series(0, 7) f, generate_series(0, 2) i
-            """, params)
+            """,
+            params,
+        )
         cur.execute(
             """
-            INSERT INTO ingest_compileevent (run_id, rank, frame, index, compile_id, step, status, graph_raw, graph_norm,
+            INSERT INTO evidence_compileevent (run_id, rank, frame, index, compile_id, step, status, graph_raw, graph_norm,
                                              code_raw, code_norm, compile_time, cache, detail, ts)
             SELECT %(run)s, r, 'model.py:' || f || ':block' || f, i, f || '/' || i, i * 1000, 'ok', 'aa', 'aa', 'cc', 'cc',
                    1.0 + (r %% 7) * 0.1,
@@ -78,34 +92,70 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
                    '{"counts": {"graph_op_count": 40}}'::jsonb,
                    to_timestamp(%(t0)s + f * 20 + i * 600 + (r %% 13) * 0.2)
             FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, generate_series(0, 2) i
-            """, params)
+            """,
+            params,
+        )
         cur.execute(
             """
-            INSERT INTO ingest_graphbreakevent (run_id, rank, frame, reason, step, ts)
+            INSERT INTO evidence_graphbreakevent (run_id, rank, frame, reason, step, ts)
             SELECT %(run)s, r, 'model.py:1:block1', 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
             FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b
-            """, params)
+            """,
+            params,
+        )
         if raw:
             cur.execute(
                 """
-                INSERT INTO ingest_stepreport (run_id, rank, step, loss, step_time, ts)
+                INSERT INTO evidence_stepreport (run_id, rank, step, loss, step_time, ts)
                 SELECT %(run)s, r, s, 1.0 / (s + 1), 0.2, to_timestamp(%(t0)s + s * 0.3)
                 FROM generate_series(0, %(steps)s - 1) s, generate_series(0, %(ranks)s - 1) r
-                """, params)
+                """,
+                params,
+            )
         for kind, severity, ranks, step, frame, message in (
-            ("grad_divergence", "critical", [517], 7000, None, "Gradients of rank 517 differ from the other replicas at step 7000"),
-            ("graph_divergence", "critical", [12, 700], 1000, "model.py:3:block3", "Ranks 12, 700 traced another graph for model.py:3:block3"),
-            ("cache_divergence", "warning", [0, 5, 10], 0, "model.py:0:block0", "Ranks 0, 5, 10 missed the inductor cache"),
+            (
+                "grad_divergence",
+                "critical",
+                [517],
+                7000,
+                None,
+                "Gradients of rank 517 differ from the other replicas at step 7000",
+            ),
+            (
+                "graph_divergence",
+                "critical",
+                [12, 700],
+                1000,
+                "model.py:3:block3",
+                "Ranks 12, 700 traced another graph for model.py:3:block3",
+            ),
+            (
+                "cache_divergence",
+                "warning",
+                [0, 5, 10],
+                0,
+                "model.py:0:block0",
+                "Ranks 0, 5, 10 missed the inductor cache",
+            ),
         ):
             cur.execute(
                 """
-                INSERT INTO dashboard_alert (run_id, kind, subject, severity, state, ranks, step, frame, message, details,
+                INSERT INTO detection_alert (run_id, kind, subject, severity, state, ranks, step, frame, message, details,
                                              count, first_seen, last_seen, revision, notified_revision)
                 VALUES (%s, %s, %s, %s, 'firing', %s, %s, %s, %s, '{}', 1, now(), now(), 1, 1)
-                """, [run.id, kind, f"{kind}:{step}", severity, ranks, step, frame, message])
+                """,
+                [run.id, kind, f"{kind}:{step}", severity, ranks, step, frame, message],
+            )
     with connection.cursor() as cur:
-        for table in ("ingest_rank", "dashboard_gradslot", "dashboard_compileslot", "ingest_compileevent",
-                      "ingest_graphbreakevent", "ingest_stepreport", "dashboard_alert"):
+        for table in (
+            "tenancy_rank",
+            "ledger_gradslot",
+            "ledger_compileslot",
+            "evidence_compileevent",
+            "evidence_graphbreakevent",
+            "evidence_stepreport",
+            "detection_alert",
+        ):
             cur.execute(f"ANALYZE {table}")
 
 
@@ -135,20 +185,30 @@ def main(argv: list[str] | None = None) -> int:
     client = Client()
     client.force_login(user)
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM ingest_stepreport WHERE run_id = (SELECT id FROM ingest_run WHERE key = %s)", [key])
+        cur.execute(
+            "SELECT count(*) FROM evidence_stepreport WHERE run_id = (SELECT id FROM tenancy_run WHERE key = %s)", [key]
+        )
         step_rows = cur.fetchone()[0]
     rows = [("run page", f"/runs/{key}/"), ("timeline API", f"/api/v1/runs/{key}/timeline")]
     print(f"P6 ({args.ranks} ranks x {args.steps} steps, {step_rows:,} step reports), server time in ms, n={args.n}")
     print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
-    worst = 0.0
+    worst, table = 0.0, []
     for name, url in rows:
         samples = timed_get(client, url, args.n)
         p90 = samples[min(len(samples) - 1, int(len(samples) * 0.9))]
         worst = max(worst, statistics.median(samples))
         ok = "yes" if statistics.median(samples) <= 300 else "NO"
         print(f"{name:<16}{statistics.median(samples):>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}{300:>10}  {ok}")
+        table.append((name, f"{statistics.median(samples):.1f}", f"{p90:.1f}", f"{samples[-1]:.1f}", 300, ok))
     body = client.get(f"/api/v1/runs/{key}/timeline").content
     print(f"timeline payload: {len(body) / 1024:.0f} KiB")
+    record(
+        "pages",
+        markdown(("endpoint", "median ms", "p90 ms", "max ms", "target ms", "ok"), table),
+        rerun("pages", argv),
+        f"P6: {args.ranks} ranks x {args.steps} steps ({step_rows:,} step reports), server time, n={args.n}; "
+        f"timeline payload {len(body) / 1024:.0f} KiB.",
+    )
     if args.screenshot:
         screenshot(key, client.cookies["sessionid"].value, args.screenshot)
     return 0 if worst <= 300 else 1
@@ -163,8 +223,11 @@ def screenshot(key: str, session: str, path: str) -> None:
 
     port = free_port()
     env = dict(os.environ, ALLOWED_HOSTS="127.0.0.1")
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--port", str(port),
-                               "--log-level", "warning"], env=env, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         with chromium_page(url, session) as page:

@@ -1,10 +1,11 @@
-"""ASGI entry point (`dashboard.asgi:application`): HTTP through Django, websockets through Channels.
+"""ASGI entry point (`dashboard.asgi:application`): the agents' door, then Django; websockets through Channels.
 
-The routes dashboard/urls.py marks `lean(...)` (ingest: every agent's batches) are served on the
-event loop or by Django's synchronous handler on a persistent thread pool (`ingest.fastpath`,
-`ingest.loop`, which say why); LOCKSTEP_INGEST_FASTPATH=0 serves them through Django's ASGI
-handler like every other route.
+The agents' four endpoints (ingest, bulk, blobs, flight recorder) are mounted by path and served
+on the event loop by `ingest.door`, which says why; every other path (pages, login, admin, the
+read API) goes to Django's handler, with the agents' body limit and deadline at the edge
+(`dashboard.web.edge`).
 """
+
 import gc
 import os
 import sys
@@ -17,14 +18,17 @@ django_application = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.conf import settings  # noqa: E402
 
+from dashboard.apps import bound_sessions  # noqa: E402
 from dashboard.delivery.routing import websocket_urlpatterns  # noqa: E402
-from ingest.fastpath import LeanRoutes  # noqa: E402
+from dashboard.web.edge import BodyEdge  # noqa: E402
+from ingest.door import Door  # noqa: E402
 
+bound_sessions()  # before the first connection: every lock wait and statement of this server is bounded
 application = ProtocolTypeRouter(
     {
-        "http": LeanRoutes(django_application) if settings.LOCKSTEP_INGEST_FASTPATH else django_application,
+        # one body limit and deadline for every route: the door's for its own, BodyEdge for Django's
+        "http": Door(BodyEdge(django_application)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -1,17 +1,18 @@
 """Settings from the environment.
 
-DATABASE_URL / REDIS_URL point at real servers. With neither set, real PostgreSQL and Redis are
-started embedded from pip packages under LOCKSTEP_DATA_DIR (default ./var), so a newcomer needs
-nothing but Python (DESIGN 3.4); the process says so on stderr. With only one set, it refuses to
-start: half a configuration is a mistake, never a reason to start a database. SECRET_KEY comes
+DATABASE_URL / REDIS_URL point at real servers. With neither set, they point at the embedded
+PostgreSQL and Redis of LOCKSTEP_DATA_DIR (default ./var), which `manage.py up` starts from pip
+packages, so a newcomer needs nothing but Python (docs/design.md, Development stack); importing
+these settings starts nothing. With only one set, they refuse to load: half a configuration is a
+mistake, never a reason to start a database. SECRET_KEY comes
 from the environment, else from a key generated once for the data folder: never a public value.
 There is no SQLite, in-memory channel layer or eager Celery path.
 """
+
 from __future__ import annotations
 
 import os
 import secrets
-import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
@@ -19,19 +20,13 @@ from urllib.parse import parse_qs, unquote, urlparse
 from django.core.exceptions import ImproperlyConfigured
 
 from agents import protocol
+from dashboard import metrics_folder
+from dashboard.devstack import embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-def _default_data_dir() -> Path:
-    """./var in a checkout (beside manage.py); for an installed server (`pip install .`) the user's data
-    folder, never site-packages."""
-    if (BASE_DIR / "manage.py").is_file():
-        return BASE_DIR / "var"
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "lockstep"
-
-
-DATA_DIR = Path(os.environ.get("LOCKSTEP_DATA_DIR") or _default_data_dir())
+DATA_DIR = Path(os.environ.get("LOCKSTEP_DATA_DIR") or embedded.default_data_dir(BASE_DIR))
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -64,13 +59,10 @@ def _service_urls() -> tuple[str, str]:
     if database_url and redis_url:
         return database_url, redis_url
     if database_url or redis_url:
-        raise ImproperlyConfigured("set both DATABASE_URL and REDIS_URL, or neither for the embedded development "
-                                   f"servers under {DATA_DIR}")
-    from dashboard.devstack import embedded
-
-    print(f"lockstep: DATABASE_URL and REDIS_URL are unset: embedded development PostgreSQL and Redis under "
-          f"{DATA_DIR} (set both for a deployment)", file=sys.stderr)
-    return embedded.postgres_url(DATA_DIR), embedded.redis_url(DATA_DIR)
+        raise ImproperlyConfigured(
+            f"set both DATABASE_URL and REDIS_URL, or neither for the embedded development servers under {DATA_DIR}"
+        )
+    return embedded.addresses(DATA_DIR)  # `manage.py up` starts them; here nothing starts
 
 
 def _secret_key() -> str:
@@ -101,7 +93,9 @@ LOCKSTEP_PORT = int(os.environ.get("PORT", "8000"))  # default of `manage.py up 
 
 SECRET_KEY = _secret_key()
 DEBUG = _env_bool("DEBUG", False)
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()
+]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 # A deployment that browsers reach over HTTPS sets LOCKSTEP_HTTPS=1: cookies only over TLS, and HSTS.
 # Off by default: on plain HTTP (a cluster-internal address, the development stack) secure cookies
@@ -124,8 +118,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",
     "dashboard.tenancy",
     "dashboard.ledger",
+    "dashboard.evidence",
     "ingest",
     "dashboard.detection",
     "dashboard.delivery",
@@ -144,15 +140,23 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "dashboard.web.middleware.StatementTimeout",
+    "dashboard.web.middleware.ContentSecurityPolicy",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into its 429
 ]
-# The chain of the lean routes (ingest/fastpath.py): views for agents, with a bearer token, exempt
-# from CSRF, never a session or a page. The host check (CommonMiddleware asks request.get_host())
-# and the response headers apply to them; static files, sessions, CSRF, auth and messages do not.
-LEAN_MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-]
+# Login throttling (django-axes, /login/ and /admin/ alike): after LOCKSTEP_LOGIN_FAILURES wrong passwords
+# for one user name, or from one address, every login of that user or from that address is refused
+# (429) for LOCKSTEP_LOGIN_COOLOFF minutes, the right password too. Counted in PostgreSQL: all processes share it.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = int(os.environ.get("LOCKSTEP_LOGIN_FAILURES", "5"))
+AXES_COOLOFF_TIME = float(os.environ.get("LOCKSTEP_LOGIN_COOLOFF", "15")) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: per user and per address
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Every page's Content-Security-Policy (dashboard/web/middleware.py): no inline or foreign script.
+LOCKSTEP_CSP = os.environ.get("LOCKSTEP_CSP") or (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
 
 ROOT_URLCONF = "dashboard.urls"
 ASGI_APPLICATION = "dashboard.asgi.application"
@@ -182,8 +186,12 @@ if LOCKSTEP_DB_POOL > 0:
     # reconnect_timeout: psycopg_pool retries a failed connect with doubling delays, so after an outage of
     # t seconds its next attempt could come t seconds after PostgreSQL is back, past a waiter's 10 s; giving
     # up after 2 s lets the next request's checkout connect at once (every request of an outage is a 503 anyway)
-    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": LOCKSTEP_DB_POOL, "timeout": 10,
-                                               "reconnect_timeout": 2}
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": LOCKSTEP_DB_POOL,
+        "timeout": 10,
+        "reconnect_timeout": 2,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = {
@@ -203,12 +211,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
-CELERY_IMPORTS = ("ingest.tasks",)
+CELERY_IMPORTS = ("dashboard.evidence.tasks",)
 CELERY_BEAT_SCHEDULE = {
     # A sweep not started within its interval is dropped (workers down): the next one does its work.
     "settle-overdue-slots": {"task": "dashboard.detection.tasks.sweep", "schedule": 2.0, "options": {"expires": 2.0}},
     "deliver-pending-alerts": {"task": "dashboard.delivery.tasks.sweep", "schedule": 2.0, "options": {"expires": 2.0}},
-    "prune-raw-partitions": {"task": "ingest.tasks.prune_raw", "schedule": 3600.0},
+    "prune-raw-partitions": {"task": "dashboard.evidence.tasks.prune_raw", "schedule": 3600.0},
 }
 # Beat's own state (`worker -B`, `celery beat`): in the data folder or at LOCKSTEP_BEAT_SCHEDULE, never
 # in whatever folder the worker was started from (a `--schedule` flag still overrides it).
@@ -235,24 +243,56 @@ LANGUAGE_CODE = "en-us"
 # Detection: a slot settles when every rank reported it, or this long after its first report.
 LOCKSTEP_SETTLE_TIMEOUT = float(os.environ.get("LOCKSTEP_SETTLE_TIMEOUT", "10"))
 LOCKSTEP_SILENT_AFTER = float(os.environ.get("LOCKSTEP_SILENT_AFTER", "60"))
+# A rank still "running" this long after every peer ended, without a word, is lost (killed outright).
+# Must exceed two agent heartbeats (5 s each by default).
+LOCKSTEP_LOST_AFTER = float(os.environ.get("LOCKSTEP_LOST_AFTER", "12"))
+# How long a rank that lost its peer (or was stopped by a signal) waits for the rank it lost to be
+# known before it is paged as a root of its own.
+LOCKSTEP_CONSEQUENCE_GRACE = float(os.environ.get("LOCKSTEP_CONSEQUENCE_GRACE", "20"))
 LOCKSTEP_PUBLIC_URL = os.environ.get("LOCKSTEP_PUBLIC_URL", "").rstrip("/")
-LOCKSTEP_MAX_BODY = int(os.environ.get("LOCKSTEP_MAX_BODY", protocol.MAX_BODY_BYTES))  # bytes, compressed or not; 413 past it
-LOCKSTEP_PAGE_STATEMENT_TIMEOUT = float(os.environ.get("LOCKSTEP_PAGE_STATEMENT_TIMEOUT", "10"))  # s per statement of a page or read-API request
+# Alert destinations (Slack, Alertmanager, PagerDuty, JSON webhooks) on loopback, private or link-local
+# addresses are refused unless this is set (an in-cluster Alertmanager needs it): the URL is checked
+# when saved and, after DNS resolution, at every send.
+LOCKSTEP_SINKS_ALLOW_PRIVATE = _env_bool("LOCKSTEP_SINKS_ALLOW_PRIVATE", False)
+LOCKSTEP_MAX_BODY = int(
+    os.environ.get("LOCKSTEP_MAX_BODY", protocol.MAX_BODY_BYTES)
+)  # bytes, compressed or not; 413 past it
+LOCKSTEP_PAGE_STATEMENT_TIMEOUT = float(
+    os.environ.get("LOCKSTEP_PAGE_STATEMENT_TIMEOUT", "10")
+)  # s per statement of a page or read-API request
 LOCKSTEP_BODY_TIMEOUT = float(os.environ.get("LOCKSTEP_BODY_TIMEOUT", "30"))  # seconds to receive a body; 408 past it
+# Every session of the servers and Celery workers (dashboard/apps.py: bound_sessions): seconds a statement may
+# wait for a lock, and may run; past them ingest answers 503 + Retry-After and a task fails (the sweep redoes it).
+LOCKSTEP_DB_LOCK_TIMEOUT = float(os.environ.get("LOCKSTEP_DB_LOCK_TIMEOUT", "2"))
+LOCKSTEP_DB_STATEMENT_TIMEOUT = float(os.environ.get("LOCKSTEP_DB_STATEMENT_TIMEOUT", "30"))
 
 # Ingest at scale (ingest/): raw retention, load shedding, outage answers, blob leases, metrics.
 LOCKSTEP_RAW_RETENTION_DAYS = float(os.environ.get("LOCKSTEP_RAW_RETENTION_DAYS", "14"))
 LOCKSTEP_RATE_LIMIT = int(os.environ.get("LOCKSTEP_RATE_LIMIT", "5000"))  # batches/s per project; 0 = off
 LOCKSTEP_RETRY_AFTER = int(os.environ.get("LOCKSTEP_RETRY_AFTER", "5"))  # seconds, on 503
-LOCKSTEP_BLOB_LEASE = float(os.environ.get("LOCKSTEP_BLOB_LEASE", "60"))  # seconds one agent has to upload a wanted blob
-LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # when set, /metrics needs it as bearer token
-LOCKSTEP_METRICS_RUNS = int(os.environ.get("LOCKSTEP_METRICS_RUNS", "20"))  # active runs with per-run series on /metrics, newest first
+LOCKSTEP_BLOB_LEASE = float(
+    os.environ.get("LOCKSTEP_BLOB_LEASE", "60")
+)  # seconds one agent has to upload a wanted blob
+# Graph texts a project may keep (ingest/blobs.py, the policy; dashboard/evidence/blobs.py, the table): bytes in all and stored within a day, and texts asked per run.
+# Past them the server asks for none and refuses uploads (507 for the total, 429 for the day); agents drop them.
+LOCKSTEP_BLOB_QUOTA = int(os.environ.get("LOCKSTEP_BLOB_QUOTA", str(1024 * 1024 * 1024)))
+LOCKSTEP_BLOB_QUOTA_DAY = int(os.environ.get("LOCKSTEP_BLOB_QUOTA_DAY", str(256 * 1024 * 1024)))
+LOCKSTEP_BLOB_ASKS_PER_RUN = int(os.environ.get("LOCKSTEP_BLOB_ASKS_PER_RUN", "1000"))
+LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # /metrics needs it as bearer token
+# /metrics names every project and run: refused (403) until LOCKSTEP_METRICS_TOKEN is set, unless made public on purpose
+LOCKSTEP_METRICS_PUBLIC = _env_bool("LOCKSTEP_METRICS_PUBLIC", False)
+LOCKSTEP_METRICS_RUNS = int(
+    os.environ.get("LOCKSTEP_METRICS_RUNS", "20")
+)  # active runs with per-run series on /metrics, newest first
 # prometheus_client reads it too (at import, to pick per-process files); /metrics sums those files when set.
-PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
-# The lean route of ingest (ingest/fastpath.py) and the agents' endpoints on the event loop (ingest/loop.py):
-# off with 0/false/no/off (every route then goes through Django's ASGI handler); the lean route's threads
-# (default 16: blob uploads, token lookups that miss the cache, and decoding bodies over 256 KiB).
-LOCKSTEP_INGEST_FASTPATH = os.environ.get("LOCKSTEP_INGEST_FASTPATH", "1").lower() not in {"0", "false", "no", "off"}
+# Unset, the workers of one `uvicorn --workers N` share DATA_DIR/prometheus/<server> (dashboard/metrics_folder.py).
+PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "") or metrics_folder.workers_folder(DATA_DIR)
+if PROMETHEUS_MULTIPROC_DIR:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = PROMETHEUS_MULTIPROC_DIR  # where prometheus_client looks, on its import
+# The variables a destinations file names as ${NAME} (`manage.py sinks apply`, dashboard/delivery/sinks_file.py).
+SINKS_FILE_VARIABLES = os.environ
+# Threads of the agents' door (ingest/door.py) per ASGI process (default 16): blob and flight-record
+# uploads, token lookups that miss the cache, and decoding bodies over 256 KiB.
 LOCKSTEP_INGEST_THREADS = int(os.environ.get("LOCKSTEP_INGEST_THREADS", "0")) or 16
 
 LOGGING = {
@@ -260,13 +300,20 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},
+    },  # axes: every login at INFO
 }
 
 # hang_forecast: warn once ranks have waited this long in a collective for a late rank (critical at half
 # the collective timeout). With 5 s agent heartbeats and the 2 s sweep, the alert reaches the page
 # about this long plus 1-3 s after the stall (P8 <= 15 s).
 LOCKSTEP_HANG_WARN_AFTER = float(os.environ.get("LOCKSTEP_HANG_WARN_AFTER", "10"))
+# compile_cost: warn when the compile bill passes this share of the GPU time a run has had, once the run is
+# this many seconds old (docs/cost.md).
+LOCKSTEP_COMPILE_BUDGET = float(os.environ.get("LOCKSTEP_COMPILE_BUDGET", "0.10"))
+LOCKSTEP_COMPILE_BUDGET_AFTER = float(os.environ.get("LOCKSTEP_COMPILE_BUDGET_AFTER", "600"))
 # hang_forecast asks the live ranks for Flight Recorder dumps; torch's analysis of them runs once all
 # answered, or this many seconds after asking with the ranks that did.
 LOCKSTEP_FR_WAIT = float(os.environ.get("LOCKSTEP_FR_WAIT", "10"))

@@ -6,6 +6,7 @@ with `automatic_dynamic_shapes` off), the loss handed to the agent with `agent.l
 compiler settings away from torch's defaults, so the compare page has frames to align, settings
 to name and curves to plot. The agent is attached in code (settings from LOCKSTEP_* as usual).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@
 only empty graphs on torch 2.13). Optional provocations: one rank gets one extra row at one
 step (it alone recompiles: "size mismatch"), one rank nudges one gradient (grad divergence).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,25 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--perturb-rank", type=int, default=None, help="rank that nudges one grad at --perturb-step")
     p.add_argument("--perturb-step", type=int, default=None)
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="auto: nccl with one GPU per rank when CUDA is available, else gloo on the CPU")
+    p.add_argument(
+        "--stop-file",
+        default=None,
+        help="end early, every rank at the same step, once this file exists (rank 0 looks, all agree)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: nccl with one GPU per rank when CUDA is available, else gloo on the CPU",
+    )
     p.add_argument("--width", type=int, default=64, help="hidden width of the MLP")
     p.add_argument("--depth", type=int, default=2, help="hidden layers of the MLP")
-    p.add_argument("--time-from", type=int, default=None,
-                   help="print the mean step time of steps >= this one (rank 0, one line: STEPTIME ...)")
+    p.add_argument(
+        "--time-from",
+        type=int,
+        default=None,
+        help="print the mean step time of steps >= this one (rank 0, one line: STEPTIME ...)",
+    )
     return p.parse_args()
 
 
@@ -72,6 +86,13 @@ def batch_for(rank: int, step: int, rows: int) -> tuple[torch.Tensor, torch.Tens
     return torch.randn(rows, 32, generator=g), torch.randn(rows, 4, generator=g)
 
 
+def asked_to_stop(path: str, rank: int, device: torch.device) -> bool:
+    """Rank 0 looks for the file, every rank learns its answer: they leave the loop at the same step."""
+    flag = torch.tensor([float(rank == 0 and os.path.exists(path))], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
@@ -103,12 +124,17 @@ def main() -> None:
             time.sleep(args.sleep)
         if rank == 0 and os.environ.get("DEMO_VERBOSE"):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if args.stop_file and asked_to_stop(args.stop_file, rank, device):
+            break
     _sync(device)
     if t0 is not None and rank == 0:
         n = args.steps - args.time_from
-        print(f"STEPTIME backend={backend} steps={n} mean_ms={(time.perf_counter() - t0) / n * 1e3:.4f} "
-              f"cpu_ms={(time.process_time() - c0) / n * 1e3:.4f} "
-              f"agent={'off' if os.environ.get('LOCKSTEP_DISABLE') == '1' else 'on'}", flush=True)
+        print(
+            f"STEPTIME backend={backend} steps={n} mean_ms={(time.perf_counter() - t0) / n * 1e3:.4f} "
+            f"cpu_ms={(time.process_time() - c0) / n * 1e3:.4f} "
+            f"agent={'off' if os.environ.get('LOCKSTEP_DISABLE') == '1' else 'on'}",
+            flush=True,
+        )
     end_distributed()
 
 

@@ -1,4 +1,4 @@
-"""A job that hangs the way DESIGN 1's compile straggler does: one rank falls behind, the others wait
+"""A job that hangs the way a compile straggler does: one rank falls behind, the others wait
 in the next all_reduce until the collective timeout kills the job (issue 15: hang_forecast).
 
 Run under torchrun with the agent (`-m agents run demo/hang_job.py --stall compile`). Every rank
@@ -11,6 +11,7 @@ With `--ddp` the model is `DDP(torch.compile(model))` instead, so the waiting ra
 bucket all-reduce inside backward, as most real jobs do. The process group's timeout is
 `--timeout` seconds; nothing here sleeps in place of the work.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,9 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--ddp", action="store_true", help="DDP(torch.compile(model)): gradients all-reduced in backward")
+    parser.add_argument(
+        "--ddp", action="store_true", help="DDP(torch.compile(model)): gradients all-reduced in backward"
+    )
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     rank = dist.get_rank()

@@ -8,6 +8,7 @@ Launch it with torchrun directly (not via `-m agents run`): the settings are app
 and the agent load, so rank_start reports what each rank really used (cache directories, Inductor
 settings).
 """
+
 import json
 import os
 import sys

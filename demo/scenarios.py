@@ -26,7 +26,11 @@ Each flag adds one failure on top of demo/ddp_job.py's training loop:
                          elements" when it does, and a summary line at the end
   --raise-rank R --raise-step S  rank R raises a RuntimeError in the training step at step S (rank_crashed);
                          torchrun then stops the other ranks
+  --recompile-rank R     rank R feeds a helper compiled with dynamic=False one more row every
+                         --recompile-every steps, and its backend takes --recompile-seconds per compile: it
+                         recompiles alone ("dimension 0 of x changes") while the others wait (compile_cost)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--elementwise-check", action="store_true")
     p.add_argument("--raise-rank", type=int)
     p.add_argument("--raise-step", type=int)
+    p.add_argument("--recompile-rank", type=int)
+    p.add_argument("--recompile-every", type=int, default=2)
+    p.add_argument("--recompile-seconds", type=float, default=1.0)
     return p.parse_args()
 
 
@@ -84,6 +91,10 @@ def stormy(x: torch.Tensor) -> torch.Tensor:
 
 def ramp(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(x) - 0.5
+
+
+def widen(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x).mean(dim=0)
 
 
 def fragile(x: torch.Tensor) -> torch.Tensor:
@@ -155,6 +166,8 @@ def main() -> None:
         torch._dynamo.config.suppress_errors = True  # a failed compile runs the frame eagerly
     breakable = torch.compile(fragile, backend=failing_backend(rank == args.fail_rank))
     checked = torch.compile(elementwise)
+    alone = rank == args.recompile_rank
+    widening = torch.compile(widen, backend=slow_backend(args.recompile_seconds if alone else 0.0), dynamic=False)
     mismatches: list[int] = []
     for step in range(args.steps):
         if (rank, step) == (args.freeze_rank, args.freeze_step):
@@ -175,6 +188,9 @@ def main() -> None:
             y_pulse = collective(torch.ones(4), folded)
             if not folded:
                 dist.all_reduce(y_pulse + 1)
+        if args.recompile_rank is not None:
+            rows = 2 + (step // args.recompile_every if alone else 0)
+            x = x + 0.01 * widening(torch.ones(rows, x.shape[1]))
         if args.elementwise_check:
             x = x + 0.01 * checked_elementwise(checked, rank, step, mismatches)[: x.shape[1]]
         opt.zero_grad(set_to_none=True)

@@ -1,22 +1,22 @@
 """Backpressure: how long this process takes to answer a batch, and what its agents are told.
 
-Every stored request's server time (from its body's arrival on the event loop, `ingest.loop`, to
+Every stored request's server time (from its body's arrival on the event loop, `ingest.door`, to
 its answer: the wait for its group's commit, and the work) feeds a moving
-average over about TAU_S. While it stays under TARGET_S, a reply is DESIGN 3.2's fields. Past
+average over about TAU_S. While it stays under TARGET_S, a reply carries the protocol's usual fields. Past
 it, every reply carries `flush_interval_s`: the agent's flush interval doubled once for every
 doubling of the average past the target (0.5 s x 2^k, at most MAX_INTERVAL_S), so the job sends
 fewer, larger batches (the server's cost is per request) and ranks of a node, flushing at
 multiples of the interval on their shared clock, still reach their relay together. When the
 average falls back, the field goes away and agents return to their own interval.
 
-A request that already waited SHED_AFTER_S in the server (queued for its group commit, or for
-a thread on the lean route) is answered 503 without being stored, with Retry-After: its agent
+A request that already waited SHED_AFTER_S in the server (queued for its group commit) is answered 503 without being stored, with Retry-After: its agent
 keeps the batch in its spool and resends it, where waiting longer would have run into the
 agent's 10 s timeout (`agents.transport.HTTP_TIMEOUT`) with the batch perhaps stored anyway.
 While the oldest waiting request is past that point, a new one is refused the same way on the
-event loop at once, its body unread (`ingest.loop`, `ingest.fastpath`). 429s and these 503s
+event loop at once, its body unread (`ingest.door`). 429s and these 503s
 carry Retry-After of the current interval.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +30,6 @@ TAU_S = 2.0
 BASE_INTERVAL_S = 0.5  # the agent's default LOCKSTEP_FLUSH_INTERVAL
 MAX_INTERVAL_S = 16.0
 SHED_AFTER_S = 4.0
-ARRIVED = "lockstep.arrived"  # ASGI scope key: time.monotonic() when the lean route had the body, less its token lookup's wait
 
 
 class _Load:
@@ -73,9 +72,3 @@ def retry_after() -> int:
     """Seconds for Retry-After on a 429 or a shed 503: the current interval, at least 1."""
     interval = flush_interval()
     return max(1, math.ceil(interval)) if interval is not msgspec.UNSET else 1
-
-
-def waited(scope: dict | None, started: float) -> float:
-    """Seconds since the body arrived (the lean route's mark), else since the view started."""
-    arrived = (scope or {}).get(ARRIVED)
-    return started - arrived if arrived is not None else 0.0

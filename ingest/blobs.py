@@ -7,44 +7,45 @@ copy. If the asked agent never uploads, the next batch after the lease expires i
 
 Only texts the server asked for are stored, and an upload's answer says only which of its texts
 it stored, so a token learns nothing of what other projects' agents sent. Texts no compile event
-has named for the raw retention period, and requests never answered for a day, are pruned.
+has named for the raw retention period, and requests never answered for a day, are pruned
+(`dashboard.evidence.blobs`, which holds the table's statements; this module is the policy).
+
+Bounded per project: the bytes its uploads stored, in all (LOCKSTEP_BLOB_QUOTA) and within a day
+(LOCKSTEP_BLOB_QUOTA_DAY), and the texts asked of each run (LOCKSTEP_BLOB_ASKS_PER_RUN). Past a
+bound the server asks that project for nothing more, and refuses an upload that would cross
+one (507 for the total, 429 for the day): a text not stored is only missing from a diff, so its
+agent drops it. A token that names texts without end can fill neither the table nor the disk.
 """
+
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-
 from django.conf import settings
-from django.db import connection
+from django.db import transaction
 
 from agents import protocol
-from ingest.models import Blob
-from ingest.validation import Rejection
-
-BLOB = Blob._meta.db_table
-NAMED_REFRESH = "1 hour"  # how stale `named_at` may get before a naming batch refreshes it (a write, a row lock)
-PRUNE_CHUNK = 1000
+from dashboard.evidence import blobs as table
+from ingest.refusals import Refusal
 
 
-def wanted(hashes: list[str]) -> list[str]:
-    """Of these hashes, those this caller should upload now (absent, and no live lease elsewhere)."""
-    if not hashes:
-        return []
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            INSERT INTO {BLOB} AS b (hash, size, requested_at, named_at)
-            SELECT h, 0, now(), now() FROM unnest(%(hashes)s::text[]) AS h ORDER BY h
-            ON CONFLICT (hash) DO UPDATE SET
-              requested_at = CASE WHEN b.text IS NULL AND b.requested_at < now() - make_interval(secs => %(lease)s)
-                                  THEN now() ELSE b.requested_at END,
-              named_at = now()
-              WHERE (b.text IS NULL AND b.requested_at < now() - make_interval(secs => %(lease)s))
-                 OR b.named_at IS NULL OR b.named_at < now() - interval '{NAMED_REFRESH}'
-            RETURNING hash, requested_at = now() AND text IS NULL
-            """,
-            {"hashes": sorted(set(hashes)), "lease": settings.LOCKSTEP_BLOB_LEASE},
-        )
-        return sorted(row[0] for row in cur.fetchall() if row[1])
+def wanted(named: dict[tuple[int, int], list[str]]) -> set[str]:
+    """Of the hashes each (project id, run id) named, those its agents should upload now (absent, no
+    live lease elsewhere, and within the project's quotas and the run's asks); every named hash
+    counts as named (retention) either way."""
+    asked: set[str] = set()
+    for (project_id, run_id), hashes in sorted(named.items()):
+        hashes = sorted(set(hashes))
+        budget = _asks_left(project_id, run_id)
+        asked.update(table.ask(hashes[:budget], project_id, run_id, settings.LOCKSTEP_BLOB_LEASE))
+        table.name(hashes[budget:])
+    return asked
+
+
+def _asks_left(project_id: int, run_id: int) -> int:
+    """How many texts this run may still be asked for: none once its project is past a quota."""
+    asks, total, day = table.asked_and_stored(project_id, run_id)
+    if total >= settings.LOCKSTEP_BLOB_QUOTA or day >= settings.LOCKSTEP_BLOB_QUOTA_DAY:
+        return 0
+    return max(0, settings.LOCKSTEP_BLOB_ASKS_PER_RUN - asks)
 
 
 def verify(upload: protocol.BlobUpload) -> list[tuple[str, str]]:
@@ -53,47 +54,36 @@ def verify(upload: protocol.BlobUpload) -> list[tuple[str, str]]:
     for i, blob in enumerate(upload.blobs):
         data = blob.text.encode("utf-8", "surrogatepass")
         if len(data) > protocol.MAX_BLOB_BYTES:
-            raise Rejection(413, f"blob exceeds {protocol.MAX_BLOB_BYTES} bytes", f"blobs[{i}].text")
+            raise Refusal(413, f"blob exceeds {protocol.MAX_BLOB_BYTES} bytes", f"blobs[{i}].text")
         if protocol.blob_hash(blob.text) != blob.hash:
-            raise Rejection(400, "hash does not match the text (blake2b-128 of its UTF-8 bytes)", f"blobs[{i}].hash")
+            raise Refusal(400, "hash does not match the text (blake2b-128 of its UTF-8 bytes)", f"blobs[{i}].hash")
         checked.append((blob.hash, blob.text))
     return checked
 
 
-def store(blobs: list[tuple[str, str]]) -> protocol.BlobReply:
-    """Fill the texts the server asked for; any other text is ignored. `known`: the upload's other
-    hashes, held already or never asked for (the answer does not say which)."""
+def store(blobs: list[tuple[str, str]], project_id: int) -> protocol.BlobReply:
+    """Fill the texts the server asked for, counted against the uploading project's quotas; any other
+    text is ignored. `known`: the upload's other hashes, held already or never asked for (the answer
+    does not say which). An upload that would cross a quota stores nothing: 507 (total) or 429 (day)."""
     unique = dict(sorted(blobs))
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            UPDATE {BLOB} AS b SET text = u.t, size = octet_length(u.t), stored_at = now()
-            FROM unnest(%s::text[], %s::text[]) AS u(h, t)
-            WHERE b.hash = u.h AND b.text IS NULL
-            RETURNING b.hash
-            """,
-            [list(unique), list(unique.values())],
-        )
-        stored = {row[0] for row in cur.fetchall()}
+    with transaction.atomic():
+        stored = table.fill(unique, project_id)
+        if stored:
+            _within_quota(project_id)  # raises, rolling this upload back
     return protocol.BlobReply(stored=sorted(stored), known=sorted(set(unique) - stored))
 
 
-def prune(now: datetime, retention: timedelta) -> int:
-    """Delete, in chunks (short statements, short locks), texts no compile event named within
-    `retention` and requests nobody answered for a day; returns how many rows went."""
-    removed = 0
-    with connection.cursor() as cur:
-        while True:
-            cur.execute(
-                f"""
-                DELETE FROM {BLOB} WHERE hash IN (
-                  SELECT hash FROM {BLOB}
-                  WHERE (text IS NULL AND requested_at < %(now)s - interval '1 day')
-                     OR COALESCE(named_at, stored_at, requested_at) < %(now)s - %(retention)s
-                  LIMIT {PRUNE_CHUNK})
-                """,
-                {"now": now, "retention": retention},
-            )
-            removed += cur.rowcount
-            if cur.rowcount < PRUNE_CHUNK:
-                return removed
+def _within_quota(project_id: int) -> None:
+    total, day = table.stored_bytes(project_id)
+    if total > settings.LOCKSTEP_BLOB_QUOTA:
+        raise Refusal(
+            507,
+            f"the project's graph texts would exceed LOCKSTEP_BLOB_QUOTA ({settings.LOCKSTEP_BLOB_QUOTA} bytes); "
+            "not stored, and not needed",
+        )
+    if day > settings.LOCKSTEP_BLOB_QUOTA_DAY:
+        raise Refusal(
+            429,
+            f"the project's graph texts of the last day would exceed LOCKSTEP_BLOB_QUOTA_DAY "
+            f"({settings.LOCKSTEP_BLOB_QUOTA_DAY} bytes); not stored, and not needed",
+        )

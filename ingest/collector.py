@@ -13,6 +13,7 @@ rarely that those wrappers piled up until PostgreSQL refused clients. A loaded i
 allocates 20,000 objects many times a second, so its collections stay frequent; an idle one has
 Python's thresholds back.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -8,27 +8,23 @@ blob lookup and one announcement of the slots it completed, as a node relay's bu
 
 How: one group of a process is written at a time, and jobs that arrive meanwhile form the next
 one, so nobody waits on a timer: a lone request is written at once, and groups grow with the load
-by themselves. Two front ends share `write`:
-
-- `store` for synchronous callers (Django's handlers, the test client, a management command):
-  leader and followers, no thread of its own; a request queues its job and, when no group is being
-  written, leads: it writes the queued jobs on its own database connection and wakes the others.
-- `LoopCommitter` for the agents' endpoints on the event loop (`ingest.loop`): jobs queue on the
-  loop, and one writer thread writes a group at a time; the loop hands each request its answer.
+by themselves. Jobs queue on the event loop (`LoopCommitter`, for the agents' door,
+`ingest.door`), one writer thread writes a group at a time (`write`), and the loop hands each
+request its answer.
 
 What is kept: a request is answered only after the commit that holds its batches; each request is
 all or nothing and gets its own answer (a duplicate, a 409, a 400, a 429, or a database error of
 one request leaves the others stored: `writers.store_group`); durability is PostgreSQL's
 (synchronous_commit stays on).
 """
+
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,10 +33,11 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections
 
 from agents import protocol
+from dashboard.ledger import details as ledger_details
 from dashboard.ledger import flight as ledger_flight
 from dashboard.ledger import signals as ledger
 from ingest import backpressure, blobs, collector, metrics, ratelimit, writers
-from ingest.validation import Rejection
+from ingest.refusals import Refusal
 
 T = TypeVar("T")
 MAX_GROUP_BATCHES = 256  # per transaction: bounds its locks, its statement sizes and a failing group's retry
@@ -61,7 +58,12 @@ def write(jobs: list[writers.Job]) -> list[Answer]:
         if isinstance(outcome, Exception):
             answers[j] = outcome
     ledger.announce_ready([slot for outcome in stored.values() for s in outcome for slot in s.ready])
-    want = set(blobs.wanted(sorted({h for outcome in stored.values() for s in outcome for h in s.graph_hashes})))
+    named: dict[tuple[int, int], list[str]] = {}  # the texts each project's run named: asked within its quotas
+    for j, outcome in stored.items():
+        for s in outcome:
+            if s.graph_hashes and s.run_id is not None:
+                named.setdefault((jobs[j].project.id, s.run_id), []).extend(s.graph_hashes)
+    want = blobs.wanted(named)
     tally = _Tally()
     for j, outcome in stored.items():
         answers[j] = []
@@ -88,7 +90,9 @@ def _limited(jobs: list[writers.Job]) -> list[Exception | None]:
     for job in jobs:
         counted[job.project.id] += len(job.items)
         over = 0 < limit < counted[job.project.id]
-        verdicts.append(Rejection(429, f"project {job.project.name} exceeds {limit} batches/s; retry later") if over else None)
+        verdicts.append(
+            Refusal(429, f"project {job.project.name} exceeds {limit} batches/s; retry later") if over else None
+        )
     return verdicts
 
 
@@ -96,9 +100,14 @@ def _reply(prepared: writers.Prepared, stored: writers.Stored, want: set[str]) -
     """One batch's reply; each wanted graph text is asked of one batch only."""
     wanted = [h for h in stored.graph_hashes if h in want]
     want.difference_update(wanted)
-    return protocol.IngestReply(accepted=stored.accepted, duplicate=stored.duplicate, want_blobs=wanted,
-                                detail=_details(prepared, stored),
-                                flight_recorder=True if ledger_flight.HANDOUT_STEP in (stored.detail or []) else msgspec.UNSET)
+    return protocol.IngestReply(
+        accepted=stored.accepted,
+        duplicate=stored.duplicate,
+        want_blobs=wanted,
+        detail=_details(prepared, stored),
+        flight_recorder=True if ledger_flight.HANDOUT_STEP in (stored.detail or []) else msgspec.UNSET,
+        weights_at=ledger_details.weights_steps(stored.detail or []) or msgspec.UNSET,
+    )
 
 
 def _details(prepared: writers.Prepared, stored: writers.Stored) -> list[int]:
@@ -107,7 +116,9 @@ def _details(prepared: writers.Prepared, stored: writers.Stored) -> list[int]:
     if stored.duplicate or stored.run_id is None:
         return []
     ledger.announce_details(stored.run_id, prepared.batch.rank, prepared.detail_steps)
-    return [step for step in stored.detail or [] if step >= 0]  # handed out in the batch's own statement (writers._claim)
+    return [
+        step for step in stored.detail or [] if step >= 0
+    ]  # handed out in the batch's own statement (writers._claim)
 
 
 @dataclass
@@ -145,7 +156,9 @@ def with_interval(answer: Answer, arrived: float) -> Answer:
     if isinstance(answer, Exception):
         return answer
     interval = backpressure.flush_interval()
-    return answer if interval is msgspec.UNSET else [msgspec.structs.replace(r, flush_interval_s=interval) for r in answer]
+    return (
+        answer if interval is msgspec.UNSET else [msgspec.structs.replace(r, flush_interval_s=interval) for r in answer]
+    )
 
 
 def _take(queue: list, batches_of) -> list:
@@ -165,76 +178,26 @@ def _written(jobs: list[writers.Job]) -> list[Answer]:
         return [exc] * len(jobs)
 
 
-@dataclass
-class _Queued:
-    job: writers.Job
-    answer: Answer | None = None
-
-
-@dataclass
-class _Committer:
-    """Synchronous callers' queue of jobs and whether a group is being written."""
-
-    cv: threading.Condition = field(default_factory=threading.Condition)
-    queue: list[_Queued] = field(default_factory=list)
-    leading: bool = False
-
-    def store(self, job: writers.Job) -> Answer:
-        queued = _Queued(job)
-        release_connection()
-        with self.cv:
-            self.queue.append(queued)
-        while True:
-            with self.cv:
-                while queued.answer is None and self.leading:
-                    self.cv.wait()
-                if queued.answer is not None:
-                    return queued.answer
-                self.leading = True
-                group = _take(self.queue, lambda q: len(q.job.items))
-            self._write(group)
-
-    def _write(self, group: list[_Queued]) -> None:
-        answers: list[Answer] = [RuntimeError("the group's writer was interrupted")] * len(group)
-        try:
-            answers = _written([q.job for q in group])
-        finally:  # whatever happened, the followers are answered and the next leader may start
-            with self.cv:
-                for q, answer in zip(group, answers):
-                    q.answer = answer
-                self.leading = False
-                self.cv.notify_all()
-
-
-_committer = _Committer()
-
-
 def outside_request(work: Callable[..., T], *args: Any) -> T:
-    """Run `work` on a thread outside any request (no request_finished returns its connection):
-    a pooled connection it took goes back at once."""
+    """Run `work` on a thread outside any request (no request_finished tends its connection): a
+    connection broken or past CONN_MAX_AGE is closed, and a pooled one goes back at once."""
     try:
         return work(*args)
     finally:
+        if not connection.in_atomic_block:  # (a test's transaction, when a test runs the door on its own thread)
+            connection.close_if_unusable_or_obsolete()
         release_connection()
 
 
 def release_connection() -> None:
     """Give a pooled connection this thread holds (it looked a token up) back before it waits or idles:
     with more threads than pooled connections, a leader might otherwise find none."""
-    if connection.connection is not None and not connection.in_atomic_block and connection.settings_dict["OPTIONS"].get("pool"):
+    if (
+        connection.connection is not None
+        and not connection.in_atomic_block
+        and connection.settings_dict["OPTIONS"].get("pool")
+    ):
         connection.close()
-
-
-def store(job: writers.Job, arrived: float | None = None) -> list[protocol.IngestReply]:
-    """Store one request's batches in this process's next group and return its replies; raises what
-    refused the request (a `Rejection`, `ratelimit.BrokerDown`, or the database error that
-    `views.refusal` answers as 422 or 503)."""
-    answer = _committer.store(job)
-    if arrived is not None:
-        answer = with_interval(answer, arrived)
-    if isinstance(answer, Exception):
-        raise answer
-    return answer
 
 
 @dataclass
@@ -253,13 +216,15 @@ class LoopCommitter:
     # job's batches is the normal case and must queue; past this the process answers 503 at once
     MAX_QUEUED_BATCHES = 16_384
 
-    def __init__(self) -> None:
+    def __init__(self, writer: Executor | None = None) -> None:
         self.queue: list[_Waiting] = []
         self.writing = False
         self.queued_batches = 0
         self.coalescing = False  # the next group waits COALESCE_S for the batches on their way
-        self.young = collector.YoungGeneration(on_idle=self._idle)  # the collector's young generation, sized by the load
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="lockstep-groupcommit")
+        self.young = collector.YoungGeneration(
+            on_idle=self._idle
+        )  # the collector's young generation, sized by the load
+        self._writer = writer or ThreadPoolExecutor(1, thread_name_prefix="lockstep-groupcommit")
 
     def oldest_wait(self) -> float:
         """Seconds the longest-waiting queued request has waited (0: none waits)."""
@@ -283,14 +248,17 @@ class LoopCommitter:
         while self.queue and now - self.queue[0].arrived > backpressure.SHED_AFTER_S:
             shed = self.queue.pop(0)  # it waited into its agent's timeout: refused unstored, resent after Retry-After
             self.queued_batches -= len(shed.job.items)
-            shed.future.set_result(Rejection(503, f"server overloaded (the batch waited {now - shed.arrived:.1f} s); retry later"))
+            shed.future.set_result(
+                Refusal(503, f"server overloaded (the batch waited {now - shed.arrived:.1f} s); retry later")
+            )
         group = _take(self.queue, lambda w: len(w.job.items))
         if not group:
             return
         self.writing = True
         self.queued_batches -= sum(len(w.job.items) for w in group)
-        done = asyncio.get_running_loop().run_in_executor(self._writer, _write_on_thread, [w.job for w in group],
-                                                          bool(self.queue) or self.young.loaded)
+        done = asyncio.get_running_loop().run_in_executor(
+            self._writer, _write_on_thread, [w.job for w in group], bool(self.queue) or self.young.loaded
+        )
         done.add_done_callback(lambda f: self._answer(group, f))
 
     def _answer(self, group: list[_Waiting], done: asyncio.Future) -> None:
@@ -345,7 +313,7 @@ def _write_on_thread(jobs: list[writers.Job], keep: bool = False) -> list[Answer
                 answers[j] = answer
         return answers
     finally:
-        if connection.errors_occurred:
+        if connection.errors_occurred and not connection.in_atomic_block:
             connection.close_if_unusable_or_obsolete()
         if not keep:
             release_connection()

@@ -7,6 +7,7 @@ PostgreSQL and Redis at scrape time, so every process reports the same cluster-w
 Events per second is `rate(lockstep_ingest_events_total[1m])`. Layers above ingest add theirs
 through `register` (detection's per-project and per-run health: dashboard/detection/metrics.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,22 +16,29 @@ from collections.abc import Iterator
 import redis
 from django.conf import settings
 from django.db import connection
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 
+from dashboard.evidence import blobs
 from dashboard.ledger.models import CompileSlot, GradSlot
 from ingest import ratelimit
 
 log = logging.getLogger(__name__)
 
-REQUESTS = Counter("lockstep_ingest_requests", "Ingest batches (each one of a bulk request: endpoint=bulk) and blob "
-                   "uploads by outcome and HTTP status; a refused request counts once",
-                   ["endpoint", "outcome", "status"])
+REQUESTS = Counter(
+    "lockstep_ingest_requests",
+    "Ingest batches (each one of a bulk request: endpoint=bulk) and blob "
+    "uploads by outcome and HTTP status; a refused request counts once",
+    ["endpoint", "outcome", "status"],
+)
 EVENTS = Counter("lockstep_ingest_events", "Events accepted (one entry of `events`)", ["type"])
 RANK_STEPS = Counter("lockstep_ingest_rank_steps", "Grad rank-steps accepted (a `grads` event counts each step)")
-SECONDS = Histogram("lockstep_ingest_request_seconds", "Request handling time", ["endpoint"],
-                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+SECONDS = Histogram(
+    "lockstep_ingest_request_seconds",
+    "Request handling time",
+    ["endpoint"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 COLLECTORS: list = []  # cluster-state collectors of the layers above ingest (detection's health), see `register`
 SETTLE_QUEUE = "celery"  # Celery's default queue: a Redis list the settle tasks wait in
 LATENCY_WINDOW_S = 300
@@ -40,16 +48,20 @@ class DetectionState:
     """Cluster-wide gauges computed at scrape time."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        depth = GaugeMetricFamily("lockstep_settle_queue_depth", "Tasks waiting in the Celery queue (Redis list length)")
+        depth = GaugeMetricFamily(
+            "lockstep_settle_queue_depth", "Tasks waiting in the Celery queue (Redis list length)"
+        )
         try:
             depth.add_metric([], ratelimit.client().llen(SETTLE_QUEUE))
         except redis.RedisError:
             log.warning("redis unavailable for queue depth", exc_info=True)
         yield depth
         pending = GaugeMetricFamily("lockstep_slots_pending", "Slots reported but not yet settled", labels=["kind"])
-        latency = GaugeMetricFamily("lockstep_settle_latency_seconds",
-                                    f"First report -> settled, slots settled in the last {LATENCY_WINDOW_S} s",
-                                    labels=["kind", "quantile"])
+        latency = GaugeMetricFamily(
+            "lockstep_settle_latency_seconds",
+            f"First report -> settled, slots settled in the last {LATENCY_WINDOW_S} s",
+            labels=["kind", "quantile"],
+        )
         with connection.cursor() as cur:
             for kind, model in (("compile", CompileSlot), ("grad", GradSlot)):
                 pending.add_metric([kind], model.objects.filter(settled_at__isnull=True).count())
@@ -65,6 +77,28 @@ class DetectionState:
                     latency.add_metric([kind, q], value)
         yield pending
         yield latency
+        yield from _blob_usage()
+
+
+def _blob_usage() -> Iterator[GaugeMetricFamily]:
+    """Each project's graph-text bytes against its quotas (ingest/blobs.py)."""
+    total = GaugeMetricFamily(
+        "lockstep_blob_bytes",
+        "Graph-text bytes a project's uploads stored (quota: LOCKSTEP_BLOB_QUOTA, the lockstep_blob_quota_bytes gauge)",
+        labels=["project"],
+    )
+    day = GaugeMetricFamily(
+        "lockstep_blob_bytes_day",
+        "Of them, stored within the last day (quota: LOCKSTEP_BLOB_QUOTA_DAY)",
+        labels=["project"],
+    )
+    for project, stored, recent in blobs.usage():
+        total.add_metric([project], stored)
+        day.add_metric([project], recent)
+    quota = GaugeMetricFamily("lockstep_blob_quota_bytes", "Graph-text quotas per project", labels=["period"])
+    quota.add_metric(["total"], settings.LOCKSTEP_BLOB_QUOTA)
+    quota.add_metric(["day"], settings.LOCKSTEP_BLOB_QUOTA_DAY)
+    yield from (total, day, quota)
 
 
 def register(collector) -> None:

@@ -7,6 +7,7 @@ batch is refused with 503 + Retry-After before anything is stored. Accepting wou
 backlog nobody settles or sheds (no detection, no live alerts, no rate limit); refusing costs
 nothing, because the agent keeps the batch in its spool and resends it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,9 @@ def client() -> redis.Redis:
     if _client is None:
         # no retries: with Redis down every request would otherwise wait out redis-py's backoff
         # 1 s: at 0.25 s a Redis starved of CPU by a saturated ingest host timed out mid-handshake
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0,
-                                       retry=Retry(NoBackoff(), 0))
+        _client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
+        )
     return _client
 
 

@@ -2,33 +2,20 @@
 
 Everything here runs before anything is written, so a rejected batch changes nothing.
 """
+
 from __future__ import annotations
 
 import functools
-
 import re
-from dataclasses import dataclass
 
 import msgspec
 
 from agents import protocol
+from dashboard.evidence.models import CompileEvent, GradReport
 from dashboard.ledger.models import DetailRequest, GradSlot, GradWatermark
 from dashboard.ledger.slots import PARAM_PREFIX
 from dashboard.tenancy.models import Rank, Run
-from ingest.models import CompileEvent, GradReport
-
-
-@dataclass
-class Rejection(Exception):
-    status: int
-    error: str
-    path: str | None = None
-
-    def within(self, prefix: str) -> "Rejection":
-        """The same rejection, its path inside `prefix` (a bulk request's `batches[i]`)."""
-        self.path = f"{prefix}.{self.path}" if self.path else prefix
-        return self
-
+from ingest.refusals import Refusal
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -52,7 +39,7 @@ def read_body(raw: bytes, encoding: str, limit: int) -> bytes:
     try:
         return protocol.inflate(raw, encoding, limit)
     except protocol.BodyError as exc:
-        raise Rejection(exc.status, str(exc)) from None
+        raise Refusal(exc.status, str(exc)) from None
 
 
 def _decoded(decoder, body: bytes):
@@ -61,11 +48,11 @@ def _decoded(decoder, body: bytes):
         return decoder(body)
     except msgspec.ValidationError as exc:
         error, path = _path_of(str(exc))
-        raise Rejection(400, error, path) from None
+        raise Refusal(400, error, path) from None
     except msgspec.DecodeError as exc:
-        raise Rejection(400, f"malformed JSON: {exc}") from None
+        raise Refusal(400, f"malformed JSON: {exc}") from None
     except RecursionError:
-        raise Rejection(400, "JSON nested too deeply") from None
+        raise Refusal(400, "JSON nested too deeply") from None
 
 
 def decode(body: bytes) -> protocol.Batch:
@@ -79,15 +66,15 @@ def decode_bulk(body: bytes) -> list[tuple[protocol.Batch, bytes]]:
     for i, raw in enumerate(raws):
         try:
             batches.append((decode(raw), raw))
-        except Rejection as rejection:
-            raise rejection.within(f"batches[{i}]") from None
+        except Refusal as refusal:
+            raise refusal.within(f"batches[{i}]") from None
     return batches
 
 
 def _checked(batch: protocol.Batch, body: bytes) -> protocol.Batch:
     """What the schema cannot say: rank within world_size, values that fit their columns, no NUL."""
     if batch.rank >= batch.run.world_size:
-        raise Rejection(400, f"rank {batch.rank} is outside world_size {batch.run.world_size}", "rank")
+        raise Refusal(400, f"rank {batch.rank} is outside world_size {batch.run.world_size}", "rank")
     if b"\\u0000" in body:
         _reject_nul(msgspec.to_builtins(batch), "")
     for i, event in enumerate(batch.events):
@@ -125,8 +112,11 @@ _TS_MAX = 32_503_680_000.0  # year 3000: past it, datetime (and timestamptz) ove
 @functools.cache
 def _limits_of(kind: type) -> tuple[tuple[str, int], ...]:
     """(field, its longest storable value) of the fields of this event type that `_COLUMN_LIMITS` names."""
-    return tuple((name, column - _STORED_AS.get((kind, name), 0))
-                 for name, column in _COLUMN_LIMITS.items() if name in kind.__struct_fields__)
+    return tuple(
+        (name, column - _STORED_AS.get((kind, name), 0))
+        for name, column in _COLUMN_LIMITS.items()
+        if name in kind.__struct_fields__
+    )
 
 
 def _check_storable(event: protocol.Event, index: int) -> None:
@@ -134,26 +124,26 @@ def _check_storable(event: protocol.Event, index: int) -> None:
     for name, limit in _limits_of(type(event)):
         value = getattr(event, name)
         if isinstance(value, str) and len(value) > limit:
-            raise Rejection(400, f"{name} longer than {limit} characters", f"events[{index}].{name}")
+            raise Refusal(400, f"{name} longer than {limit} characters", f"events[{index}].{name}")
     if not 0 <= event.ts <= _TS_MAX:
-        raise Rejection(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"events[{index}].ts")
+        raise Refusal(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"events[{index}].ts")
     kind = type(event)
     if kind is protocol.Grads:  # the steady state: nothing more but its last step
         if event.step + (event.steps - 1) * event.stride > protocol.NONNEG_MAX:
-            raise Rejection(400, f"last step exceeds {protocol.NONNEG_MAX}", f"events[{index}].steps")
+            raise Refusal(400, f"last step exceeds {protocol.NONNEG_MAX}", f"events[{index}].steps")
     elif kind is protocol.RankStart and len(event.versions.get("torch", "")) > _TORCH_VERSION:
-        raise Rejection(400, f"torch version longer than {_TORCH_VERSION} characters", f"events[{index}].versions.torch")
+        raise Refusal(400, f"torch version longer than {_TORCH_VERSION} characters", f"events[{index}].versions.torch")
     elif kind is protocol.Compile and event.index > _INT4_MAX:
-        raise Rejection(400, f"index exceeds {_INT4_MAX}", f"events[{index}].index")
+        raise Refusal(400, f"index exceeds {_INT4_MAX}", f"events[{index}].index")
     elif kind is protocol.RankEnd and event.exit_code is not None and abs(event.exit_code) > _INT4_MAX:
-        raise Rejection(400, "exit_code out of range", f"events[{index}].exit_code")
+        raise Refusal(400, "exit_code out of range", f"events[{index}].exit_code")
 
 
 def _reject_nul(value, path: str) -> None:
     """PostgreSQL text and jsonb cannot hold U+0000: name the first string that has one."""
     if isinstance(value, str):
         if "\x00" in value:
-            raise Rejection(400, "strings must not contain U+0000", path or None)
+            raise Refusal(400, "strings must not contain U+0000", path or None)
     elif isinstance(value, dict):
         for key, item in value.items():
             _reject_nul(key, path)
@@ -163,11 +153,10 @@ def _reject_nul(value, path: str) -> None:
             _reject_nul(item, f"{path}[{i}]")
 
 
-
 def decode_flight_record(body: bytes) -> protocol.FlightRecord:
     """`POST /api/v1/flight-recorder` body (limits: `protocol.MAX_FR_*`); no U+0000 (jsonb cannot hold it)."""
     if len(body) > protocol.MAX_FR_BYTES:
-        raise Rejection(413, f"flight recorder dump exceeds {protocol.MAX_FR_BYTES} bytes")
+        raise Refusal(413, f"flight recorder dump exceeds {protocol.MAX_FR_BYTES} bytes")
     record = _decoded(protocol.decode_flight_record, body)
     if b"\\u0000" in body:
         _reject_nul(msgspec.to_builtins(record), "")

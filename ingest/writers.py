@@ -1,42 +1,35 @@
-"""Write validated batches: all-or-nothing per request, idempotent per (session, seq), raw rows by binary COPY.
+"""Write validated batches: all-or-nothing per request, idempotent per (session, seq).
 
 One transaction per group of requests (`ingest.groupcommit`; a request is one rank's batch or a
 relay's several): each request's (session, seq) claims, rank/run facts, raw rows and slot
 counters commit together or not at all, so a request is either accepted whole or can be resent
-whole, and a request the group cannot take leaves it without taking its neighbours along. Grad rows (nearly all of the volume) are encoded by `ingest.pgcopy`; the rare
-kinds go through psycopg's binary `write_row`.
+whole, and a request the group cannot take leaves it without taking its neighbours along.
+This module is what one group writes: each batch prepared off the database, the order of its
+writes, the claim statement. The raw rows and the claims' table are evidence's to write
+(`dashboard.evidence.writes`, by binary COPY); when a failed group is tried again is `ingest.retries`.
 """
+
 from __future__ import annotations
 
 import hashlib
-import random
-import struct
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from itertools import repeat
+from datetime import UTC, datetime
 from types import MappingProxyType
-from datetime import datetime, timezone
 
 import msgspec
-import psycopg
-from django.db import DatabaseError, connection, transaction
-from psycopg.types.json import Jsonb
+from django.db import DatabaseError, transaction
 
 from agents import protocol
+from dashboard.evidence import partitions, writes
+from dashboard.evidence.binary_copy import GradEvents, query
 from dashboard.ledger import details, slots
 from dashboard.tenancy import sql as tenancy_sql
 from dashboard.tenancy.models import Project, Run
-from ingest import partitions, pgcopy
-from ingest.models import CompileEvent, EventLog, GradReport, GraphBreakEvent, IngestBatch, StepReport
-from ingest.validation import Rejection
-
-BATCH = IngestBatch._meta.db_table
-
-def _when(ts: float, now: datetime) -> datetime:
-    return datetime.fromtimestamp(ts, timezone.utc) if ts > 0 else now
+from ingest import retries
+from ingest.refusals import Refusal
 
 
 @dataclass
@@ -58,16 +51,16 @@ def digest(body: bytes) -> str:
 class _Resent(Exception):
     """A (session, seq) claim failed: roll the group's writes back, then tell a resend from a conflict."""
 
-    def __init__(self, written: "_Written"):
+    def __init__(self, written: _Written):
         self.written = written
 
 
 class _Refused(Exception):
     """A batch the database would take but the run forbids (a changed world size): its request is refused."""
 
-    def __init__(self, job: int, rejection: Rejection):
+    def __init__(self, job: int, refusal: Refusal):
         self.job = job
-        self.rejection = rejection
+        self.refusal = refusal
 
 
 @dataclass
@@ -97,28 +90,57 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
     events = batch.events
     if len(events) == 1 and type(events[0]) is protocol.Grads:  # the steady state: one packed grads event
         last_step = events[0].step_numbers()[-1]
-        return Prepared(batch, body_digest, _NO_OTHER_EVENTS, GradEvents(events, []), last_step,
-                        _claim_row(batch, body_digest, None, last_step), [], ONE_GRADS, set())
+        return Prepared(
+            batch,
+            body_digest,
+            _NO_OTHER_EVENTS,
+            GradEvents(events, []),
+            last_step,
+            _claim_row(batch, body_digest, None, last_step),
+            [],
+            ONE_GRADS,
+            set(),
+        )
     if all(type(e) is protocol.Grads for e in events):
         by_type, grads = _NO_OTHER_EVENTS, GradEvents(events, [])
     else:
         by_type = defaultdict(list)
         for event in events:
             by_type[type(event)].append(event)
-        grads = GradEvents(by_type.pop(protocol.Grads, []),
-                           by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])])
+        grads = GradEvents(
+            by_type.pop(protocol.Grads, []),
+            by_type.pop(protocol.Grad, []) + [_weights_as_grad(e) for e in by_type.pop(protocol.Param, [])],
+        )
     last_step = _last_step(events)
     start = by_type[protocol.RankStart][-1] if protocol.RankStart in by_type else None
-    return Prepared(batch, body_digest, by_type, grads, last_step, _claim_row(batch, body_digest, start, last_step),
-                    _graph_hashes(by_type[protocol.Compile]) if protocol.Compile in by_type else [],
-                    Counter(type(e).__struct_config__.tag for e in events),
-                    {e.step for e in by_type[protocol.Detail]} if protocol.Detail in by_type else set())
+    return Prepared(
+        batch,
+        body_digest,
+        by_type,
+        grads,
+        last_step,
+        _claim_row(batch, body_digest, start, last_step),
+        _graph_hashes(by_type[protocol.Compile]) if protocol.Compile in by_type else [],
+        Counter(type(e).__struct_config__.tag for e in events),
+        {e.step for e in by_type[protocol.Detail]} if protocol.Detail in by_type else set(),
+    )
 
 
-def _claim_row(batch: protocol.Batch, body_digest: str, start: protocol.RankStart | None, last_step: int | None) -> dict:
+def _claim_row(
+    batch: protocol.Batch, body_digest: str, start: protocol.RankStart | None, last_step: int | None
+) -> dict:
     """The batch's row of the claim statement's JSON document (`_claim`)."""
-    return {"session": batch.session, "seq": batch.seq, "digest": body_digest, "rank": batch.rank, "events": len(batch.events),
-            "host": start.host if start else "", "pid": start.pid if start else None, "info": start, "step": last_step}
+    return {
+        "session": batch.session,
+        "seq": batch.seq,
+        "digest": body_digest,
+        "rank": batch.rank,
+        "events": len(batch.events),
+        "host": start.host if start else "",
+        "pid": start.pid if start else None,
+        "info": start,
+        "step": last_step,
+    }
 
 
 @dataclass
@@ -135,7 +157,7 @@ class Job:
         self.prepared = [prepare(batch, body_digest) for batch, body_digest in self.items]
 
 
-Outcome = list[Stored] | Exception  # a request's answer per batch, or why it was refused (Rejection, DatabaseError)
+Outcome = list[Stored] | Exception  # a request's answer per batch, or why it was refused (Refusal, DatabaseError)
 
 
 @dataclass
@@ -170,11 +192,11 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
     received (a resend, rare) rolls the group back; it is then written again without that
     batch, which answers as a duplicate, or without its request, refused whole (409), when its
     content differs; a request whose run forbids a batch (400) leaves the same way. A deadlock or
-    serialization failure (a concurrent group won a race) is tried again, up to RACE_ATTEMPTS
+    serialization failure (a concurrent group won a race) is tried again, up to `retries.RACE_ATTEMPTS`
     times in all. Any other database error of a group is retried request by request, so only
     the request that causes it is refused (422 or 503) and its neighbours are stored.
     """
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     try:
         partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
     except DatabaseError as exc:
@@ -190,24 +212,29 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
                 written = _write_all(jobs, live, duplicates, now)
             break
         except _Refused as exc:
-            apart[exc.job] = exc.rejection
+            apart[exc.job] = exc.refusal
         except _Resent as resent:
             w = resent.written
-            previous = IngestBatch.objects.get(session=w.p.batch.session, seq=w.p.batch.seq)
-            if previous.digest == w.p.digest:
+            if writes.claimed_digest(w.run, w.p.batch.session, w.p.batch.seq) == w.p.digest:
                 duplicates.add((w.job, w.index))
             else:
-                apart[w.job] = Rejection(409, f"batch seq {w.p.batch.seq} of session {w.p.batch.session} was already received"
-                                                " with other content", f"batches[{w.index}].seq" if jobs[w.job].bulk else "seq")
+                apart[w.job] = Refusal(
+                    409,
+                    f"batch seq {w.p.batch.seq} of session {w.p.batch.session} was already received with other content",
+                    f"batches[{w.index}].seq" if jobs[w.job].bulk else "seq",
+                )
         except DatabaseError as exc:
             attempt += 1
-            if _lost_a_race(exc) and attempt < RACE_ATTEMPTS:
+            if retries.lost_a_race(exc) and attempt < retries.RACE_ATTEMPTS:
                 forget_runs()
-                time.sleep(random.uniform(0, 0.02 * attempt))  # the other transaction commits meanwhile
+                retries.back_off(attempt)
                 continue
             forget_runs()
-            if len(live) == 1:
-                apart[live[0]] = exc
+            if len(live) == 1 or retries.busy(
+                exc
+            ):  # a lock or statement timeout is no batch's fault: each alone would wait again
+                for j in live:
+                    apart[j] = exc
                 written = []
                 break
             for j in live:  # one request's batch may be the cause: each request on its own
@@ -221,18 +248,9 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
     return outcomes
 
 
-RACE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
-RACE_ATTEMPTS = 3
-
-
-def _lost_a_race(exc: DatabaseError) -> bool:
-    """PostgreSQL rolled the batch back whole to let a concurrent one through: trying again is safe
-    and nearly always succeeds, so the agent is not sent a 503 and a resend for it."""
-    return getattr(exc.__cause__, "sqlstate", None) in RACE_SQLSTATES
-
-
-def _write_all(jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]],
-               now: datetime) -> list[tuple[int, _Written | None]]:
+def _write_all(
+    jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]], now: datetime
+) -> list[tuple[int, _Written | None]]:
     """Each batch's own rows, then one COPY of every batch's grad rows, then the claims;
     (job, its written batch or None for a duplicate) per batch, in the jobs' order."""
     written: list[tuple[int, _Written | None]] = []
@@ -241,12 +259,10 @@ def _write_all(jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]
         for i, prepared in enumerate(job.prepared):
             try:
                 written.append((j, None if (j, i) in duplicates else _write_events(j, i, prepared, job.project, now)))
-            except Rejection as rejection:  # a changed world size
-                raise _Refused(j, rejection.within(f"batches[{i}]") if job.bulk else rejection) from None
+            except Refusal as refusal:  # a changed world size
+                raise _Refused(j, refusal.within(f"batches[{i}]") if job.bulk else refusal) from None
     fresh = [w for _, w in written if w]
-    grad_parts = grad_copy([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
-    if grad_parts:
-        _copy_stream(GradReport._meta.db_table, GRAD_COLUMNS, [b"".join([pgcopy.HEADER, *grad_parts, pgcopy.TRAILER])])
+    writes.write_grads([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
     _claim_all(fresh)
     return written
 
@@ -254,8 +270,7 @@ def _write_all(jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]
 def _write_events(job: int, index: int, p: Prepared, project: Project, now: datetime) -> _Written:
     """Everything of one batch but its grad rows (copied with the other batches') and its claim."""
     run = _run(p.batch, project)
-    for kind, events in p.by_type.items():
-        WRITERS.get(kind, _write_log)(run, p.batch.rank, events, now)
+    writes.write_events(run, p.batch.rank, p.by_type, now)
     # compile slots (the rare kind); grad slots in _claim
     ready = slots.touch(run, p.by_type[protocol.Compile]) if protocol.Compile in p.by_type else []
     return _Written(job, index, p, run, ready)
@@ -289,14 +304,13 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
     if cached and cached[0] > time.monotonic():
         run = cached[1]
     else:
-        run, _ = Run.objects.get_or_create(
-            project=project, key=info.key,
-            defaults={"name": info.name or info.key, "world_size": info.world_size, "meta": info.meta},
-        )
+        run = Run.reported(project, info.key, info.name or info.key, info.world_size, info.meta)
         # remembered once committed: a run created by a batch that then rolled back does not exist
         transaction.on_commit(lambda: _runs.__setitem__(cache_key, (time.monotonic() + RUN_CACHE_S, run)))
     if run.world_size != info.world_size:
-        raise Rejection(400, f"world_size changed from {run.world_size} to {info.world_size} within run", "run.world_size")
+        raise Refusal(
+            400, f"world_size changed from {run.world_size} to {info.world_size} within run", "run.world_size"
+        )
     return run
 
 
@@ -327,20 +341,20 @@ def _claim(wave: list[_Written]) -> None:
     run = wave[0].run
     params = {
         # the batches as one JSON document (encoded in C) rather than nine arrays psycopg adapts element by element
-        "run": run.id, "ws": run.world_size, "batches": msgspec.json.encode([w.p.claim for w in wave]).decode(),
+        "run": run.id,
+        "ws": run.world_size,
+        "batches": msgspec.json.encode([w.p.claim for w in wave]).decode(),
         "rank": slots.array_literal([w.p.batch.rank for w in wave]),
-        **slots.grad_reports_params([(w.p.batch.rank, group, steps) for w in wave for group, steps in w.p.grads.groups]),
+        **slots.grad_reports_params(
+            [(w.p.batch.rank, group, steps) for w in wave for group, steps in w.p.grads.groups]
+        ),
     }
-    claimed, watermarks, asked, late_ready = _query(
-            f"""
+    claimed, watermarks, asked, late_ready = query(
+        f"""
             WITH b AS (
               SELECT * FROM json_to_recordset(%(batches)s::json)
                 AS b(session text, seq bigint, digest text, rank int, events int, host text, pid bigint, info json, step bigint)
-            ), claim AS (
-              INSERT INTO {BATCH} (session, seq, digest, run_id, rank, events, received_at)
-              SELECT session, seq, digest, %(run)s::bigint, rank, events, now() FROM b
-              ON CONFLICT (session, seq) DO NOTHING RETURNING rank
-            ),{tenancy_sql.ranks_seen_cte('b')}, {details.handout_cte()},{slots.grad_reports_ctes()}
+            ), {writes.claim_cte("b")},{tenancy_sql.ranks_seen_cte("b")}, {details.handout_cte()},{slots.grad_reports_ctes()}
             SELECT ARRAY(SELECT rank FROM claim),
                    {slots.watermarks_before()},
                    (SELECT COALESCE(json_object_agg(rank, steps), '{{}}') FROM (
@@ -364,10 +378,14 @@ def _record_ends(run: Run, ended: list[_Written]) -> None:
     if not ended:
         return
     ends = [w.p.by_type[protocol.RankEnd][-1] for w in ended]
-    _query(
+    query(
         tenancy_sql.RANK_ENDS,
-        {"run": run.id, "rank": [w.p.batch.rank for w in ended], "status": [e.status for e in ends],
-         "exit": [e.exit_code for e in ends]},
+        {
+            "run": run.id,
+            "rank": [w.p.batch.rank for w in ended],
+            "status": [e.status for e in ends],
+            "exit": [e.exit_code for e in ends],
+        },
         rows=False,
     )
 
@@ -404,15 +422,19 @@ def _grads_ready(written: list[_Written]) -> list[tuple[str, int]]:
         return []
     groups = sorted(floors)
     run = written[0].run
-    rows = _query("WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
-                  {"run": run.id, "ws": run.world_size, **slots.grads_ready_params(floors, groups)})
+    rows = query(
+        "WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
+        {"run": run.id, "ws": run.world_size, **slots.grads_ready_params(floors, groups)},
+    )
     return [(slots.GRAD, row[0]) for row in rows]
 
 
 def _run_liveness(run_id: int, written: list[_Written]) -> None:
     steps = [w.p.last_step for w in written if w.p.last_step is not None]
-    torch = next((start.versions.get("torch", "") for w in written for start in w.p.by_type.get(protocol.RankStart, ())), "")
-    _query(
+    torch = next(
+        (start.versions.get("torch", "") for w in written for start in w.p.by_type.get(protocol.RankStart, ())), ""
+    )
+    query(
         tenancy_sql.RUN_LIVENESS,
         {"run": run_id, "step": max(steps) if steps else None, "torch": torch},
         rows=False,
@@ -420,8 +442,14 @@ def _run_liveness(run_id: int, written: list[_Written]) -> None:
 
 
 def _stored(w: _Written) -> Stored:
-    return Stored(accepted=len(w.p.batch.events), ready=w.ready, graph_hashes=w.p.graph_hashes, rank_steps=w.p.grads.rows,
-                  run_id=w.run.id, detail=w.asked)
+    return Stored(
+        accepted=len(w.p.batch.events),
+        ready=w.ready,
+        graph_hashes=w.p.graph_hashes,
+        rank_steps=w.p.grads.rows,
+        run_id=w.run.id,
+        detail=w.asked,
+    )
 
 
 _PROGRESS = (protocol.Grad, protocol.Grads, protocol.Step, protocol.Param)
@@ -429,226 +457,7 @@ _PROGRESS = (protocol.Grad, protocol.Grads, protocol.Step, protocol.Param)
 
 def _last_step(events: list[protocol.Event]) -> int | None:
     """Last completed step: only progress events count (heartbeats carry the step in flight)."""
-    steps = [e.step_numbers()[-1] if isinstance(e, protocol.Grads) else e.step
-             for e in events if isinstance(e, _PROGRESS)]
+    steps = [
+        e.step_numbers()[-1] if isinstance(e, protocol.Grads) else e.step for e in events if isinstance(e, _PROGRESS)
+    ]
     return max(steps) if steps else None
-
-
-class _JsonInC(psycopg.types.json.JsonLoader):
-    """The claim statement's `json` results (watermarks, detail requests) decoded by msgspec."""
-
-    _loads = staticmethod(msgspec.json.decode)
-
-
-_EXPLICIT_ONLY = 1 << 30  # prepare_threshold: only statements executed with prepare=True are prepared
-
-
-@lru_cache(maxsize=64)
-def _compact(sql: str) -> str:
-    """One space for each run of whitespace: the batch statements stay under psycopg's 4 KiB limit for
-    caching their conversion from %(name)s placeholders (longer ones are parsed again at every call)."""
-    return " ".join(sql.split())
-
-
-def _query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
-    """Run one of the batch statements as a server-side prepared statement (parsed and planned once
-    per connection instead of once per batch: the planning of these CTEs cost about as much as
-    running them; which is also why their plans must not depend on the parameters' values: see
-    `slots.watermarks_before`). Django's own cursors bind client-side and never prepare; psycopg errors become
-    django.db errors as with them (so a dead database is a 503)."""
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        raw = connection.connection
-        if raw.prepare_threshold is None:
-            raw.prepare_threshold = _EXPLICIT_ONLY
-            raw.adapters.register_loader("json", _JsonInC)  # not jsonb: Django reads that as text
-        with psycopg.Cursor(raw) as cur:
-            cur.execute(_compact(sql), params, prepare=True)
-            return cur.fetchall() if rows else []
-
-
-def _copy_stream(table: str, columns: tuple[str, ...], chunks) -> None:
-    cols = ", ".join(f'"{c}"' for c in columns)
-    with connection.wrap_database_errors, connection.connection.cursor() as cur, \
-            cur.copy(f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
-        for chunk in chunks:
-            copy.write(chunk)
-
-
-def _copy_rows(table: str, columns: tuple[tuple[str, str], ...], rows) -> None:
-    """psycopg binary COPY with declared types, for the low-volume tables."""
-    cols = ", ".join(f'"{name}"' for name, _ in columns)
-    with connection.wrap_database_errors, connection.connection.cursor() as cur, \
-            cur.copy(f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types([kind for _, kind in columns])
-        for row in rows:
-            copy.write_row(row)
-
-
-GRAD_COLUMNS = ("run_id", "ranks", "group", "step", "fps", "norm", "nonfinite", "ts", "received")
-
-
-@dataclass
-class GradEvents:
-    """A batch's grad events in both forms, and what slot counting needs of them."""
-
-    packed: list[protocol.Grads]
-    listed: list[protocol.Grad]  # `grad` events and weight fingerprints (`_weights_as_grad`)
-    rows: int = field(init=False)  # rank-steps: a `grads` event counts each of its steps
-    groups: list[tuple[str, list[int]]] = field(init=False)  # replicated groups, their sorted distinct steps
-
-    def __post_init__(self) -> None:
-        self.rows = sum(e.steps for e in self.packed) + len(self.listed)
-        self.groups = self._groups()
-
-    def _groups(self) -> list[tuple[str, list[int]]]:
-        """What `slots.grad_reports_params` takes."""
-        if len(self.packed) == 1 and not self.listed:  # the steady state
-            e = self.packed[0]
-            return [(e.group, list(e.step_numbers()))] if slots.replicated(e.group) else []
-        steps: dict[str, list] = {}
-        for e in self.packed:
-            steps.setdefault(e.group, []).append(e.step_numbers())
-        for e in self.listed:
-            steps.setdefault(e.group, []).append((e.step,))
-        out = []
-        for group in sorted(steps):
-            if not slots.replicated(group):
-                continue
-            pieces = steps[group]
-            if len(pieces) == 1 and isinstance(pieces[0], range) and pieces[0].step > 0:
-                out.append((group, list(pieces[0])))
-            else:
-                out.append((group, sorted({s for piece in pieces for s in piece})))
-        return out
-
-
-def _reports(reports: list[tuple[int, int, GradEvents]]) -> dict[tuple, tuple[list[int], float]]:
-    """(run id, group, step, fingerprints as little-endian u64 bytes, norm, nonfinite) -> (ranks, first
-    report's time), per rank-step of both forms."""
-    rows: dict[tuple, tuple[list[int], float]] = {}
-    for run_id, rank, events in reports:
-        for e in events.packed:
-            width = 8 * e.buckets
-            fps = e.fps
-            for i, step, norm, bad in zip(range(0, len(fps), width), e.step_numbers(), e.norms or repeat(None),
-                                          e.nonfinite or repeat(0)):
-                rows.setdefault((run_id, e.group, step, fps[i:i + width], norm, bad), ([], e.ts))[0].append(rank)
-        for e in events.listed:
-            key = (run_id, e.group, e.step, pgcopy.u64_list_bytes(e.fps), e.norm, e.nonfinite)
-            rows.setdefault(key, ([], e.ts))[0].append(rank)
-    return rows
-
-
-def grad_copy(reports: list[tuple[int, int, GradEvents]], now: datetime) -> list[bytes]:
-    """The grad rows (`GRAD_COLUMNS`, field count included) of (run id, rank, events) reports.
-
-    Ranks that reported a step alike share its row, which lists them all (`ranks`): agreeing
-    replicas (a node's ranks through one relay, in one request) cost one row per step instead of
-    one per rank-step, here and in everything that reads them. A shared row keeps the first
-    report's time. The fingerprint arrays of rows of one width are byte-swapped together
-    (`pgcopy.int8_arrays`); the leading fields (run, ranks, group) and the times are encoded once
-    per distinct value, and a row is one `struct` pack of those and its own fields.
-    """
-    rows = _reports(reports)
-    by_width: dict[int, list[tuple[tuple, tuple[list[int], float]]]] = {}
-    for key, row in rows.items():
-        by_width.setdefault(len(key[3]), []).append((key, row))
-    received = pgcopy.timestamptz(now)
-    heads: dict[tuple, bytes] = {}
-    tails: dict[float, bytes] = {}
-    parts = []
-    for width, of_width in by_width.items():
-        fps = b"".join(key[3] for key, _ in of_width)
-        arrays = pgcopy.int8_arrays(fps, width // 8) if width else repeat(pgcopy.empty_int8_array())
-        for ((run_id, group, step, _, norm, nonfinite), (ranks, ts)), array in zip(of_width, arrays):
-            head = heads.get(lead := (run_id, tuple(ranks), group))
-            if head is None:
-                head = heads[lead] = (pgcopy.FIELD_COUNT[len(GRAD_COLUMNS)] + pgcopy.int8(run_id)
-                                      + pgcopy.int4_array(ranks) + pgcopy.text(group))
-            tail = tails.get(ts)
-            if tail is None:
-                tail = tails[ts] = pgcopy.timestamptz(_when(ts, now)) + received
-            pack = _row_packer(len(head), len(array), norm is not None)
-            parts.append(pack(head, 8, step, array, 8, norm, 8, nonfinite, tail) if norm is not None
-                         else pack(head, 8, step, array, pgcopy.NULL, 8, nonfinite, tail))
-    return parts
-
-
-_row_packers: dict[tuple[int, int, bool], Callable[..., bytes]] = {}
-
-
-def _row_packer(head: int, array: int, norm: bool) -> Callable[..., bytes]:
-    """`struct` packer of a grad row: head (run, ranks, group), step, fingerprint array, norm (or NULL), nonfinite, tail (ts, received)."""
-    key = (head, array, norm)
-    packer = _row_packers.get(key)
-    if packer is None:
-        if len(_row_packers) > 256:
-            _row_packers.clear()
-        packer = _row_packers[key] = struct.Struct(f">{head}siq{array}s{'id' if norm else '4s'}iq24s").pack
-    return packer
-
-
-def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> None:
-    def row(e: protocol.Compile):
-        dynamo = e.hashes.get("dynamo")
-        code = e.hashes.get("inductor")
-        detail = {"times": e.times, "counts": e.counts, "cache_keys": e.cache_keys, "graph_breaks": e.graph_breaks,
-                  "hashes": msgspec.to_builtins(e.hashes)}
-        return (
-            run.id, rank, e.frame, e.index, e.compile_id, e.step, e.status, e.fail_type, e.fail_reason,
-            e.recompile_reason, dynamo.raw if dynamo else "", dynamo.norm if dynamo else "",
-            code.raw if code else "", code.norm if code else "",
-            e.times.get("entire_frame_compile_time_s"), Jsonb(e.cache), Jsonb(detail), _when(e.ts, now), now,
-        )
-
-    _copy_rows(
-        CompileEvent._meta.db_table,
-        (("run_id", "int8"), ("rank", "int4"), ("frame", "text"), ("index", "int4"), ("compile_id", "text"),
-         ("step", "int8"), ("status", "text"), ("fail_type", "text"), ("fail_reason", "text"),
-         ("recompile_reason", "text"), ("graph_raw", "text"), ("graph_norm", "text"), ("code_raw", "text"),
-         ("code_norm", "text"), ("compile_time", "float8"), ("cache", "jsonb"), ("detail", "jsonb"),
-         ("ts", "timestamptz"), ("received", "timestamptz")),
-        map(row, events),
-    )
-
-
-def _write_steps(run: Run, rank: int, events: list[protocol.Step], now: datetime) -> None:
-    _copy_rows(
-        StepReport._meta.db_table,
-        (("run_id", "int8"), ("rank", "int4"), ("step", "int8"), ("loss", "float8"), ("step_time", "float8"),
-         ("ts", "timestamptz"), ("received", "timestamptz")),
-        ((run.id, rank, e.step, e.loss, e.step_time, _when(e.ts, now), now) for e in events),
-    )
-
-
-def _write_breaks(run: Run, rank: int, events: list[protocol.GraphBreak], now: datetime) -> None:
-    _copy_rows(
-        GraphBreakEvent._meta.db_table,
-        (("run_id", "int8"), ("rank", "int4"), ("frame", "text"), ("reason", "text"), ("step", "int8"),
-         ("ts", "timestamptz"), ("received", "timestamptz")),
-        ((run.id, rank, e.frame, e.reason, e.step, _when(e.ts, now), now) for e in events),
-    )
-
-
-def _write_log(run: Run, rank: int, events: list[protocol.Event], now: datetime) -> None:
-    _copy_rows(
-        EventLog._meta.db_table,
-        (("run_id", "int8"), ("rank", "int4"), ("t", "text"), ("body", "jsonb"), ("ts", "timestamptz"),
-         ("received", "timestamptz")),
-        ((run.id, rank, type(e).__struct_config__.tag, Jsonb(msgspec.to_builtins(e)), _when(e.ts, now), now) for e in events),
-    )
-
-
-def _skip(run: Run, rank: int, events: list, now: datetime) -> None:
-    """Facts already folded into the rank row (start, heartbeat). A rank_end is kept verbatim as well:
-    the row holds its status, the log its exception (type, message, frame) for rank_crashed."""
-
-
-WRITERS = {
-    protocol.Compile: _write_compiles,
-    protocol.Step: _write_steps,
-    protocol.GraphBreak: _write_breaks,
-    protocol.RankStart: _skip,
-    protocol.Heartbeat: _skip,
-}

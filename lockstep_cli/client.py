@@ -1,9 +1,10 @@
-"""HTTP to the read API (DESIGN 3.3) with a project token or a login, and every failure as a CliError.
+"""HTTP to the read API (docs/design.md, Read API) with a project token or a login, and every failure as a CliError.
 
 Reads go with the token when one is given (flag or LOCKSTEP_TOKEN), else with the login. Actions a
 person takes (acknowledge, silence) go with the login when there is one: the server refuses them
 to project tokens, which name a project, not a person.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ from lockstep_cli.exits import CliError
 from lockstep_cli.logins import Login
 
 TIMEOUT_S = 30.0
+NO_CREDENTIALS = "no credentials: pass --token (or set LOCKSTEP_TOKEN), or run `lockstep login`"
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -44,8 +46,7 @@ class Client:
             return {"Authorization": f"Bearer {self.token}"}
         if self.login:
             return {"Cookie": self.login.cookie_header()}
-        raise CliError("no credentials: pass --token (or set LOCKSTEP_TOKEN), or run `lockstep login`",
-                       exits.UNAUTHENTICATED)
+        return {}  # asked anyway: an unreachable server is told apart (3) from a refusal (4, NO_CREDENTIALS)
 
     def _person_auth(self) -> dict[str, str]:
         if self.login:
@@ -61,6 +62,8 @@ class Client:
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
                 return _json(answer.read(), path)
         except urllib.error.HTTPError as err:
+            if err.code == 401 and not auth:
+                raise CliError(NO_CREDENTIALS, exits.UNAUTHENTICATED) from None
             raise _refusal(err, self.login is not None and "Cookie" in auth) from None
         except (urllib.error.URLError, OSError) as err:
             raise unreachable(self.url, err) from None
@@ -74,8 +77,9 @@ class Client:
         if csrf is None:
             raise CliError(f"{self.url}/login/ set no CSRF cookie: is this a Lockstep server?", exits.SERVER)
         form = urlencode({"username": user, "password": password, "csrfmiddlewaretoken": csrf}).encode()
-        self._open(opener, urllib.request.Request(self.url + "/login/", data=form,
-                                                  headers={"Referer": self.url + "/login/"}))
+        self._open(
+            opener, urllib.request.Request(self.url + "/login/", data=form, headers={"Referer": self.url + "/login/"})
+        )
         session = _cookie(jar, "sessionid")
         if session is None:  # the form came back: Django answers a wrong password with the page again
             raise CliError(f"login as {user!r} failed: wrong user name or password", exits.UNAUTHENTICATED)
@@ -85,8 +89,10 @@ class Client:
         """End the session on the server too (Django logs out on POST)."""
         assert self.login is not None
         headers = {"Cookie": self.login.cookie_header(), "X-CSRFToken": self.login.csrftoken, "Referer": self.url + "/"}
-        self._open(urllib.request.build_opener(_NoRedirect()),
-                   urllib.request.Request(self.url + "/logout/", data=b"", headers=headers))
+        self._open(
+            urllib.request.build_opener(_NoRedirect()),
+            urllib.request.Request(self.url + "/logout/", data=b"", headers=headers),
+        )
 
     def _open(self, opener: urllib.request.OpenerDirector, request: urllib.request.Request) -> int:
         """The answer's status, a redirect being an answer; a refusal or no answer as a CliError."""
@@ -136,8 +142,13 @@ def _refusal(err: urllib.error.HTTPError, by_login: bool) -> CliError:
     message = body.get("error") if isinstance(body, dict) else None
     message = f"{err.code} {message or err.reason}"
     if isinstance(body, dict) and isinstance(body.get("fields"), dict):
-        message += ": " + "; ".join(f"{field}: {' '.join(e.get('message', '') for e in errors)}"
-                                    for field, errors in body["fields"].items())
+        message += ": " + "; ".join(
+            f"{field}: {' '.join(e.get('message', '') for e in errors)}" for field, errors in body["fields"].items()
+        )
     if err.code == 401:
-        message += " (login expired: run `lockstep login`)" if by_login else " (check --token / LOCKSTEP_TOKEN, or run `lockstep login`)"
+        message += (
+            " (login expired: run `lockstep login`)"
+            if by_login
+            else " (check --token / LOCKSTEP_TOKEN, or run `lockstep login`)"
+        )
     return CliError(message, exits.for_status(err.code))

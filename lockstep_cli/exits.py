@@ -1,4 +1,5 @@
 """Exit codes: what went wrong, told apart so scripts and CI jobs can branch on it (docs/cli.md)."""
+
 from __future__ import annotations
 
 OK = 0

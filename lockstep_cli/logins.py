@@ -3,6 +3,7 @@
 Kept in `$XDG_CONFIG_HOME/lockstep/logins.json` (default ~/.config), mode 0600: it is as good as the
 password until it expires or `lockstep logout` ends it on the server.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,9 +1,10 @@
 """Lockstep from the command line: runs, alerts (live with --follow), compare, ack, silence, check.
 
-Server and credentials from flags or the environment (DESIGN 3.1's names): `--url` / LOCKSTEP_URL,
+Server and credentials from flags or the environment (docs/design.md, The agent): `--url` / LOCKSTEP_URL,
 `--token` / LOCKSTEP_TOKEN (a project token reads that project), or `lockstep login` (a user's
 projects; needed to acknowledge, silence and follow). Exit codes: lockstep_cli.exits, docs/cli.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,24 +17,30 @@ from collections.abc import Callable
 from lockstep_cli import exits, logins, tables
 from lockstep_cli.client import Client, path_of
 from lockstep_cli.exits import CliError
-from lockstep_cli.follow import feed
+from lockstep_cli.follow import feed, wait_for_run
+
 
 def _common() -> argparse.ArgumentParser:
     """Options every command takes, before or after its name."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help="server URL (default $LOCKSTEP_URL)")
     common.add_argument("--token", default=argparse.SUPPRESS, help="project token (default $LOCKSTEP_TOKEN)")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print JSON (the API's own) instead of tables")
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON (the API's own) instead of tables"
+    )
     return common
 
 
 def parser() -> argparse.ArgumentParser:
     common = _common()
-    p = argparse.ArgumentParser(prog="lockstep", parents=[common], description=__doc__.split("\n\n")[0],
-                                epilog="exit codes: 0 ok, 1 critical alerts firing (check), 2 usage, 3 server "
-                                       "unreachable, 4 not authenticated (401), 5 forbidden (403), 6 not found (404), "
-                                       "7 input refused (other 4xx), 8 server error")
+    p = argparse.ArgumentParser(
+        prog="lockstep",
+        parents=[common],
+        description=__doc__.split("\n\n")[0],
+        epilog="exit codes: 0 ok, 1 a critical incident open (check), 2 usage, 3 server "
+        "unreachable, 4 not authenticated (401), 5 forbidden (403), 6 not found (404), "
+        "7 input refused (other 4xx), 8 server error",
+    )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="COMMAND")
 
     def verb(name: str, text: str) -> argparse.ArgumentParser:
@@ -43,12 +50,32 @@ def parser() -> argparse.ArgumentParser:
     runs.add_argument("--status", help="only runs of this status: running, finished, failed or stalled")
     alerts = verb("alerts", "a run's alerts (the ranks named are the dissenters)")
     alerts.add_argument("run", help="run key")
-    alerts.add_argument("--follow", "-f", action="store_true",
-                        help="then print each alert change as it happens (needs a login), until Ctrl-C")
+    alerts.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="then print each alert change as it happens (needs a login), until Ctrl-C",
+    )
+    alerts.add_argument(
+        "--wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --follow: wait this long for a run that has not sent its first batch yet (default 600)",
+    )
+    incidents = verb("incidents", "a run's incidents: alerts grouped by cause, the root rank first")
+    incidents.add_argument("run", help="run key")
+    cost = verb("cost", "a run's compile bill: GPU time lost to compilation by frame and cause, and the remedies")
+    cost.add_argument("run", help="run key")
     compare = verb("compare", "runs side by side: environment, compile summary, frames, first differing step")
     compare.add_argument("runs", nargs="+", metavar="RUN", help="2 to 8 run keys; the first is the reference")
     ack = verb("ack", "acknowledge an alert: you are on it (needs a login; expires when the alert resolves)")
     ack.add_argument("alert", type=int, help="alert id (see `lockstep alerts RUN`)")
+    resolve = verb(
+        "resolve", "resolve a stale alert by hand, saying why (a login; a project token is named in the reason)"
+    )
+    resolve.add_argument("alert", type=int, help="alert id (see `lockstep alerts RUN`)")
+    resolve.add_argument("--reason", required=True, help="why (shown with the alert and sent to its destinations)")
     silence = verb("silence", "mute notifications of matching alerts for a while (needs a login)")
     silence.add_argument("--run", help="only this run's alerts")
     silence.add_argument("--kind", help="only alerts of this kind, e.g. grad_divergence")
@@ -56,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     silence.add_argument("--project", help="the project, when no --run names it and you have several")
     silence.add_argument("--hours", type=float, default=2.0, help="how long (default 2)")
     silence.add_argument("--comment", required=True, help="why (shown with the silence)")
-    check = verb("check", "exit 1 while a critical alert of RUN fires unacknowledged, else 0 (for CI)")
+    check = verb("check", "exit 1 while a critical incident of RUN is open and unacknowledged, else 0 (for CI)")
     check.add_argument("run", help="run key")
     login = verb("login", "log in as a user (kept in ~/.config/lockstep/logins.json, mode 0600)")
     login.add_argument("--user", default=os.environ.get("USER"), help="user name (default $USER)")
@@ -75,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         client = Client(url, getattr(args, "token", None) or os.environ.get("LOCKSTEP_TOKEN"), logins.load(url))
         return COMMANDS[args.verb](client, args, getattr(args, "json", False))
     except CliError as err:
-        print(f"lockstep: {err}", file=sys.stderr)
+        print(f"lockstep: {tables.clean(str(err))}", file=sys.stderr)  # errors quote the server
         return err.code
     except KeyboardInterrupt:
         return exits.INTERRUPTED
@@ -90,8 +117,20 @@ def runs_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     if as_json:
         _print_json(body)
         return exits.OK
-    rows = [[r["key"], r["project"], r["status"], r["world_size"], r["torch_version"], r["last_step"],
-             r["alerts"]["critical"], r["alerts"]["warning"], r["started_at"][:19]] for r in body["runs"]]
+    rows = [
+        [
+            r["key"],
+            r["project"],
+            r["status"],
+            r["world_size"],
+            r["torch_version"],
+            r["last_step"],
+            r["alerts"]["critical"],
+            r["alerts"]["warning"],
+            r["started_at"][:19],
+        ]
+        for r in body["runs"]
+    ]
     headers = ("run", "project", "status", "ranks", "torch", "last_step", "critical", "warning", "started")
     print(tables.table(headers, rows) if rows else "no runs")
     return exits.OK
@@ -105,6 +144,7 @@ def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
         else:
             print(tables.alerts(body["alerts"]))
         return exits.OK
+    wait_for_run(client, args.run, args.wait)  # a follower started before the job's first batch
     with feed(client, args.run) as messages:  # subscribed before listing: nothing falls in between
         listed = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]
         if as_json:
@@ -121,13 +161,24 @@ def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     return exits.OK
 
 
+def cost_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    bill = client.get(f"/runs/{path_of(args.run)}/cost")
+    if as_json:
+        _print_json(bill)
+        return exits.OK
+    print(tables.cost(bill))
+    return exits.OK
+
+
 def compare_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     body = client.get("/compare", runs=",".join(args.runs))
     if as_json:
         _print_json(body)
         return exits.OK
     keys = [r["key"] for r in body["runs"]]
-    print(tables.table(("run", "torch", "ranks"), [[r["key"], r["torch_version"], r["world_size"]] for r in body["runs"]]))
+    print(
+        tables.table(("run", "torch", "ranks"), [[r["key"], r["torch_version"], r["world_size"]] for r in body["runs"]])
+    )
     differing = [[row["field"], *row["values"]] for row in body["environment"] if not row["same"]]
     print("\nenvironment: " + ("no differences" if not differing else f"{len(differing)} fields differ"))
     if differing:
@@ -138,12 +189,20 @@ def compare_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     unequal = [f for f in body["frames"] if not f["graph_equal"]]
     print(f"\nframes: {len(body['frames'])}, {len(unequal)} with different graphs")
     if unequal:
-        print(tables.table(("frame", *(f"compiles {k}" for k in keys)),
-                           [[f["key"], *(c["compiles"] if c else None for c in f["cells"])] for f in unequal]))
+        print(
+            tables.table(
+                ("frame", *(f"compiles {k}" for k in keys)),
+                [[f["key"], *(c["compiles"] if c else None for c in f["cells"])] for f in unequal],
+            )
+        )
     print()
     for fp in body["fingerprints"]:
         where = f"first differs at step {fp['first_step']}" if fp["first_step"] is not None else "no step differs"
-        print(f"gradient fingerprints, {keys[0]} vs {fp['run']}: {where} ({fp['steps_compared']} steps compared)")
+        print(
+            tables.clean(
+                f"gradient fingerprints, {keys[0]} vs {fp['run']}: {where} ({fp['steps_compared']} steps compared)"
+            )
+        )
     return exits.OK
 
 
@@ -152,7 +211,25 @@ def ack_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     if as_json:
         _print_json(alert)
     else:
-        print(f"acknowledged alert {alert['id']} ({alert['kind']}, run {alert['run']}) as {alert['acked_by']}")
+        print(
+            tables.clean(
+                f"acknowledged alert {alert['id']} ({alert['kind']}, run {alert['run']}) as {alert['acked_by']}"
+            )
+        )
+    return exits.OK
+
+
+def resolve_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    alert = client.post(f"/alerts/{args.alert}/resolve", {"reason": args.reason})
+    if as_json:
+        _print_json(alert)
+    else:
+        print(
+            tables.clean(
+                f"alert {alert['id']} ({alert['kind']}, run {alert['run']}): {alert['resolve_reason']}"
+                + (f" by {alert['resolved_by']}" if alert.get("resolved_by") else "")
+            )
+        )
     return exits.OK
 
 
@@ -164,32 +241,56 @@ def silence_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
         _print_json(made)
     else:
         scope = ", ".join(f"{k} {made[k]}" for k in ("run", "kind", "rank") if made.get(k) is not None) or "everything"
-        print(f"silence {made['id']} in project {made['project']} ({scope}) until {made['expires_at']}")
+        print(tables.clean(f"silence {made['id']} in project {made['project']} ({scope}) until {made['expires_at']}"))
     return exits.OK
 
 
 def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
-    """Fails while a critical alert fires and nobody acknowledged it. An acknowledgement lasts until
-    the alert resolves, so one that fires again fails the check again."""
-    alerts = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]
-    critical = [a for a in alerts if a["severity"] == "critical" and a["state"] == "firing"]
-    unhandled = [a for a in critical if a["acked_by"] is None]
+    """Fails while a critical incident is open and nobody acknowledged it. An incident stays open
+    until the evidence says the ranks agree again (a diverged rank's weights match at a later
+    fingerprint); one that only the run's end closed still fails the check until acknowledged, so a
+    diverged rank never clears itself when the job stops. An acknowledgement lasts until it resolves."""
+    found = client.get(f"/runs/{path_of(args.run)}/incidents")["incidents"]
+    critical = [i for i in found if i["severity"] == "critical" and (i["state"] == "firing" or ended_open(i))]
+    unhandled = [i for i in critical if i["acked_by"] is None]
     if as_json:
-        _print_json({"run": args.run, "ok": not unhandled, "firing": unhandled,
-                     "acknowledged": [a for a in critical if a["acked_by"] is not None]})
+        _print_json(
+            {
+                "run": args.run,
+                "ok": not unhandled,
+                "firing": unhandled,
+                "acknowledged": [i for i in critical if i["acked_by"] is not None],
+            }
+        )
     elif unhandled:
-        print(f"{args.run}: {len(unhandled)} critical alert(s) firing")
-        print(tables.alerts(unhandled))
+        print(f"{args.run}: {len(unhandled)} critical incident(s) open")
+        print(tables.incidents(unhandled))
     else:
         acked = len(critical) - len(unhandled)
-        print(f"{args.run}: no critical alert firing" + (f" unacknowledged ({acked} acknowledged)" if acked else ""))
+        print(f"{args.run}: no critical incident open" + (f" unacknowledged ({acked} acknowledged)" if acked else ""))
     return exits.FIRING if unhandled else exits.OK
+
+
+def ended_open(incident: dict) -> bool:
+    """Closed only because the run ended: no evidence ever said the ranks agree again."""
+    return (incident.get("root") or {}).get("resolve_reason") == "run ended"
+
+
+def incidents_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
+    body = client.get(f"/runs/{path_of(args.run)}/incidents")
+    if as_json:
+        _print_json(body)
+    else:
+        print(tables.incidents(body["incidents"]))
+    return exits.OK
 
 
 def login_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     if not args.user:
         raise CliError("pass --user", exits.USAGE)
-    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass(f"password for {args.user}: ")
+    password = (
+        sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass(f"password for {args.user}: ")
+    )
     login = client.sign_in(args.user, password)
     logins.save(client.url, login)
     if as_json:
@@ -210,6 +311,15 @@ def logout_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
 
 
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace, bool], int]] = {
-    "runs": runs_cmd, "alerts": alerts_cmd, "compare": compare_cmd, "ack": ack_cmd, "silence": silence_cmd,
-    "check": check_cmd, "login": login_cmd, "logout": logout_cmd,
+    "runs": runs_cmd,
+    "alerts": alerts_cmd,
+    "cost": cost_cmd,
+    "compare": compare_cmd,
+    "ack": ack_cmd,
+    "resolve": resolve_cmd,
+    "silence": silence_cmd,
+    "check": check_cmd,
+    "incidents": incidents_cmd,
+    "login": login_cmd,
+    "logout": logout_cmd,
 }

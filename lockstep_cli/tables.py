@@ -1,17 +1,28 @@
 """Plain-text tables for people (`--json` gives scripts the API's own JSON instead)."""
+
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 MAX_CELL = 80
+# C0 and C1 controls, DEL, and the bidirectional overrides: server text (run names, messages) comes
+# from agents and must never move the cursor, clear the screen, set a title or hide a link (OSC 8).
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+REPLACEMENT = "\N{REPLACEMENT CHARACTER}"
+
+
+def clean(text: str) -> str:
+    """`text` with every control character replaced, fit for a terminal."""
+    return CONTROL.sub(REPLACEMENT, text)
 
 
 def cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value) or "-"
-    text = " ".join(str(value).split())  # one line per row, whatever the message holds
+        return clean(",".join(str(v) for v in value)) or "-"
+    text = clean(" ".join(str(value).split()))  # one line per row, whatever the message holds
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
@@ -19,7 +30,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; the last column is left ragged."""
     cells = [[cell(v) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    lines = [[h.upper() for h in headers], *cells]
+    lines = [[cell(h).upper() for h in headers], *cells]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 
 
@@ -32,3 +43,75 @@ def alert_row(alert: dict) -> list[object]:
 
 def alerts(rows: Sequence[dict]) -> str:
     return table(ALERT_COLUMNS, [alert_row(a) for a in rows]) if rows else "no alerts"
+
+
+INCIDENT_COLUMNS = ("id", "state", "severity", "root", "ranks", "step", "acked_by", "message")
+
+
+def incidents(rows: Sequence[dict]) -> str:
+    """One line per incident, its root first; its other alerts folded under it, indented."""
+    if not rows:
+        return "no incidents"
+    lines = table(INCIDENT_COLUMNS, [_incident_row(i) for i in rows]).splitlines()
+    out = [lines[0]]
+    for line, incident in zip(lines[1:], rows):
+        out.append(line)
+        out += [
+            f"    └ {cell(c['kind'])} {cell(c['ranks'])} {cell(c['state'])}: {cell(c['message'])}"
+            for c in incident.get("consequences", [])
+        ]
+    return "\n".join(out)
+
+
+def _incident_row(incident: dict) -> list[object]:
+    root = incident.get("root") or {}
+    return [
+        incident["id"],
+        incident["state"],
+        incident["severity"],
+        root.get("kind"),
+        root.get("ranks"),
+        root.get("step"),
+        incident.get("acked_by"),
+        root.get("message"),
+    ]
+
+
+def cost(bill: dict) -> str:
+    """A compile bill (GET /runs/KEY/cost) as a headline, the cost by cause, and the costliest lines
+    with their remedies."""
+    share = f"{bill['share']:.1%} of the run's GPU time" if bill.get("share") is not None else "share unknown"
+    money = (
+        f", {bill['money']:.2f} at {bill['price_per_gpu_hour']} per GPU-hour" if bill.get("money") is not None else ""
+    )
+    basis = bill["basis"]
+    head = [
+        clean(
+            f"{bill['run']}: compilation cost {bill['gpu_seconds'] / 3600:.3f} GPU-hours "
+            f"({bill['gpu_seconds']:.1f} GPU-seconds), {share}{money}"
+        ),
+        f"steps billed: {basis['assumed_units']} assumed (world size x slowest rank), {basis['measured_units']} measured",
+        f"warm caches saved {bill['savings']['gpu_seconds']:.1f} GPU-seconds ({bill['savings']['hits']} hits)",
+    ]
+    causes = table(("cause", "gpu_seconds"), [[c, round(s, 1)] for c, s in bill["causes"].items() if s])
+    lines = table(
+        ("frame", "cause", "reason", "gpu_seconds", "compiles", "ranks", "remedy"),
+        [
+            [
+                x["label"],
+                x["cause"],
+                x["reason"] or None,
+                round(x["gpu_seconds"], 1),
+                x["compiles"],
+                x["rank_count"],
+                x["remedy"],
+            ]
+            for x in bill["lines"][:20]
+        ],
+    )
+    return (
+        "\n".join(head)
+        + "\n\n"
+        + (causes if bill["lines"] else "no compiles")
+        + ("\n\n" + lines if bill["lines"] else "")
+    )

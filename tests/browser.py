@@ -1,4 +1,5 @@
 """Headless Chromium (Debian's /usr/bin/chromium) driven by Playwright, logged in by session cookie."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,16 @@ from urllib.parse import urlparse
 from playwright.sync_api import sync_playwright
 
 CHROMIUM = os.environ.get("LOCKSTEP_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 @contextmanager

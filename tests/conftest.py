@@ -1,4 +1,5 @@
 """Shared fixtures: projects and tokens, and the real stack (uvicorn + Celery worker) as processes."""
+
 from __future__ import annotations
 
 import gzip
@@ -6,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 
 import pytest
@@ -14,31 +16,116 @@ from dashboard.tenancy.models import Project, ProjectToken
 
 pytest_plugins = ["tests.stack"]
 
-_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="lockstep-tests-inductor-")
-
 
 def pytest_configure(config) -> None:
     """The suite's compiles (in-process and in every job it starts) share an Inductor cache of its own:
     never one that other processes on the machine write at the same moment (a half-written artifact
-    of theirs crashed a job here once), and cold on every run, as on a fresh CI machine."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_CACHE)
+    of theirs crashed a job here once), and cold on every run, as on a fresh CI machine. The run's
+    first process makes it; pytest-xdist's workers inherit it, so they compile each graph once."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        config._lockstep_inductor_cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(
+            prefix="lockstep-tests-inductor-"
+        )
 
 
 def pytest_unconfigure(config) -> None:
-    shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)
+    made = getattr(config, "_lockstep_inductor_cache", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-django's ordering
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Files that start processes (the live stack, jobs) first. pytest-xdist hands out the files with
+    the most tests first (its loadscope reorder) and keeps this order among files of one size: heavy
+    and light files end up mixed on both workers, which keeps two multi-rank jobs from sharing the two
+    cores for long (their timing-sensitive checks fail when they do; `--no-loadscope-reorder`, every
+    heavy file first, ran slower and failed two of them here)."""
+    heavy = {item.path for item in items if item.get_closest_marker("e2e") or STACK_FIXTURES & set(item.fixturenames)}
+    items.sort(key=lambda item: item.path not in heavy)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The shared live stack stops once the next test of this process does not use it."""
+    from tests.stack import stop_shared_stack  # a plugin of this conftest (pytest_plugins), imported by pytest first
+
+    result = yield
+    if "stack" in item.fixturenames and (nextitem is None or "stack" not in nextitem.fixturenames):
+        stop_shared_stack()
+    return result
 
 
 def per_rank(reports) -> list[tuple[int, int, list[int]]]:
     """(rank, step, fps) of every rank's report among GradReport rows (a row lists the ranks that sent it alike), sorted."""
-    return sorted((rank, step, fps) for ranks, step, fps in reports.values_list("ranks", "step", "fps") for rank in ranks)
+    return sorted(
+        (rank, step, fps) for ranks, step, fps in reports.values_list("ranks", "step", "fps") for rank in ranks
+    )
+
+
+STACK_FIXTURES = {"live_db", "stack", "stack_env"}  # committed data, shared with processes
+LIVE_FIXTURES = STACK_FIXTURES | {"django_db_setup"}
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "client", "admin_client"} | LIVE_FIXTURES
+KEPT_TABLES = {"django_content_type", "auth_permission"}  # what migrations made, as in the fresh test database
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_start(request):
+    """Every file that uses the database starts with an empty one, whatever ran before it in this
+    process. Files that share data with processes (the live stack, jobs, server threads) commit
+    their rows; an in-process test must never see them, in whatever order pytest-xdist hands a
+    worker its files."""
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    if any(item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames) for item in items):
+        request.getfixturevalue("django_db_setup")
+        with request.getfixturevalue("django_db_blocker").unblock():
+            _empty_if_used()
+    yield
+
+
+def _empty_if_used() -> None:
+    """TRUNCATE every table once a project or a user exists (rows hang off them). A running stack's
+    Celery sweep may hold a row lock a moment: a short lock timeout, then again."""
+    from django.contrib.auth.models import User
+    from django.db import OperationalError, connection, transaction
+
+    if not (Project.objects.exists() or User.objects.exists()):
+        return
+    tables = set(connection.introspection.django_table_names(only_existing=True, include_views=False)) - KEPT_TABLES
+    statement = "TRUNCATE " + ", ".join(map(connection.ops.quote_name, sorted(tables))) + " CASCADE"
+    for attempt in range(30):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '1s'")
+                cursor.execute(statement)
+            return
+        except OperationalError:
+            if attempt == 29:
+                raise
+            time.sleep(0.2)
 
 
 @pytest.fixture(autouse=True)
 def _no_cached_runs():
-    """Ingest caches runs by key for a minute; a test's database may have another project's run of that key."""
-    from ingest import writers
+    """Ingest caches runs by key for a minute; a test's database may have another project's run of that key.
+    Its load average starts idle too: a slow request of an earlier test must not slow this test's agents.
+    The partitions it knows are forgotten: a live stack's hourly prune drops old days behind its back."""
+    from dashboard.evidence import partitions
+    from ingest import backpressure, writers
 
     writers.forget_runs()
+    backpressure._load = backpressure._Load()
+    partitions._known.clear()
+
+
+@pytest.fixture
+def client():
+    """Django's test client; the agents' endpoints go through the door (tests/door_client.py)."""
+    from tests.door_client import DoorClient
+
+    made = DoorClient()
+    yield made
+    made.close()
 
 
 @pytest.fixture
@@ -51,8 +138,14 @@ def token(project) -> str:
     return ProjectToken.issue(project)
 
 
-def make_batch(run: str = "run-a", rank: int = 0, world_size: int = 3, seq: int = 0, session: str | None = None,
-               events: list | None = None) -> dict:
+def make_batch(
+    run: str = "run-a",
+    rank: int = 0,
+    world_size: int = 3,
+    seq: int = 0,
+    session: str | None = None,
+    events: list | None = None,
+) -> dict:
     return {
         "v": 1,
         "run": {"key": run, "world_size": world_size},
@@ -79,7 +172,6 @@ def post(client, token):
     return _post
 
 
-
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment, django_db_blocker):
     """The test database, always (pytest-django would skip it when only live_db tests run)."""
@@ -98,5 +190,7 @@ def _disconnect_others() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )

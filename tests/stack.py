@@ -3,14 +3,16 @@
 
 Every process is started in its own process group and killed (group included) at teardown.
 """
+
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 import redis
 import requests
 
-from dashboard.devstack.processes import stop_groups
+from dashboard.devstack.processes import server_command, stop_groups, worker_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,8 +55,9 @@ class Proc:
 
 def spawn(name: str, args: list[str], env: dict, logdir: Path) -> Proc:
     log = logdir / f"{name}.log"
-    popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
+    popen = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     return Proc(name, popen, log)
 
 
@@ -89,7 +92,7 @@ class Stack:
 
 
 def unique(prefix: str) -> str:
-    """Names for rows that outlive a test (live_db never truncates)."""
+    """Names for rows that outlive a test (committed; the next file of the process starts empty)."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
@@ -97,8 +100,9 @@ def unique(prefix: str) -> str:
 def live_db(django_db_setup, django_db_blocker):
     """Committed database access for tests that share data with the stack's processes.
 
-    Unlike pytest-django's transactional_db there is no TRUNCATE at teardown: that TRUNCATE
-    deadlocks with the Celery sweep, which keeps running. Tests use unique names instead.
+    Unlike pytest-django's transactional_db there is no TRUNCATE after each test (the stack's
+    Celery sweep keeps running and would deadlock with it): tests use unique names, and the next
+    file starts empty (tests/conftest.py, `_clean_start`, with a lock timeout and retries).
     """
     with django_db_blocker.unblock():
         yield
@@ -116,20 +120,34 @@ def stack_env(django_db_setup, django_db_blocker) -> dict:
         REDIS_URL=settings.REDIS_URL,
         LOCKSTEP_SETTLE_TIMEOUT=str(settings.LOCKSTEP_SETTLE_TIMEOUT),
         LOCKSTEP_SILENT_AFTER="8",
+        LOCKSTEP_SINKS_ALLOW_PRIVATE="1",  # the delivery tests' receivers listen on 127.0.0.1
+        # The backpressure drill stalls PostgreSQL with a table lock for longer than the 2 s default
+        # lock bound, to see requests queue behind a slow group (the bound's own drill runs its own
+        # server with 1 s: tests/security/test_edge.py).
+        LOCKSTEP_DB_LOCK_TIMEOUT="20",
         PYTHONUNBUFFERED="1",
     )
     return env
 
 
-@pytest.fixture(scope="session")
-def stack(stack_env, tmp_path_factory) -> Stack:
-    logdir = tmp_path_factory.mktemp("stack-logs")
+def uvicorn(port: int, *options: str) -> list[str]:
+    """The ASGI server's command line, as the tests start it (`options`: more of uvicorn's, e.g. --workers)."""
+    return server_command("127.0.0.1", port, *options)
+
+
+def celery_worker(schedule: Path) -> list[str]:
+    """A Celery worker with beat (the settle sweep), one task at a time, its beat state at `schedule`."""
+    return worker_command("--schedule", str(schedule), loglevel="info")
+
+
+@contextlib.contextmanager
+def started_stack(env: dict, logdir: Path, name: str = "") -> Iterator[Stack]:
+    """uvicorn and a Celery worker with `env`, up and answering; both stopped on the way out."""
     port = free_port()
-    server = spawn("uvicorn", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", "127.0.0.1",
-                               "--port", str(port), "--log-level", "warning"], stack_env, logdir)
-    worker = spawn("celery", [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1",
-                              "--loglevel", "info", "--schedule", str(logdir / "beat-schedule")], stack_env, logdir)
-    running = Stack(f"http://127.0.0.1:{port}", stack_env, server, worker)
+    suffix = f"-{name}" if name else ""
+    server = spawn(f"uvicorn{suffix}", uvicorn(port), env, logdir)
+    worker = spawn(f"celery{suffix}", celery_worker(logdir / "beat-schedule"), env, logdir)
+    running = Stack(f"http://127.0.0.1:{port}", env, server, worker)
     try:
         running.wait_http()
         running.wait_worker()
@@ -137,3 +155,48 @@ def stack(stack_env, tmp_path_factory) -> Stack:
     finally:
         worker.stop()
         server.stop()
+
+
+class SharedStack:
+    """The stack the files of one pytest process share: started by the first file that asks for it,
+    stopped once the next test of the process does not use it (`tests/conftest.py`), so no Celery
+    sweep runs against the database while an in-process file flushes or migrates it; started again
+    by the next file that asks."""
+
+    def __init__(self, env: dict, logs: Path) -> None:
+        self.env, self.logs = env, logs
+        self.running: Stack | None = None
+        self.exits = contextlib.ExitStack()
+        self.starts = 0
+
+    def get(self) -> Stack:
+        if self.running is None or self.running.server.popen.poll() is not None:
+            self.stop()
+            self.running = self.exits.enter_context(started_stack(self.env, self.logs, str(self.starts or "")))
+            self.starts += 1
+        return self.running
+
+    def stop(self) -> None:
+        self.running = None
+        self.exits.close()
+
+
+_shared: list[SharedStack] = []
+
+
+def stop_shared_stack() -> None:
+    for shared in _shared:
+        shared.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_stack(stack_env, tmp_path_factory) -> Iterator[SharedStack]:
+    _shared.append(SharedStack(stack_env, tmp_path_factory.mktemp("stack-logs")))
+    yield _shared[-1]
+    stop_shared_stack()
+    _shared.clear()
+
+
+@pytest.fixture(scope="module")
+def stack(shared_stack) -> Stack:
+    return shared_stack.get()

@@ -1,4 +1,5 @@
 """A project's alert destinations in the Django admin: kind, URL, and a secret that is never shown back."""
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit
@@ -12,9 +13,13 @@ from dashboard.delivery.models import Webhook
 class WebhookForm(forms.ModelForm):
     """The secret is write-only: the field starts empty, and left empty it keeps the stored one."""
 
-    secret = forms.CharField(required=False, strip=True, widget=forms.PasswordInput(render_value=False),
-                             help_text=Webhook._meta.get_field("secret").help_text
-                             + " Leave empty to keep the stored one; tick 'clear secret' to remove it.")
+    secret = forms.CharField(
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False),
+        help_text=Webhook._meta.get_field("secret").help_text
+        + " Leave empty to keep the stored one; tick 'clear secret' to remove it.",
+    )
     clear_secret = forms.BooleanField(required=False, label="clear secret")
 
     class Meta:

@@ -1,10 +1,11 @@
 """Websockets: a run's live feed (`ws/runs/<key>/`) and all visible runs (`ws/alerts/`).
 
-Only aggregates (alerts, progress) go through here, never raw per-rank events: channels_redis
+Only aggregates (alerts, incidents, progress) go through here, never raw per-rank events: channels_redis
 drops messages past a group's capacity. Access is checked again before messages are passed on
-(every alert; progress at most every RECHECK_S): a member removed from the project, or a session
+(every alert and incident; progress at most every RECHECK_S): a member removed from the project, or a session
 that logged out or expired, is closed (4403) instead of going on receiving.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,7 +46,7 @@ class _Feed(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def lockstep_message(self, event: dict) -> None:
-        is_alert = event["message"].get("type") == "alert"
+        is_alert = event["message"].get("type") in ("alert", "incident")
         if is_alert or time.monotonic() - self.checked_at >= RECHECK_S:
             self.allowed = await self.projects_allowed()
             self.checked_at = time.monotonic()
@@ -64,7 +65,10 @@ class _Feed(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated or not key:
             return frozenset()
         stored = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key).load()
-        if str(stored.get(SESSION_KEY)) != str(user.pk) or not get_user_model().objects.filter(pk=user.pk, is_active=True).exists():
+        if (
+            str(stored.get(SESSION_KEY)) != str(user.pk)
+            or not get_user_model().objects.filter(pk=user.pk, is_active=True).exists()
+        ):
             return frozenset()
         return self.visible(user)
 

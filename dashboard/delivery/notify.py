@@ -1,13 +1,16 @@
-"""Deliver alert revisions: websocket push through the channel layer, then webhooks.
+"""Deliver revisions: alerts to websockets (the pages' alert lists), incidents to websockets and to
+every destination (only incidents page: Slack, JSON webhooks, Alertmanager, PagerDuty).
 
-Delivery is an outbox: an alert whose `revision` is ahead of `notified_revision` is pending,
-and the sweep re-queues pending ones, so a worker dying after commit loses no notification.
-The push happens before the revision is marked (at least once; the page replaces by id).
+Delivery is an outbox twice over: an alert or incident whose `revision` is ahead of
+`notified_revision` is pending, and the sweep re-queues pending ones, so a worker dying after commit
+loses no notification. The push happens before the revision is marked (at least once; the page
+replaces by id).
 
 channels_redis binds its connection pools to the event loop that created them; Celery tasks
 have no loop, so each push runs one coroutine on a fresh layer and closes its pools inside
 that same coroutine (channels_redis #332: "Event loop is closed").
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,9 +20,9 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from dashboard.delivery import notifications
-from dashboard.detection import lifecycle, silences
-from dashboard.detection.models import Alert
+from dashboard.delivery import mirror, notifications
+from dashboard.detection import incidents, lifecycle, silences
+from dashboard.detection.models import Alert, Incident
 
 
 def run_group(run_id: int) -> str:
@@ -34,12 +37,16 @@ def message(alert: Alert) -> dict:
     return {"type": "alert", "alert": {**alert.as_json(), **silences.mute_state(alert)}}
 
 
-def push(alerts: list[Alert]) -> None:
-    """Send the alerts' current state to their run's and project's websocket groups."""
+def incident_message(incident: Incident) -> dict:
+    return {"type": "incident", "incident": incident.as_json()}
+
+
+def push(alerts: list[Alert], changed_incidents: list[Incident] = ()) -> None:
+    """Send the alerts' and incidents' current state to their run's and project's websocket groups."""
     messages = []
-    for alert in alerts:
-        body = {"type": "lockstep.message", "message": message(alert), "project": alert.run.project_id}
-        messages += [(run_group(alert.run_id), body), (project_group(alert.run.project_id), body)]
+    for item, text in [*((a, message(a)) for a in alerts), *((i, incident_message(i)) for i in changed_incidents)]:
+        body = {"type": "lockstep.message", "message": text, "project": item.run.project_id}
+        messages += [(run_group(item.run_id), body), (project_group(item.run.project_id), body)]
     if messages:
         asyncio.run(_send(messages))
 
@@ -49,8 +56,12 @@ def push_progress(run, ranks: list[dict], strip: list[dict] | None = None) -> No
     per-rank phases (`detection.runs.strip`, bounded), for the run's group only."""
     steps = [r["last_step"] for r in ranks if r["last_step"] is not None]
     message = {
-        "type": "progress", "run": run.key, "last_step": max(steps, default=None), "min_step": min(steps, default=None),
-        "ranks_reporting": len(ranks), "ranks_ended": sum(r["status"] != "running" for r in ranks),
+        "type": "progress",
+        "run": run.key,
+        "last_step": max(steps, default=None),
+        "min_step": min(steps, default=None),
+        "ranks_reporting": len(ranks),
+        "ranks_ended": sum(r["status"] != "running" for r in ranks),
         "world_size": run.world_size,
     }
     body = {"type": "lockstep.message", "message": message, "project": run.project_id}
@@ -58,21 +69,53 @@ def push_progress(run, ranks: list[dict], strip: list[dict] | None = None) -> No
     asyncio.run(_send([(run_group(run.id), run_body), (project_group(run.project_id), body)]))
 
 
-def deliver(alert_id: int) -> list[int]:
-    """Push a pending revision to websockets; queue webhooks unless muted. Returns notification ids."""
+def deliver(alert_id: int) -> int | None:
+    """Push a pending alert revision to websockets (alerts page no destination); the id of the alert's
+    incident when that has a revision to deliver."""
     with transaction.atomic():
-        alert = Alert.objects.select_for_update(of=("self",)).select_related("run", "acked_by").filter(id=alert_id).first()
-        if alert is None or alert.notified_revision >= alert.revision:
-            return []
-        push([alert])
-        mute = silences.mute_state(alert)
-        notes = notifications.queue(alert, muted=mute["silenced"] or mute["inhibited"])
-        lifecycle.mark_notified(alert)
-    return notes
+        alert = (
+            Alert.objects.select_for_update(of=("self",)).select_related("run", "acked_by").filter(id=alert_id).first()
+        )
+        if alert is None:
+            return None
+        if alert.notified_revision < alert.revision:
+            push([alert])
+            lifecycle.mark_notified(alert)
+    pending_incident = Incident.objects.filter(id=alert.incident_id, notified_revision__lt=F("revision")).exists()
+    return alert.incident_id if pending_incident else None
+
+
+def deliver_incident(incident_id: int) -> tuple[list[int], list[int]]:
+    """Push a pending incident revision to websockets, queue its notifications (unless muted) and the
+    Alertmanager silences its ack or a Lockstep silence asks for. Returns (notification ids due now,
+    silence rows to sync)."""
+    with transaction.atomic():
+        incident = (
+            Incident.objects.select_for_update(of=("self",))
+            .select_related("run__project", "root__run", "acked_by")
+            .filter(id=incident_id)
+            .first()
+        )
+        if incident is None or incident.notified_revision >= incident.revision:
+            return [], []
+        push([], [incident])
+        notes = notifications.queue(incident, muted=muted(incident))
+        rows = mirror.plan(incident)
+        incidents.mark_notified(incident)
+    return notes, rows
+
+
+def muted(incident: Incident) -> bool:
+    """A Lockstep silence that matches the incident's root mutes the incident."""
+    return incident.root_id is not None and bool(silences.matching(incident.root))
 
 
 def pending(limit: int = 500) -> list[int]:
     return list(Alert.objects.filter(notified_revision__lt=F("revision")).values_list("id", flat=True)[:limit])
+
+
+def pending_incidents(limit: int = 500) -> list[int]:
+    return list(Incident.objects.filter(notified_revision__lt=F("revision")).values_list("id", flat=True)[:limit])
 
 
 async def _send(messages: list[tuple[str, dict]]) -> None:

@@ -1,23 +1,40 @@
-"""Celery tasks of delivery: push alert revisions (websockets, then webhooks), retry webhooks, and a
-periodic sweep for revisions nobody delivered (a worker killed between commit and push) and for
-the live progress of active runs.
+"""Celery tasks of delivery: push alert and incident revisions (websockets, then destinations), retry
+notifications, keep Alertmanager's copies fresh and its silences in step, and a periodic sweep for
+revisions nobody delivered (a worker killed between commit and push) and for the live progress of
+active runs.
 
-Delivery subscribes to `detection.signals.alerts_changed`; the outbox state (`revision` against
-`notified_revision`) is in PostgreSQL, so whatever a lost message misses, the sweep delivers.
+Delivery subscribes to `detection.signals.alerts_changed` (an alert's change carries its incident's
+along) and to saved silences; the outbox state (`revision` against `notified_revision`, pending
+rows) is in PostgreSQL, so whatever a lost message misses, the sweep delivers.
 """
+
 from __future__ import annotations
 
-from celery import shared_task
+import logging
 
-from dashboard.delivery import notifications, notify
+from celery import shared_task
+from django.db import transaction
+
+from dashboard.delivery import mirror, notifications, notify
 from dashboard.detection import runs
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def deliver(alert_id: int) -> int:
-    notes = notify.deliver(alert_id)
+    """The alert's revision to websockets, then its incident's revision everywhere."""
+    incident_id = notify.deliver(alert_id)
+    return deliver_incident(incident_id) if incident_id is not None else 0
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def deliver_incident(incident_id: int) -> int:
+    notes, rows = notify.deliver_incident(incident_id)
     for note_id in notes:
         send_webhook.delay(note_id)
+    for row_id in rows:
+        sync_silence.delay(row_id)
     return len(notes)
 
 
@@ -27,17 +44,42 @@ def send_webhook(notification_id: int) -> None:
     notifications.send(notification_id)
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def refresh_webhook(notification_id: int) -> None:
+    notifications.refresh(notification_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sync_silence(row_id: int) -> None:
+    mirror.sync(row_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def mirror_silences(project_id: int) -> int:
+    rows = mirror.plan_project(project_id)
+    for row_id in rows:
+        sync_silence.delay(row_id)
+    return len(rows)
+
+
 @shared_task(ignore_result=True)
 def sweep() -> int:
-    """Every 2 s (beat): progress of active runs to their pages, pending alert revisions delivered,
-    due webhook notifications sent (first attempts lost on the way, and retries)."""
+    """Every 2 s (beat): progress of active runs to their pages, pending alert and incident revisions
+    delivered, due notifications sent (first attempts lost on the way, retries, rate-limited updates),
+    Alertmanager's firing incidents refreshed, pending silences synced."""
     for run in runs.active_runs():
         notify.push_progress(run, runs.rank_rows(run), runs.strip(run))
     pending = notify.pending()
     for alert_id in pending:
         deliver.delay(alert_id)
+    for incident_id in notify.pending_incidents():
+        deliver_incident.delay(incident_id)
     for note_id in notifications.due():
         send_webhook.delay(note_id)
+    for note_id in notifications.refresh_due():
+        refresh_webhook.delay(note_id)
+    for row_id in mirror.due():
+        sync_silence.delay(row_id)
     return len(pending)
 
 
@@ -45,3 +87,19 @@ def on_alerts_changed(sender, alert_ids: list[int], **kwargs) -> None:
     """detection.signals.alerts_changed."""
     for alert_id in alert_ids:
         deliver.delay(alert_id)
+
+
+def on_silence_saved(sender, instance, **kwargs) -> None:
+    """A Lockstep silence made or expired: Alertmanager destinations of its project follow (after
+    commit; with the broker down the silence is still stored, and the next incident revision plans it)."""
+    project_id = instance.project_id
+
+    def queue() -> None:
+        try:
+            mirror_silences.delay(project_id)
+        except Exception:
+            log.warning(
+                "broker unavailable; Alertmanager silences of project %s follow later", project_id, exc_info=True
+            )
+
+    transaction.on_commit(queue)

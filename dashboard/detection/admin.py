@@ -1,4 +1,5 @@
 """Alerts, silences and baselines in the Django admin."""
+
 from __future__ import annotations
 
 from django.contrib import admin

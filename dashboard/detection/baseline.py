@@ -2,15 +2,16 @@
 
 Only consensus rows are compared, so the comparison costs O(slots), never O(slots x ranks).
 """
+
 from __future__ import annotations
 
 from django.db import transaction
 
 from dashboard.detection import detail, lifecycle, subjects
 from dashboard.detection.consensus import Consensus
+from dashboard.detection.models import Alert, Baseline
 from dashboard.detection.rules import GradSlotView
 from dashboard.detection.rules.baseline_divergence import baseline_divergence
-from dashboard.detection.models import Alert, Baseline
 from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Rank, Run
 
@@ -27,8 +28,10 @@ def reference(run: Run, step: int, group: str) -> tuple[tuple | None, str | None
 
 def first_difference(run: Run, baseline: Run) -> GradSlotView | None:
     """The first settled step (in order) where the two runs' consensus differs, as a slot view."""
-    theirs = {(s.step, s.group): s.consensus.get("reference")
-              for s in GradSlot.objects.filter(run=baseline, settled_at__isnull=False).only("step", "group", "consensus")}
+    theirs = {
+        (s.step, s.group): s.consensus.get("reference")
+        for s in GradSlot.objects.filter(run=baseline, settled_at__isnull=False).only("step", "group", "consensus")
+    }
     for slot in GradSlot.objects.filter(run=run, settled_at__isnull=False).order_by("step", "group"):
         other = theirs.get((slot.step, slot.group))
         mine = slot.consensus.get("reference")
@@ -46,14 +49,22 @@ def choose(run: Run, base: Run, user=None) -> Baseline:
     return link
 
 
+def suggest(run: Run, base: Run) -> None:
+    """Make `base` the baseline of `run` unless one was chosen already (the demo's second job)."""
+    Baseline.objects.get_or_create(run=run, defaults={"baseline": base})
+
+
 def compare(run: Run) -> list[int]:
     """Raise the run's baseline_divergence alert from its settled history (resolving alerts against a
     former baseline); alert ids to deliver."""
     link = Baseline.objects.select_related("baseline").filter(run=run).first()
     with transaction.atomic():
         current = subjects.baseline_prefix(link.baseline.key) if link else None
-        stale = [(a.kind, a.subject) for a in Alert.objects.filter(run=run, kind="baseline_divergence", state="firing")
-                 if current is None or not a.subject.startswith(current)]
+        stale = [
+            (a.kind, a.subject)
+            for a in Alert.objects.filter(run=run, kind="baseline_divergence", state="firing")
+            if current is None or not a.subject.startswith(current)
+        ]
         view = first_difference(run, link.baseline) if link else None
         findings = list(baseline_divergence(view)) if view else []
         changed = lifecycle.apply(run, findings, stale, None)
@@ -65,7 +76,9 @@ def compare(run: Run) -> list[int]:
 def name_buckets(run: Run, baseline_key: str, group: str, step: int) -> None:
     """At the first differing step, name the buckets' parameters from this run's layout (the
     baseline run's agents are gone, so per-parameter values cannot be asked for)."""
-    alert = Alert.objects.filter(run=run, kind="baseline_divergence", subject=subjects.baseline(baseline_key, group)).first()
+    alert = Alert.objects.filter(
+        run=run, kind="baseline_divergence", subject=subjects.baseline(baseline_key, group)
+    ).first()
     rank = Rank.objects.filter(run=run).order_by("rank").values_list("rank", flat=True).first()
     if alert is not None and alert.step == step and rank is not None:
         detail.name_buckets(alert, group, rank)

@@ -1,9 +1,10 @@
-"""Majority value of one slot and the ranks that dissent from it (DESIGN 5)."""
+"""Majority value of one slot and the ranks that dissent from it (docs/design.md, Detection)."""
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Hashable, Mapping
 
 
 @dataclass(frozen=True)

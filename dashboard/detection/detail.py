@@ -1,4 +1,4 @@
-"""Naming the parameters behind a gradient divergence.
+"""Naming the parameters behind a gradient divergence, and asking for the weights it changed.
 
 Buckets say *where* replicas disagree, and the reference rank's `rank_start` layout says at once
 which parameters each bucket holds (`bucket_members`). The agents keep per-parameter fingerprints
@@ -6,18 +6,31 @@ of the last 128 steps. When grad_divergence fires, the dissenters and one refere
 their next ingest reply: `ingest.writers` hands the requests out inside the batch's own
 statement) for that step's per-parameter values; when all have answered, the
 differing parameters go into the alert.
+
+A divergence of gradients (or NaN in some) changes the replicas' weights from the update on, and
+only a weight fingerprint on which they agree again resolves it: every rank is asked to take one
+right away (`ask_for_weights`) instead of at its next `LOCKSTEP_PARAM_EVERY` step, so that
+`param_divergence` confirms the damage within a step or two.
 """
+
 from __future__ import annotations
 
+import math
+
 from django.db import transaction
+from django.utils import timezone
 
 from dashboard.detection import lifecycle
 from dashboard.detection.models import Alert
+from dashboard.evidence import reads
 from dashboard.ledger import details
-from dashboard.tenancy.models import Rank
-from ingest.models import EventLog
+from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Rank, Run
 
 MEMBERS_SHOWN = 20
+WEIGHTS_LEAD_S = 1.5  # a request reaches every rank at its next flush after the settle: ask that far past now
+PACE_SLOTS = 16  # the pace of a run: over its last this many gradient slots
+MAX_LEAD_STEPS = 100_000
 
 
 def bucket_members(info: dict, group: str, buckets: list[int]) -> dict[str, list[str]]:
@@ -26,7 +39,7 @@ def bucket_members(info: dict, group: str, buckets: list[int]) -> dict[str, list
     params, layout = info.get("params") or [], info.get("buckets") or []
     prefix = f"{group}:"
     mine = [b for b in layout if b and all(0 <= i < len(params) for i in b) and params[b[0]].startswith(prefix)]
-    return {str(k): [params[i][len(prefix):] for i in mine[k][:MEMBERS_SHOWN]] for k in buckets if 0 <= k < len(mine)}
+    return {str(k): [params[i][len(prefix) :] for i in mine[k][:MEMBERS_SHOWN]] for k in buckets if 0 <= k < len(mine)}
 
 
 def name_buckets(alert: Alert, group: str, rank: int) -> None:
@@ -67,16 +80,47 @@ def explain(alert_id: int) -> bool:
             return False
         values = {ask.rank: _params(alert.run_id, ask.rank, ask.step, ask.group) for ask in asks}
         reference = values[min(r for r in values if r not in alert.ranks)] if set(values) - set(alert.ranks) else {}
-        differing = sorted({name for r in alert.ranks for name, fp in values.get(r, {}).items() if reference.get(name) != fp})
-        message = f"{alert.message}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "") \
-            if differing else None
+        differing = sorted(
+            {name for r in alert.ranks for name, fp in values.get(r, {}).items() if reference.get(name) != fp}
+        )
+        message = (
+            f"{alert.message}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "")
+            if differing
+            else None
+        )
         lifecycle.enrich(alert, {"params": differing[:50]}, message, news=True)
         return True
 
 
 def _params(run_id: int, rank: int, step: int, group: str) -> dict[str, int]:
-    rows = EventLog.objects.filter(run_id=run_id, rank=rank, t="detail", body__step=step).values_list("body", flat=True)
-    for body in rows:
+    for body in reads.detail_answers(run_id, rank, step):
         if body.get("group", "ddp") == group:
             return body.get("params") or {}
     return {}
+
+
+def ask_for_weights(alert: Alert, group: str, slot: GradSlot) -> int:
+    """Ask every running rank for a weight fingerprint of `group` after one step to come, the same
+    for all (a weight slot compares the ranks at one step): where the ranks will be WEIGHTS_LEAD_S
+    from now at the run's pace, two steps past the furthest step known at least. Returns that step."""
+    run = Run.objects.get(id=alert.run_id)
+    ranks = set(Rank.objects.filter(run=run, status="running").values_list("rank", flat=True))
+    ahead = (timezone.now() - slot.first_seen).total_seconds() + WEIGHTS_LEAD_S
+    expected = slot.step + math.ceil(pace(slot) * ahead)
+    step = min(max(expected, max(run.last_step or 0, slot.step) + 2), slot.step + MAX_LEAD_STEPS)
+    details.ask_weights(run.id, ranks, step, group, alert.id)
+    return step
+
+
+def pace(slot: GradSlot) -> float:
+    """Steps per second of the slot's run, from when its last PACE_SLOTS gradient slots first arrived."""
+    earlier = (
+        GradSlot.objects.filter(run_id=slot.run_id, group=slot.group, step__lt=slot.step)
+        .order_by("-step")
+        .values_list("step", "first_seen")[:PACE_SLOTS]
+    )
+    if not earlier:
+        return 0.0
+    step, seen = earlier[len(earlier) - 1]
+    seconds = (slot.first_seen - seen).total_seconds()
+    return (slot.step - step) / seconds if seconds > 0 else 0.0

@@ -12,24 +12,26 @@ From torch's collectives it takes the first one that is not whole (ranks missing
 its type); per rank it reports the last collective entered (the newest entry) and completed
 (`pg_status`, or the newest completed entry), next to what the rank compiled at that moment.
 """
+
 from __future__ import annotations
 
 import ast
 import copy
 import logging
+import pkgutil
 from collections import Counter
 from datetime import timedelta
 
 import msgspec
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
+import agents
 from agents import protocol
 from dashboard.detection import lifecycle
 from dashboard.detection.models import Alert
+from dashboard.evidence import reads
 from dashboard.ledger import flight as requests_of
-from ingest.models import CompileEvent, EventLog, FlightRecord
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,10 @@ def _ranks_of(text) -> list[int] | None:
 def _prepared(rank: int, dump: dict, world_size: int | None) -> tuple[dict, list[str]]:
     """One rank's dump as torch's loader returns it (`fr_trace.read_dump`), repaired; and what was repaired."""
     notes = []
-    entries = [{**_ENTRY_DEFAULTS, **e, "process_group": tuple(e.get("process_group") or ("", ""))[:2]}
-               for e in dump.get("entries") or []]  # the wire omits default values; torch reads every key
+    entries = [
+        {**_ENTRY_DEFAULTS, **e, "process_group": tuple(e.get("process_group") or ("", ""))[:2]}
+        for e in dump.get("entries") or []
+    ]  # the wire omits default values; torch reads every key
     config = {}
     for name, c in (dump.get("pg_config") or {}).items():
         ranks = _ranks_of((c or {}).get("ranks"))
@@ -73,12 +77,20 @@ def _prepared(rank: int, dump: dict, world_size: int | None) -> tuple[dict, list
         else:
             entries = [e for e in entries if e["process_group"][0] != name]
             notes.append(f"rank {rank}: process group {name!r} has no config; its entries left out")
-    for name, c in config.items():  # torch compares desc across ranks by config; the entries' desc is the one it matches on
+    for (
+        name,
+        c,
+    ) in config.items():  # torch compares desc across ranks by config; the entries' desc is the one it matches on
         descs = {d for n, d in used if n == name}
         if len(descs) == 1:
             c["desc"] = next(iter(descs))
-    return {"host_name": f"rank{rank}", "rank": rank, "entries": entries, "version": dump.get("version") or "",
-            "pg_config": config}, notes
+    return {
+        "host_name": f"rank{rank}",
+        "rank": rank,
+        "entries": entries,
+        "version": dump.get("version") or "",
+        "pg_config": config,
+    }, notes
 
 
 def _names(c) -> dict:
@@ -101,11 +113,15 @@ def analyze(dumps: dict[int, dict], world_size: int | None = None) -> dict:
         details[f"rank{rank}"] = prepared
         versions[prepared["version"]] += 1
     if not details:
-        result["error"] = "no rank recorded a collective (Flight Recorder off: TORCH_FR_BUFFER_SIZE unset before init_process_group?)"
+        result["error"] = (
+            "no rank recorded a collective (Flight Recorder off: TORCH_FR_BUFFER_SIZE unset before init_process_group?)"
+        )
         return result
     version = versions.most_common(1)[0][0]
     for key in [k for k, d in details.items() if d["version"] != version]:
-        result["notes"].append(f"{key}: Flight Recorder format {details.pop(key)['version']} differs from {version}; left out")
+        result["notes"].append(
+            f"{key}: Flight Recorder format {details.pop(key)['version']} differs from {version}; left out"
+        )
     try:
         from torch.distributed.flight_recorder.components.builder import build_db
         from torch.distributed.flight_recorder.components.config_manager import JobConfig
@@ -119,10 +135,16 @@ def analyze(dumps: dict[int, dict], world_size: int | None = None) -> dict:
     result["collectives"] = len(db.collectives)
     for c in db.collectives:
         if c.missing_ranks or c.mismatch_collectives or not c.pass_check:
-            errors = {str(r): {**_names(m), "error": str(m.type_of_mismatch) if m.type_of_mismatch else ""}
-                      for r, m in sorted((c.mismatch_collectives or {}).items())}
-            result["mismatch"] = {**_names(c), "expected_ranks": sorted(c.expected_ranks or ()),
-                                  "missing_ranks": sorted(c.missing_ranks or ()), "mismatched": errors}
+            errors = {
+                str(r): {**_names(m), "error": str(m.type_of_mismatch) if m.type_of_mismatch else ""}
+                for r, m in sorted((c.mismatch_collectives or {}).items())
+            }
+            result["mismatch"] = {
+                **_names(c),
+                "expected_ranks": sorted(c.expected_ranks or ()),
+                "missing_ranks": sorted(c.missing_ranks or ()),
+                "mismatched": errors,
+            }
             break
     return result
 
@@ -130,7 +152,12 @@ def analyze(dumps: dict[int, dict], world_size: int | None = None) -> dict:
 def _rank_facts(dump: dict) -> dict:
     entries = [e for e in dump.get("entries") or [] if not e.get("is_p2p")]
     newest = max(entries, key=lambda e: (e.get("collective_seq_id") or 0, e.get("record_id") or 0), default=None)
-    facts = {"entries": len(dump.get("entries") or []), "error": dump.get("error") or "", "entered": None, "completed": None}
+    facts = {
+        "entries": len(dump.get("entries") or []),
+        "error": dump.get("error") or "",
+        "entered": None,
+        "completed": None,
+    }
     if newest is not None:
         facts["entered"] = _entry_facts(newest)
     completed = None
@@ -141,8 +168,14 @@ def _rank_facts(dump: dict) -> dict:
     except (TypeError, ValueError):
         seq = -1
     if seq >= 0:
-        completed = next((e for e in entries if (e.get("collective_seq_id") or 0) == seq and (e.get("process_group") or [""])[0] == pg),
-                         {"collective_seq_id": seq, "profiling_name": "", "state": "completed", "process_group": [pg, ""]})
+        completed = next(
+            (
+                e
+                for e in entries
+                if (e.get("collective_seq_id") or 0) == seq and (e.get("process_group") or [""])[0] == pg
+            ),
+            {"collective_seq_id": seq, "profiling_name": "", "state": "completed", "process_group": [pg, ""]},
+        )
     else:
         done = [e for e in entries if e.get("state") == "completed"]
         completed = max(done, key=lambda e: e.get("collective_seq_id") or 0, default=None)
@@ -153,14 +186,32 @@ def _rank_facts(dump: dict) -> dict:
 
 def _entry_facts(e: dict) -> dict:
     pg = e.get("process_group") or ["", ""]
-    frames = e.get("frames") or []
-    user = next((f for f in frames if "/torch/" not in (f.get("filename") or "")), None)
-    return {"seq": e.get("collective_seq_id"), "op": e.get("profiling_name") or "", "state": e.get("state") or "",
-            "pg": f"{pg[0]}:{pg[1]}" if len(pg) > 1 and pg[1] else str(pg[0]),
-            "where": f"{user['filename']}:{user.get('line', 0)} {user.get('name', '')}" if user else ""}
+    user = user_frame(e.get("frames") or [])
+    return {
+        "seq": e.get("collective_seq_id"),
+        "op": e.get("profiling_name") or "",
+        "state": e.get("state") or "",
+        "pg": f"{pg[0]}:{pg[1]}" if len(pg) > 1 and pg[1] else str(pg[0]),
+        "where": f"{user['filename']}:{user.get('line', 0)} {user.get('name', '')}" if user else "",
+    }
+
+
+_AGENT_FILES = tuple(f"/agents/{m.name}.py" for m in pkgutil.iter_modules(agents.__path__))
+
+
+def user_frame(frames: list[dict]) -> dict | None:
+    """The collective's call site: the innermost frame that is neither torch's nor the Lockstep agent's
+    (older agents sent their own DDP wrapper, `agents/grads.py ... __init__`, among the frames)."""
+
+    def foreign(filename: str) -> bool:
+        path = filename.replace("\\", "/")
+        return "/torch/" in path or path.endswith(_AGENT_FILES) or path.startswith("<")
+
+    return next((f for f in frames if not foreign(f.get("filename") or "")), None)
 
 
 # --- the alert side ---------------------------------------------------------------------------------
+
 
 def ask(alert: Alert, ranks: set[int]) -> bool:
     """A hang_forecast alert is news: ask every live rank for a dump (once per alert revision); the
@@ -180,13 +231,16 @@ def summarize(alert_id: int, revision: int) -> bool:
         since = min(r.created_at for r in reqs)
         records = {}
         for r in reqs:
-            rec = (FlightRecord.objects.filter(run_id=alert.run_id, rank=r.rank, received__gte=since)
-                   .order_by("-received", "-id").first())
+            rec = reads.latest_flight_record(alert.run_id, r.rank, since)
             if rec is not None:
                 records[r.rank] = rec
         summary = analyze({rank: rec.dump for rank, rec in records.items()}, alert.run.world_size)
-        summary.update(revision=revision, asked=[r.rank for r in reqs], answered=sorted(records),
-                       compiles={str(rank): compiles_at(alert.run_id, rank, rec.received) for rank, rec in records.items()})
+        summary.update(
+            revision=revision,
+            asked=[r.rank for r in reqs],
+            answered=sorted(records),
+            compiles={str(rank): compiles_at(alert.run_id, rank, rec.received) for rank, rec in records.items()},
+        )
         summary["message"] = headline(summary)
         old = (alert.details or {}).get("flight_recorder") or {}
         if old.get("revision", -1) > revision or _same(old, summary):
@@ -203,17 +257,23 @@ def compiles_at(run_id: int, rank: int, at) -> dict:
     """What the rank compiled at the moment of its dump: its last compile_start and last finished compile
     within COMPILE_WINDOW_S before it, and whether that start is still running (no compile of its id yet)."""
     window = at - timedelta(seconds=COMPILE_WINDOW_S)
-    start = (EventLog.objects.filter(run_id=run_id, rank=rank, t="compile_start", received__gte=window, received__lte=at)
-             .order_by("-received", "-id").values_list("body", flat=True).first())
-    done = (CompileEvent.objects.filter(run_id=run_id, rank=rank, ts__gte=window, ts__lte=at + timedelta(seconds=5))
-            .order_by("-ts", "-id").values("frame", "index", "compile_id", "status", "compile_time", "recompile_reason").first())
+    start = reads.compile_start(run_id, rank, window, at)
+    done = reads.compile_finished(run_id, rank, window, at + timedelta(seconds=5))
     out: dict = {"compiling": None, "last": None}
     if done:
-        out["last"] = {"frame": done["frame"], "index": done["index"], "status": done["status"],
-                       "seconds": done["compile_time"], "reason": (done["recompile_reason"] or "")[:500]}
+        out["last"] = {
+            "frame": done["frame"],
+            "index": done["index"],
+            "status": done["status"],
+            "seconds": done["compile_time"],
+            "reason": (done["recompile_reason"] or "")[:500],
+        }
     if start and not (done and done["compile_id"] == start.get("compile_id")):
-        out["compiling"] = {"frame": start.get("frame") or "", "compile_id": start.get("compile_id") or "",
-                            "reason": (start.get("reason") or "")[:500]}
+        out["compiling"] = {
+            "frame": start.get("frame") or "",
+            "compile_id": start.get("compile_id") or "",
+            "reason": (start.get("reason") or "")[:500],
+        }
     return out
 
 
@@ -225,14 +285,18 @@ def headline(summary: dict) -> str:
     if not m:
         return "Flight Recorder: torch's analysis found every recorded collective complete on the ranks that answered"
     missing = m.get("missing_ranks") or []
-    entered = [r for r in m.get("expected_ranks") or [] if r not in missing and str(r) not in (m.get("mismatched") or {})]
+    entered = [
+        r for r in m.get("expected_ranks") or [] if r not in missing and str(r) not in (m.get("mismatched") or {})
+    ]
     head = f"Flight Recorder: {_ranks(entered)} entered {m['op']} #{m['seq']} of process group {m['pg']}"
     if missing:
         lasts = []
         for r in missing:
             facts = (summary.get("ranks") or {}).get(str(r)) or {}
             last = facts.get("entered")
-            lasts.append(f"{_ranks([r])}'s last is #{last['seq']} {last['op']}" if last else f"{_ranks([r])} sent no dump")
+            lasts.append(
+                f"{_ranks([r])}'s last is #{last['seq']} {last['op']}" if last else f"{_ranks([r])} sent no dump"
+            )
         head += f"; {_ranks(missing)} never did ({', '.join(lasts)})"
     for r, mm in (m.get("mismatched") or {}).items():
         head += f"; rank {r} entered {mm['op']} #{mm['seq']} instead ({mm['error']})"

@@ -5,15 +5,17 @@ counts and first/last seen; people acknowledge and unacknowledge them; detection
 (the parameters behind a divergence). Every change worth telling bumps `revision`, and only this
 module does; delivery reports back which revision it pushed (`mark_notified`).
 """
+
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from dashboard.detection.rules import Finding
+from dashboard.detection import incidents
 from dashboard.detection.models import Alert
+from dashboard.detection.rules import Finding
 from dashboard.tenancy.models import Run
-
 
 KEPT_ON_UPDATE = ("flight_recorder",)  # enrichments a finding's fresher details keep (until a new episode)
 
@@ -21,8 +23,11 @@ KEPT_ON_UPDATE = ("flight_recorder",)  # enrichments a finding's fresher details
 def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: int | None) -> list[int]:
     """Record findings and resolve clean subjects in the caller's transaction; ids to deliver."""
     assert transaction.get_connection().in_atomic_block
-    changed = [alert.id for alert, news in (record(run, f, at) for f in findings) if news]
+    recorded = [record(run, f, at) for f in findings]
+    changed = [alert.id for alert, news in recorded if news]
     changed += [alert.id for alert in (resolve(run, kind, subject, at) for kind, subject in clean) if alert]
+    incidents.place(run, changed)
+    incidents.recount([alert for alert, news in recorded if not news])
     return changed
 
 
@@ -62,6 +67,7 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
     news = bool(new_ranks) or refired or escalated
     if news:
         alert.state, alert.resolved_at = Alert.State.FIRING, None
+        alert.resolved_by, alert.resolve_reason = None, ""
         alert.revision += 1
     alert.save()
     return alert, news
@@ -69,7 +75,9 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
 
 def resolve(run: Run, kind: str, subject: str, at: int | None) -> Alert | None:
     """Resolve a firing alert whose subject came out clean later than it last fired; ack expires."""
-    alert = Alert.objects.select_for_update().filter(run=run, kind=kind, subject=subject, state=Alert.State.FIRING).first()
+    alert = (
+        Alert.objects.select_for_update().filter(run=run, kind=kind, subject=subject, state=Alert.State.FIRING).first()
+    )
     if alert is None or (at is not None and alert.last_position is not None and at <= alert.last_position):
         return None
     alert.state, alert.resolved_at = Alert.State.RESOLVED, timezone.now()
@@ -79,16 +87,61 @@ def resolve(run: Run, kind: str, subject: str, at: int | None) -> Alert | None:
     return alert
 
 
+RUN_ENDED = incidents.RUN_ENDED  # the resolve_reason of alerts the end of their run closed
+
+
+def end_of_run(run: Run) -> list[int]:
+    """Every rank ended: the run's firing alerts reach their terminal state (resolved, "run ended"),
+    each a new revision so every sink hears the resolve. Only alerts whose firing revision was
+    delivered: no sink sees a resolve before the page it closes (the others wait for the next sweep)."""
+    assert transaction.get_connection().in_atomic_block
+    alerts = list(
+        Alert.objects.select_for_update()
+        .filter(run=run, state=Alert.State.FIRING, notified_revision__gte=F("revision"))
+        .order_by("id")
+    )
+    for alert in alerts:
+        alert.state, alert.resolved_at, alert.resolve_reason = Alert.State.RESOLVED, timezone.now(), RUN_ENDED
+        alert.revision += 1
+        alert.save()
+    incidents.refresh_of(alerts)
+    return [alert.id for alert in alerts]
+
+
 def acknowledge(alert: Alert, user) -> Alert:
     """Someone is on it. Not a new revision: webhooks stay quiet; websockets get a push."""
     alert.acked_by, alert.acked_at = user, timezone.now()
     alert.save(update_fields=["acked_by", "acked_at", "last_seen"])
+    if alert.incident is not None and alert.incident.root_id == alert.id and alert.incident.acked_by_id is None:
+        incidents.acknowledge(alert.incident, user)  # acking the root is acking the incident
     return alert
 
 
 def unacknowledge(alert: Alert) -> Alert:
     alert.acked_by, alert.acked_at = None, None
     alert.save(update_fields=["acked_by", "acked_at"])
+    if alert.incident is not None and alert.incident.root_id == alert.id and alert.incident.acked_by_id is not None:
+        incidents.unacknowledge(alert.incident)
+    return alert
+
+
+BY_HAND = "resolved by hand"  # the resolve_reason of an alert a person (or a project's automation) closed
+
+
+def resolve_by_hand(alert: Alert, user, reason: str) -> Alert:
+    """An operator closes a stale alert: resolved, who (`user`, None for a project token: the caller
+    names it in `reason`) and why, the ack expired as on any resolve; a new revision, so every sink
+    hears the resolve, and its incident follows. A resolved alert stays as it is."""
+    assert transaction.get_connection().in_atomic_block
+    alert = Alert.objects.select_for_update().get(id=alert.id)
+    if alert.state == Alert.State.RESOLVED:
+        return alert
+    alert.state, alert.resolved_at = Alert.State.RESOLVED, timezone.now()
+    alert.resolved_by, alert.resolve_reason = user, f"{BY_HAND}: {reason}"
+    alert.acked_by, alert.acked_at = None, None
+    alert.revision += 1
+    alert.save()
+    incidents.refresh_of([alert])
     return alert
 
 

@@ -16,6 +16,7 @@ ranks' raw events (compile totals come from `RunTally`, one row per run):
 No label names a rank: a 1024-rank run is one series per metric. Active: a run that reported in
 the last `runs.ACTIVE_WINDOW`.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -27,10 +28,11 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from dashboard.detection import bills, cost
 from dashboard.detection.models import Alert, RunTally
 from dashboard.detection.runs import ACTIVE_WINDOW
 from dashboard.ledger.models import CompileSlot, GradSlot
-from dashboard.tenancy.models import Rank, Run
+from dashboard.tenancy.models import Project, Rank, Run
 
 RUN_LABELS = ["project", "run"]
 
@@ -40,66 +42,133 @@ class HealthCollector:
 
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
-        active = list(Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW).order_by("-started_at")
-                      .values_list("id", "key", "project__name", "last_step"))
+        active = list(
+            Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW)
+            .order_by("-started_at")
+            .values_list("id", "key", "project__name", "last_step")
+        )
         projects = {run_id: project for run_id, _, project, _ in active}
-        shown = active[:settings.LOCKSTEP_METRICS_RUNS]
+        shown = active[: settings.LOCKSTEP_METRICS_RUNS]
         names = {run_id: (project, key) for run_id, key, project, _ in shown}
         ids = list(projects)
         reporting, silent = _rank_counts(ids, now)
         lag = _settle_lag(ids, now)
         yield from _project_families(projects, ids, silent, lag)
         yield from _run_families(shown, names, reporting, silent, lag)
-        omitted = GaugeMetricFamily("lockstep_metrics_runs_omitted",
-                                    "Active runs without per-run series (past LOCKSTEP_METRICS_RUNS)")
+        yield _compile_cost()
+        omitted = GaugeMetricFamily(
+            "lockstep_metrics_runs_omitted", "Active runs without per-run series (past LOCKSTEP_METRICS_RUNS)"
+        )
         omitted.add_metric([], len(active) - len(shown))
         yield omitted
 
 
-def _project_families(projects: dict[int, str], ids: list[int], silent: dict[int, int],
-                      lag: dict[int, float]) -> Iterator[Metric]:
-    firing = GaugeMetricFamily("lockstep_alerts_firing", "Firing alerts of the project's active runs",
-                               labels=["project", "kind", "severity"])
-    for row in (Alert.objects.filter(run_id__in=ids, state=Alert.State.FIRING)
-                .values("run__project__name", "kind", "severity").annotate(n=Count("id")).order_by()):
+def _project_families(
+    projects: dict[int, str], ids: list[int], silent: dict[int, int], lag: dict[int, float]
+) -> Iterator[Metric]:
+    firing = GaugeMetricFamily(
+        "lockstep_alerts_firing", "Firing alerts of the project's active runs", labels=["project", "kind", "severity"]
+    )
+    for row in (
+        Alert.objects.filter(run_id__in=ids, state=Alert.State.FIRING)
+        .values("run__project__name", "kind", "severity")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
         firing.add_metric([row["run__project__name"], row["kind"], row["severity"]], row["n"])
     yield firing
-    yield _per_project("lockstep_runs_active", "Runs that reported in the last hour",
-                       _sum_by_project(projects, {run_id: 1 for run_id in projects}))
-    yield _per_project("lockstep_ranks_silent", "Ranks of active runs that stopped reporting (LOCKSTEP_SILENT_AFTER)",
-                       _sum_by_project(projects, silent))
-    yield _per_project("lockstep_settle_lag_seconds", "Age of the oldest slot of the project's active runs waiting to settle",
-                       _max_by_project(projects, lag))
+    yield _per_project(
+        "lockstep_runs_active",
+        "Runs that reported in the last hour",
+        _sum_by_project(projects, {run_id: 1 for run_id in projects}),
+    )
+    yield _per_project(
+        "lockstep_ranks_silent",
+        "Ranks of active runs that stopped reporting (LOCKSTEP_SILENT_AFTER)",
+        _sum_by_project(projects, silent),
+    )
+    yield _per_project(
+        "lockstep_settle_lag_seconds",
+        "Age of the oldest slot of the project's active runs waiting to settle",
+        _max_by_project(projects, lag),
+    )
 
 
-def _run_families(shown: list[tuple], names: dict[int, tuple[str, str]], reporting: dict[int, int],
-                  silent: dict[int, int], lag: dict[int, float]) -> Iterator[Metric]:
+def _run_families(
+    shown: list[tuple],
+    names: dict[int, tuple[str, str]],
+    reporting: dict[int, int],
+    silent: dict[int, int],
+    lag: dict[int, float],
+) -> Iterator[Metric]:
     ids = list(names)
-    firing = GaugeMetricFamily("lockstep_run_alerts_firing", "Firing alerts of the run", labels=[*RUN_LABELS, "severity"])
-    for row in (Alert.objects.filter(run_id__in=ids, state=Alert.State.FIRING).values("run_id", "severity")
-                .annotate(n=Count("id")).order_by()):
+    firing = GaugeMetricFamily(
+        "lockstep_run_alerts_firing", "Firing alerts of the run", labels=[*RUN_LABELS, "severity"]
+    )
+    for row in (
+        Alert.objects.filter(run_id__in=ids, state=Alert.State.FIRING)
+        .values("run_id", "severity")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
         firing.add_metric([*names[row["run_id"]], row["severity"]], row["n"])
     yield firing
     yield _per_run("lockstep_run_ranks", "Ranks of the run that reported", names, reporting)
     yield _per_run("lockstep_run_ranks_silent", "Ranks of the run that stopped reporting", names, silent)
-    yield _per_run("lockstep_run_last_step", "Highest optimizer step any rank reported", names,
-                   {run_id: step for run_id, _, _, step in shown if step is not None})
+    yield _per_run(
+        "lockstep_run_last_step",
+        "Highest optimizer step any rank reported",
+        names,
+        {run_id: step for run_id, _, _, step in shown if step is not None},
+    )
     yield _per_run("lockstep_run_settle_lag_seconds", "Age of the run's oldest slot waiting to settle", names, lag)
     tallies = {t.run_id: t for t in RunTally.objects.filter(run_id__in=ids)}
-    yield _run_counter("lockstep_run_recompiles", "Compiles past a frame's first, summed over the run's ranks", names,
-                       {r: t.recompiles for r, t in tallies.items()})
-    yield _run_counter("lockstep_run_graph_breaks", "Graph breaks, summed over the run's ranks", names,
-                       {r: t.graph_breaks for r, t in tallies.items()})
-    yield _run_counter("lockstep_run_compile_seconds", "Seconds spent compiling frames, summed over the run's ranks",
-                       names, {r: t.compile_seconds for r, t in tallies.items()})
+    yield _run_counter(
+        "lockstep_run_recompiles",
+        "Compiles past a frame's first, summed over the run's ranks",
+        names,
+        {r: t.recompiles for r, t in tallies.items()},
+    )
+    yield _run_counter(
+        "lockstep_run_graph_breaks",
+        "Graph breaks, summed over the run's ranks",
+        names,
+        {r: t.graph_breaks for r, t in tallies.items()},
+    )
+    yield _run_counter(
+        "lockstep_run_compile_seconds",
+        "Seconds spent compiling frames, summed over the run's ranks",
+        names,
+        {r: t.compile_seconds for r, t in tallies.items()},
+    )
+
+
+def _compile_cost() -> CounterMetricFamily:
+    """GPU-seconds lost to compilation by project and cause over every run's kept bill (`bills.py`):
+    one row per run, whatever its ranks; a cause's seconds per run never go down."""
+    family = CounterMetricFamily(
+        "lockstep_compile_gpu_seconds",
+        "GPU-seconds lost to compilation (world size x "
+        "the slowest rank per step, measured waits where sampled), by cause",
+        labels=["project", "cause"],
+    )
+    counted = bills.counted_by_project()
+    for project in Project.objects.order_by("name").values_list("name", flat=True):
+        for cause in cost.CAUSES:  # every project and cause, 0 until it costs: series do not come and go
+            family.add_metric([project, cause], counted.get((project, cause), 0.0))
+    return family
 
 
 def _rank_counts(ids: list[int], now: datetime) -> tuple[dict[int, int], dict[int, int]]:
     """Per run: ranks that reported, and those that have not ended and are quiet past
     LOCKSTEP_SILENT_AFTER (one grouped count over the runs' rank rows)."""
     quiet_since = now - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER)
-    rows = (Rank.objects.filter(run_id__in=ids).values("run_id").order_by()
-            .annotate(n=Count("id"), silent=Count("id", filter=Q(status="running", last_seen__lt=quiet_since))))
+    rows = (
+        Rank.objects.filter(run_id__in=ids)
+        .values("run_id")
+        .order_by()
+        .annotate(n=Count("id"), silent=Count("id", filter=Q(status="running", last_seen__lt=quiet_since)))
+    )
     return {r["run_id"]: r["n"] for r in rows}, {r["run_id"]: r["silent"] for r in rows}
 
 
@@ -109,8 +178,13 @@ def _settle_lag(ids: list[int], now: datetime) -> dict[int, float]:
     wanted = set(ids)
     oldest: dict[int, datetime] = {}
     for model in (CompileSlot, GradSlot):
-        for run_id, first in (model.objects.filter(settled_at__isnull=True).values("run_id")
-                              .annotate(first=Min("first_seen")).order_by().values_list("run_id", "first")):
+        for run_id, first in (
+            model.objects.filter(settled_at__isnull=True)
+            .values("run_id")
+            .annotate(first=Min("first_seen"))
+            .order_by()
+            .values_list("run_id", "first")
+        ):
             if run_id in wanted:
                 oldest[run_id] = min(first, oldest.get(run_id, first))
     return {run_id: max(0.0, (now - first).total_seconds()) for run_id, first in oldest.items()}
@@ -143,7 +217,9 @@ def _per_run(name: str, doc: str, names: dict[int, tuple[str, str]], values: dic
     return family
 
 
-def _run_counter(name: str, doc: str, names: dict[int, tuple[str, str]], values: dict[int, float]) -> CounterMetricFamily:
+def _run_counter(
+    name: str, doc: str, names: dict[int, tuple[str, str]], values: dict[int, float]
+) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=RUN_LABELS)
     _fill(family, names, values)
     return family

@@ -1,6 +1,8 @@
-"""Alerts and what shapes them: silences (who muted what, until when) and baselines (which run a
-run is held against). Only `dashboard.detection.lifecycle` writes alerts.
+"""Alerts, the incidents that group them by cause, and what shapes them: silences (who muted what,
+until when) and baselines (which run a run is held against). Only `dashboard.detection.lifecycle`
+writes alerts, and only `dashboard.detection.incidents` writes incidents.
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -36,9 +38,13 @@ class Alert(models.Model):
     last_position = models.BigIntegerField(null=True)  # latest step / compile index that fired it
     revision = models.PositiveIntegerField(default=1)  # bumped on every change worth notifying
     notified_revision = models.PositiveIntegerField(default=0)  # last revision pushed to websockets
+    incident = models.ForeignKey("Incident", null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resolve_reason = models.TextField(blank=True)  # "run ended", "by hand: ...": empty when a clean slot resolved it
 
     class Meta:
-        db_table = "dashboard_alert"
         constraints = [models.UniqueConstraint(fields=["run", "kind", "subject"], name="alert_identity")]
         ordering = ["-first_seen"]
 
@@ -59,6 +65,80 @@ class Alert(models.Model):
             "last_seen": self.last_seen.isoformat(),
             "acked_by": self.acked_by.get_username() if self.acked_by else None,
             "acked_at": self.acked_at.isoformat() if self.acked_at else None,
+            "incident": self.incident_id,
+            "resolve_reason": self.resolve_reason or None,
+            "resolved_by": self.resolved_by.get_username() if self.resolved_by_id else None,
+        }
+
+
+class Incident(models.Model):
+    """One cause and everything it set off: the unit that pages. `root` is the alert where the
+    trouble started (a rank that died, a rank that compiled alone); the incident's other alerts are
+    its consequences (peers that lost the connection, the cache miss of that compile). `cause` is the
+    grouping key inside the run (`incidents.cause_of`). Delivery is an outbox, as for alerts."""
+
+    class State(models.TextChoices):
+        FIRING = "firing"
+        RESOLVED = "resolved"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="incidents")
+    cause = models.CharField(max_length=600)
+    root = models.ForeignKey(Alert, null=True, on_delete=models.SET_NULL, related_name="+")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.FIRING)
+    severity = models.CharField(max_length=16)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    last_change = models.DateTimeField(auto_now=True)
+    resolved_at = models.DateTimeField(null=True)
+    acked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    acked_at = models.DateTimeField(null=True)
+    revision = models.PositiveIntegerField(default=1)  # bumped on every change worth a page
+    notified_revision = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "detection_incident"
+        ordering = ["-opened_at"]
+        indexes = [models.Index(fields=["run", "state"], name="incident_run_state")]
+
+    def as_json(self, alerts: list[Alert] | None = None) -> dict:
+        """The incidents API's shape; `alerts`: this incident's alerts when the caller has them."""
+        members = alerts if alerts is not None else list(self.alerts.order_by("first_seen", "id"))
+        root = self.root
+        return {
+            "id": self.id,
+            "run": self.run.key,
+            "state": self.state,
+            "severity": self.severity,
+            "root": {
+                "kind": root.kind,
+                "ranks": sorted(root.ranks),
+                "step": root.step,
+                "frame": root.frame,
+                "message": root.message,
+                "alert": root.id,
+                "resolve_reason": root.resolve_reason or None,
+            }
+            if root
+            else None,
+            "alerts": [a.id for a in members],
+            "consequences": [
+                {
+                    "id": a.id,
+                    "kind": a.kind,
+                    "ranks": sorted(a.ranks),
+                    "state": a.state,
+                    "severity": a.severity,
+                    "message": a.message,
+                }
+                for a in members
+                if root is None or a.id != root.id
+            ],
+            "opened_at": self.opened_at.isoformat(),
+            "resolved_at": self.resolved_at.isoformat() if self.resolved_at else None,
+            "acked_by": self.acked_by.get_username() if self.acked_by else None,
+            "acked_at": self.acked_at.isoformat() if self.acked_at else None,
+            "revision": self.revision,
         }
 
 
@@ -78,7 +158,6 @@ class Silence(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        db_table = "dashboard_silence"
         ordering = ["-created_at"]
 
 
@@ -89,9 +168,6 @@ class Baseline(models.Model):
     baseline = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="baseline_for")
     chosen_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        db_table = "dashboard_baseline"
 
 
 class RunTally(models.Model):
@@ -106,3 +182,22 @@ class RunTally(models.Model):
 
     class Meta:
         db_table = "detection_runtally"
+
+
+class RunCost(models.Model):
+    """A run's compile bill as last computed (`cost.py`, kept by `bills.py`): the project's cost page
+    reads its frames, and /metrics sums `counted` over runs: per cause the most the bill ever
+    counted, so the counter never goes down when a later look files a compile under another cause."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="compile_cost")
+    gpu_seconds = models.FloatField(default=0.0)
+    counted = models.JSONField(default=dict)  # cause -> GPU-seconds
+    frames = models.JSONField(default=list)  # the costliest frames: frame, label, gpu_seconds, cause, reason, remedy
+    bill = models.JSONField(default=dict)  # the whole bill as computed (`cost.compute`'s shape)
+    compile_seconds = models.FloatField(
+        default=0.0
+    )  # the run's compile seconds when computed: newer compiles make it stale
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "detection_runcost"

@@ -1,33 +1,50 @@
 """Run-level checks the periodic sweep makes: silent ranks, crashed ranks and the share of time
-spent compiling."""
+spent compiling; ranks given up as lost, and the end of a run (its open alerts resolved)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from dashboard.detection import flight, lifecycle, tally
+from dashboard.detection import bills, flight, lifecycle, tally
 from dashboard.detection.models import Alert
-from dashboard.detection.rules import RankProgress, RunView, clean_subjects, evaluate, hang_forecast
-from dashboard.tenancy.models import Rank, Run, rank_failed
-from ingest.models import CompileEvent, EventLog
+from dashboard.detection.rules import (
+    CompiledWorkView,
+    Finding,
+    RankProgress,
+    RankWork,
+    RunView,
+    clean_subjects,
+    evaluate,
+    hang_forecast,
+)
+from dashboard.detection.rules.rank_silent import LEFT_ALONE, silent_ranks
+from dashboard.evidence import reads
+from dashboard.ledger import slots
+from dashboard.tenancy.models import LOST, Rank, Run, has_ended, mark_lost, rank_failed
 
 ACTIVE_WINDOW = timedelta(hours=1)
 CRASH_WINDOW = timedelta(minutes=10)
+END_LOOK = timedelta(seconds=30)  # how long after its last report an ended run's compiled work is judged once more
+EMPTY_FRAMES_SHOWN = 20
 STRIP_RANKS = 64  # ranks in one progress message: those holding the others up come first
 
 
 def active_runs() -> list[Run]:
     """Runs that reported recently and still have a rank that has not ended, or that ended with a
-    crashed rank a moment ago: torchrun stops the others within seconds of a crash, often before
-    the next sweep, and rank_crashed must still see it."""
+    crashed rank a moment ago (torchrun stops the others within seconds of a crash, often before
+    the next sweep, and rank_crashed must still see it), or that ended with alerts still open (the
+    run's end resolves them, `check`)."""
     now = timezone.now()
-    recent = Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW)
-    just_crashed = Q(last_seen__gte=now - CRASH_WINDOW) & rank_failed("ranks__")
-    return list(recent.filter(Q(ranks__status="running") | just_crashed).distinct())
+    ranks = Rank.objects.filter(run=OuterRef("pk"))
+    running = Exists(ranks.filter(status="running"))
+    just_crashed = Q(last_seen__gte=now - CRASH_WINDOW) & Exists(ranks.filter(rank_failed()))
+    still_open = Exists(Alert.objects.filter(run=OuterRef("pk"), state=Alert.State.FIRING))
+    return list(Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW).filter(running | just_crashed | still_open))
 
 
 def rank_rows(run: Run) -> list[dict]:
@@ -42,15 +59,18 @@ def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
         run_id=run.id,
         world_size=run.world_size,
         last_seen={r: (now - seen).total_seconds() for r, seen, _, _ in ranks},
-        ended={r for r, _, status, _ in ranks if status != "running"},
+        ended={r for r, _, status, _ in ranks if has_ended(status)},
         silent_after=settings.LOCKSTEP_SILENT_AFTER,
-        compile_seconds=compile_total / max(len(ranks), 1),
-        wall_seconds=(now - run.started_at).total_seconds(),
         crashes=crash_facts(run),
         progress=progress_of(run),
-        collective_timeout_s=min((t for *_, info in ranks if (t := (info or {}).get("collective_timeout_s"))),
-                                 default=None),
+        collective_timeout_s=min(
+            (t for *_, info in ranks if (t := (info or {}).get("collective_timeout_s"))), default=None
+        ),
         hang_warn_after=settings.LOCKSTEP_HANG_WARN_AFTER,
+        compile_cost=bills.for_sweep(run, compile_total, (now - run.started_at).total_seconds(), now),
+        lost_after=settings.LOCKSTEP_LOST_AFTER,
+        grace=settings.LOCKSTEP_CONSEQUENCE_GRACE,
+        now=now.timestamp(),
     )
 
 
@@ -58,16 +78,21 @@ def progress_of(run: Run) -> dict[int, RankProgress]:
     """Each rank's latest progress sample of the last `LOCKSTEP_SILENT_AFTER` seconds, carried forward
     to now by the server's clock (the time since ingest received it), so agents' clocks don't matter."""
     now = timezone.now()
-    rows = (EventLog.objects.filter(run=run, t="progress", received__gte=now - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER))
-            .order_by("rank", "-received", "-id").distinct("rank").values_list("rank", "body", "received"))
+    rows = reads.latest_progress(run.id, now - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER))
     return {rank: _progress(body, (now - received).total_seconds()) for rank, body, received in rows}
 
 
 def _progress(body: dict, age: float) -> RankProgress:
     since = body.get("since_step_s")
-    return RankProgress(phase=body.get("phase") or "other", phase_s=(body.get("phase_s") or 0.0) + age,
-                        step=body.get("step"), since_step_s=since + age if since is not None else None,
-                        where=body.get("where") or "", op=body.get("op") or "", reason=body.get("reason") or "")
+    return RankProgress(
+        phase=body.get("phase") or "other",
+        phase_s=(body.get("phase_s") or 0.0) + age,
+        step=body.get("step"),
+        since_step_s=since + age if since is not None else None,
+        where=body.get("where") or "",
+        op=body.get("op") or "",
+        reason=body.get("reason") or "",
+    )
 
 
 def strip(run: Run) -> list[dict]:
@@ -75,57 +100,66 @@ def strip(run: Run) -> list[dict]:
     the others up first (not in the collective the others wait in), then the longest since a step."""
     view = progress_of(run)
     late = hang_forecast.split(view)[1]
-    rows = [{"rank": r, "phase": p.phase, "for_s": round(p.phase_s, 1), "step": p.step, "op": p.op[:200],
-             "where": p.where[:200], "since_step_s": round(p.since_step_s, 1) if p.since_step_s is not None else None,
-             "holding": r in late} for r, p in view.items()]
+    rows = [
+        {
+            "rank": r,
+            "phase": p.phase,
+            "for_s": round(p.phase_s, 1),
+            "step": p.step,
+            "op": p.op[:200],
+            "where": p.where[:200],
+            "since_step_s": round(p.since_step_s, 1) if p.since_step_s is not None else None,
+            "holding": r in late,
+        }
+        for r, p in view.items()
+    ]
     rows.sort(key=lambda row: (not row["holding"], -(row["since_step_s"] or 0.0), row["rank"]))
     return rows[:STRIP_RANKS]
 
 
-
 def crash_facts(run: Run) -> dict[int, dict]:
     """rank -> how it ended (status, exit code, the exception and where) and its last compile before."""
-    rows = list(Rank.objects.filter(run=run).filter(rank_failed()).values("rank", "status", "exit_code", "last_step",
-                                                                       "last_seen"))
+    rows = list(
+        Rank.objects.filter(run=run)
+        .filter(rank_failed())
+        .exclude(status=LOST)  # lost: rank_silent's
+        .values("rank", "status", "exit_code", "last_step", "last_seen")
+    )
     if not rows:
         return {}
     ranks = [row["rank"] for row in rows]
-    ends = last_ends(run, ranks)
-    compiles = last_compiles(run, ranks)
+    ends = reads.last_ends(run.id, ranks)
+    compiles = reads.last_compiles(run.id, ranks)
     return {row["rank"]: _crash(row, ends.get(row["rank"], {}), compiles.get(row["rank"])) for row in rows}
 
 
-def _crash(row: dict, end: dict, compiled: CompileEvent | None) -> dict:
+def _crash(row: dict, end: dict, compiled: dict | None) -> dict:
     """One crashed rank's facts as plain values. Status and exit code are the rank row's (ingest keeps
     them there); the exception comes from the rank_end body, absent where ingest kept none."""
     ended_at = end.get("ts") or row["last_seen"].timestamp()
     return {
-        "status": row["status"], "exit_code": row["exit_code"],
-        "reason": end.get("reason"), "exc_type": end.get("exc_type"), "where": end.get("where"),
-        "ended_at": ended_at, "last_step": row["last_step"],
+        "status": row["status"],
+        "exit_code": row["exit_code"],
+        "reason": end.get("reason"),
+        "exc_type": end.get("exc_type"),
+        "where": end.get("where"),
+        "ended_at": ended_at,
+        "last_step": row["last_step"],
         "last_compile": _compile_facts(compiled, ended_at) if compiled else None,
     }
 
 
-def _compile_facts(event: CompileEvent, ended_at: float) -> dict:
-    keys = (event.detail or {}).get("cache_keys") or {}
+def _compile_facts(event: dict, ended_at: float) -> dict:
+    keys = (event["detail"] or {}).get("cache_keys") or {}
     return {
-        "frame": event.frame, "index": event.index, "step": event.step, "status": event.status,
-        "cache": event.cache or {}, "cache_keys": keys, "seconds_before_end": round(ended_at - event.ts.timestamp(), 3),
+        "frame": event["frame"],
+        "index": event["index"],
+        "step": event["step"],
+        "status": event["status"],
+        "cache": event["cache"] or {},
+        "cache_keys": keys,
+        "seconds_before_end": round(ended_at - event["ts"].timestamp(), 3),
     }
-
-
-def last_ends(run: Run, ranks: list[int]) -> dict[int, dict]:
-    """Each rank's latest rank_end event body, where ingest kept one."""
-    rows = (EventLog.objects.filter(run=run, t="rank_end", rank__in=ranks)
-            .order_by("rank", "-ts", "-id").distinct("rank").values_list("rank", "body"))
-    return dict(rows)
-
-
-def last_compiles(run: Run, ranks: list[int]) -> dict[int, CompileEvent]:
-    """Each rank's last compile (by its own clock): what the rank did just before it ended."""
-    events = CompileEvent.objects.filter(run=run, rank__in=ranks).order_by("rank", "-ts", "-id").distinct("rank")
-    return {e.rank: e for e in events}
 
 
 def ask_flight_records(run: Run, changed: list[int]) -> list[tuple[int, int]]:
@@ -141,10 +175,85 @@ def ask_flight_records(run: Run, changed: list[int]) -> list[tuple[int, int]]:
 
 
 def check(run: Run) -> list[int]:
+    """The run's periodic rules; ranks left running alone become lost; once every rank ended (or
+    was lost), nothing changed in this look, and the run's slots all settled, the run ends."""
     with transaction.atomic():
         totals = tally.compile_totals(run)
         view = view_of(run, totals)
         tally.record(run, totals)  # for /metrics (detection/metrics.py)
         findings = evaluate(view)
-        return lifecycle.apply(run, findings, clean_subjects(view, findings), None)
+        clean = clean_subjects(view, findings)
+        work = compiled_work(run)
+        eager = evaluate(work)
+        findings, clean = findings + eager, clean + clean_subjects(work, eager)
+        lost = lost_ranks(view)
+        if lost:
+            mark_lost(run.id, lost)
+        over = is_over(view, lost)
+        if over:
+            findings = after_the_end(run, findings)
+        changed = lifecycle.apply(run, findings, clean, None)
+        if over and not changed and ended_long_enough(run):
+            changed += lifecycle.end_of_run(run)
+        return changed
 
+
+def just_ended() -> list[Run]:
+    """Runs whose every rank ended a moment ago: a short job or an uploaded spool can end before a
+    sweep saw it run, and what is judged on the whole run (its compiled work) must still be judged."""
+    ranks = Rank.objects.filter(run=OuterRef("pk"))
+    recent = Run.objects.filter(last_seen__gte=timezone.now() - END_LOOK)
+    return list(recent.filter(Exists(ranks)).exclude(Exists(ranks.filter(status="running"))))
+
+
+def check_ended(run: Run) -> list[int]:
+    """The last look at a run that ended: its compiled work (the other periodic rules are about live
+    ranks); an alert it raises keeps the run in `active_runs` until the run's end resolves it."""
+    with transaction.atomic():
+        work = compiled_work(run)
+        eager = evaluate(work)
+        return lifecycle.apply(run, after_the_end(run, eager), clean_subjects(work, eager), None)
+
+
+def compiled_work(run: Run) -> CompiledWorkView:
+    """The ranks whose compiles succeeded with empty graphs only (none holds an op), with where they
+    stand: one aggregate over the run's compiles, which returns no row for a run that compiles real graphs."""
+    rows = reads.empty_graph_ranks(run.id)
+    frames: dict[int, list[str]] = {}
+    if rows:
+        for rank, frame in reads.empty_graph_frames(run.id, list(rows), EMPTY_FRAMES_SHOWN * len(rows)):
+            frames.setdefault(rank, []).append(frame)
+    ranks = list(Rank.objects.filter(run=run, rank__in=list(rows)).values_list("rank", "last_step", "status"))
+    return CompiledWorkView(
+        run_id=run.id,
+        work={
+            r: RankWork(row["graphs"], row["empty"], row["first_step"], tuple(frames.get(r, ())[:EMPTY_FRAMES_SHOWN]))
+            for r, row in rows.items()
+        },
+        last_step={r: step for r, step, _ in ranks},
+        ended={r for r, _, status in ranks if status != "running"},  # ended, or lost: it reports nothing more
+    )
+
+
+def lost_ranks(view: RunView) -> set[int]:
+    """Ranks that went silent while every other rank ended: they never will (killed outright)."""
+    return {r for r, why in silent_ranks(view).items() if why == LEFT_ALONE}
+
+
+def is_over(view: RunView, lost: set[int]) -> bool:
+    """Every rank that reported ended or is lost."""
+    return bool(view.last_seen) and all(r in view.ended or r in lost for r in view.last_seen)
+
+
+def after_the_end(run: Run, findings: list[Finding]) -> list[Finding]:
+    """The run's end is final for the periodic rules: what it resolved stays resolved (a lost rank
+    stays silent, a crash stays a crash; nothing new can be learnt from them)."""
+    ended = set(Alert.objects.filter(run=run, resolve_reason=lifecycle.RUN_ENDED).values_list("kind", "subject"))
+    return [f for f in findings if (f.kind, f.subject) not in ended]
+
+
+def ended_long_enough(run: Run) -> bool:
+    """The run's last report is older than the settle timeout and every slot it opened settled:
+    no late slot re-fires what the end resolves."""
+    quiet = timezone.now() - run.last_seen >= timedelta(seconds=settings.LOCKSTEP_SETTLE_TIMEOUT)
+    return quiet and not slots.unsettled(run.id)

@@ -1,18 +1,19 @@
 """Settle one slot: consensus, rules, alert lifecycle. Idempotent: a settled slot with no new
 reports is a no-op, and all of it commits in one transaction with the slot's new state."""
+
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.detection import baseline, detail, evidence, lifecycle, subjects
+from dashboard.detection import baseline, detail, lifecycle, ranks, subjects
 from dashboard.detection.consensus import consensus
-from dashboard.detection.rules import CompileSlotView, GradSlotView, clean_subjects, evaluate, position
 from dashboard.detection.models import Alert
+from dashboard.detection.rules import CompileSlotView, GradSlotView, clean_subjects, evaluate, position
+from dashboard.evidence import reads
 from dashboard.ledger.models import CompileSlot, GradSlot
 from dashboard.tenancy.models import Rank
-from ingest.models import GraphBreakEvent
 
 
 def settle_compile(slot_id: int) -> list[int]:
@@ -21,18 +22,25 @@ def settle_compile(slot_id: int) -> list[int]:
         slot = CompileSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
-        reports = evidence.compile_reports(slot)
-        state = evidence.rank_state(slot.run)
+        reports = reads.compile_reports(slot.run_id, slot.frame, slot.index)
+        state = ranks.rank_state(slot.run)
         step = min((e.step for e in reports.values() if e.step is not None), default=None)
         now = timezone.now()
         waited = (now - slot.first_seen).total_seconds()
-        if len(reports) < slot.run.world_size and waited < settings.LOCKSTEP_SILENT_AFTER and \
-                state.behind(step, slot.first_seen, set(reports), now, settings.LOCKSTEP_SILENT_AFTER):
+        if (
+            len(reports) < slot.run.world_size
+            and waited < settings.LOCKSTEP_SILENT_AFTER
+            and state.behind(step, slot.first_seen, set(reports), now, settings.LOCKSTEP_SILENT_AFTER)
+        ):
             return []  # stays pending: the sweep comes back once the slow ranks moved on
         view = CompileSlotView(
-            slot.frame, slot.index, reports, state.accountable(step, slot.first_seen), slot.run.world_size,
+            slot.frame,
+            slot.index,
+            reports,
+            state.accountable(step, slot.first_seen),
+            slot.run.world_size,
             rank_info=dict(Rank.objects.filter(run=slot.run).values_list("rank", "info")),
-            graph_breaks=list(GraphBreakEvent.objects.filter(run=slot.run, frame=slot.frame).values_list("rank", "reason")[:200]),
+            graph_breaks=reads.break_reasons(slot.run_id, slot.frame),
         )
         hashes = {r: e.graph_norm for r, e in reports.items() if e.graph_norm}
         changed, _ = _conclude(slot, view, consensus(hashes) if hashes else None, len(reports))
@@ -44,7 +52,7 @@ def settle_grad(slot_id: int) -> list[int]:
         slot = GradSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
-        reports = evidence.grad_reports(slot)
+        reports = reads.grad_reports(slot.run_id, slot.step, slot.group)
         verdict = consensus({r: tuple(g.fps) for r, g in reports.items()}) if reports else None
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
         view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key)
@@ -53,9 +61,23 @@ def settle_grad(slot_id: int) -> list[int]:
             kinds = {f.kind for f in findings}
             if "grad_divergence" in kinds:
                 _ask_for_parameters(slot, verdict)
+            if kinds & WEIGHTS_CHANGED:
+                _ask_for_weights(slot, kinds & WEIGHTS_CHANGED)
             if "baseline_divergence" in kinds:
                 baseline.name_buckets(slot.run, ref_key, slot.group, slot.step)
         return changed
+
+
+WEIGHTS_CHANGED = {"grad_divergence", "nonfinite_grad"}  # findings after which the replicas' weights differ
+
+
+def _ask_for_weights(slot, kinds: set[str]) -> None:
+    """A new divergence of the weights' inputs: every rank fingerprints its weights a step or two later."""
+    alerts = Alert.objects.filter(
+        run=slot.run, kind__in=kinds, subject=subjects.group(slot.group), state=Alert.State.FIRING, step=slot.step
+    )
+    for alert in alerts[:1]:
+        detail.ask_for_weights(alert, slot.group, slot)
 
 
 def _ask_for_parameters(slot, verdict) -> None:

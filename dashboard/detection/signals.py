@@ -1,4 +1,5 @@
 """What detection announces: alerts that changed and should be told (delivery subscribes)."""
+
 from __future__ import annotations
 
 from django.dispatch import Signal

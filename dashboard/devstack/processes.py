@@ -1,24 +1,47 @@
-"""Stopping child processes (servers, workers, torchrun jobs) the same way everywhere."""
+"""The command lines of the project's own processes, and stopping child processes (servers, workers,
+torchrun jobs) the same way everywhere: `manage.py up`, the tests and the benchmarks share both."""
+
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
+def server_command(host: str, port: int, *options: str) -> list[str]:
+    """uvicorn serving the project's ASGI application; `options`: more of uvicorn's (--workers, ...)."""
+    app = ["-m", "uvicorn", "dashboard.asgi:application", "--host", host, "--port", str(port)]
+    return [sys.executable, *app, "--log-level", "warning", *options]
+
+
+def worker_command(*options: str, loglevel: str = "warning") -> list[str]:
+    """A Celery worker with its beat (the periodic sweeps), one task at a time; `options`: more of
+    Celery's (--schedule FILE)."""
+    worker = ["-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1"]
+    return [sys.executable, *worker, "--loglevel", loglevel, *options]
+
+
 def stop_groups(procs: list[subprocess.Popen], grace: float = 15) -> None:
-    """SIGTERM every still-running process group, give each `grace` seconds, then kill what is left
-    (`kill_tree`). The processes must have been started with `start_new_session=True`."""
-    for proc in procs:
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+    """SIGTERM every still-running process group, give them `grace` seconds, then kill what is left
+    (`kill_tree`), including members of a group whose leader went first (a Celery worker's beat or
+    pool child outliving its main process). The processes must have been started with
+    `start_new_session=True`."""
+    groups = [proc.pid for proc in procs if proc.poll() is None]
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
     for proc in procs:
         try:
-            proc.wait(grace)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             kill_tree(proc)
+    for pgid in groups:
+        if survivors(group_members(pgid), timeout=max(0.0, deadline - time.monotonic())):
+            _signal_group(pgid, signal.SIGKILL)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -35,21 +58,31 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid`, from /proc (Linux): children, their children, and so on."""
-    children: dict[int, list[int]] = {}
+def _stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/pid/stat after the command name) of every process (Linux)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            yield int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`: children, their children, and so on."""
+    children: dict[int, list[int]] = {}
+    for child, fields in _stats():
+        children.setdefault(int(fields[1]), []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
     return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every live process of the process group `pgid`, its leader gone or not."""
+    return [pid for pid, fields in _stats() if int(fields[2]) == pgid and fields[0] != "Z"]
 
 
 def alive(pid: int) -> bool:

@@ -5,6 +5,7 @@ rank's next batch statement (joined into `details.handout_cte`, so the claim sta
 and a resent batch rolls the hand-out back); the rank's upload answers it (`answered`). Only this
 module writes them.
 """
+
 from __future__ import annotations
 
 from django.db import transaction
@@ -18,8 +19,10 @@ HANDOUT_STEP = -1  # how a dump request rides in the `asked` CTE's (rank, step) 
 
 def ask(run_id: int, ranks: set[int], alert_id: int, revision: int) -> bool:
     """Idempotent per (alert, revision, rank); True when something new was asked."""
-    made = [FlightRecorderRequest.objects.get_or_create(run_id=run_id, rank=r, alert_id=alert_id, revision=revision)[1]
-            for r in sorted(ranks)]
+    made = [
+        FlightRecorderRequest.objects.get_or_create(run_id=run_id, rank=r, alert_id=alert_id, revision=revision)[1]
+        for r in sorted(ranks)
+    ]
     return any(made)
 
 
@@ -47,4 +50,9 @@ def requests(alert_id: int, revision: int) -> list[FlightRecorderRequest]:
 
 
 def latest_round(alert_id: int) -> int | None:
-    return FlightRecorderRequest.objects.filter(alert_id=alert_id).order_by("-revision").values_list("revision", flat=True).first()
+    return (
+        FlightRecorderRequest.objects.filter(alert_id=alert_id)
+        .order_by("-revision")
+        .values_list("revision", flat=True)
+        .first()
+    )

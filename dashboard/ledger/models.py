@@ -2,9 +2,10 @@
 what the server asked ranks for (detail requests).
 
 Ingest records reports here inside its batch transaction; detection settles what is ready. Only
-this app writes these tables or names them in SQL (`dashboard.ledger.slots`). Tables keep the
-names they had before the apps were split (`db_table`).
+this app writes these tables or names them in SQL (`dashboard.ledger.slots`). Tables are named
+`ledger_*` for it.
 """
+
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
@@ -44,7 +45,6 @@ class CompileSlot(Slot):
     index = models.PositiveIntegerField()
 
     class Meta:
-        db_table = "dashboard_compileslot"
         constraints = [models.UniqueConstraint(fields=["run", "frame", "index"], name="compile_slot_once")]
         indexes = [models.Index(fields=["settled_at", "first_seen"], name="compile_slot_sweep")]
 
@@ -56,13 +56,14 @@ class GradSlot(Slot):
     group = models.CharField(max_length=64)
 
     class Meta:
-        db_table = "dashboard_gradslot"
         constraints = [models.UniqueConstraint(fields=["run", "step", "group"], name="grad_slot_once")]
         indexes = [
             models.Index(fields=["settled_at", "first_seen"], name="grad_slot_sweep"),
             # a batch's late reports (`slots.grad_reports_ctes`): one descent finds no settled slot
             # among its steps, where probing each step by grad_slot_once cost ~2 us per rank-step
-            models.Index(fields=["run", "group", "step"], name="grad_slot_settled", condition=Q(settled_at__isnull=False)),
+            models.Index(
+                fields=["run", "group", "step"], name="grad_slot_settled", condition=Q(settled_at__isnull=False)
+            ),
         ]
 
 
@@ -85,7 +86,6 @@ class GradWatermark(models.Model):
     step = models.BigIntegerField()
 
     class Meta:
-        db_table = "ingest_gradwatermark"
         constraints = [models.UniqueConstraint(fields=["run", "group", "rank"], name="watermark_per_rank")]
 
 
@@ -97,15 +97,18 @@ class DetailRequest(models.Model):
     rank = models.PositiveIntegerField()
     step = models.BigIntegerField()
     group = models.CharField(max_length=64)
-    alert_id = models.BigIntegerField(db_index=True)  # the alert that asked (detection's; no foreign key: the ledger sits below it)
+    alert_id = models.BigIntegerField(
+        db_index=True
+    )  # the alert that asked (detection's; no foreign key: the ledger sits below it)
     asked_at = models.DateTimeField(null=True)
     answered_at = models.DateTimeField(null=True)
     asks = models.PositiveSmallIntegerField(default=0)  # hand-outs so far: a reply lost on the way is asked again
 
     class Meta:
-        db_table = "dashboard_detailrequest"
         constraints = [models.UniqueConstraint(fields=["run", "rank", "step", "group"], name="detail_once")]
-        indexes = [models.Index(fields=["run", "rank"], condition=models.Q(asked_at__isnull=True), name="detail_unasked")]
+        indexes = [
+            models.Index(fields=["run", "rank"], condition=models.Q(asked_at__isnull=True), name="detail_unasked")
+        ]
 
 
 class FlightRecorderRequest(models.Model):

@@ -2,13 +2,16 @@
 
 Both are sent by ingest after its batch committed, from the request that completed something.
 """
+
 from __future__ import annotations
 
 from django.dispatch import Signal
 
 slots_ready = Signal()  # ready: list[(kind, slot id)], slots every rank has now reported
 details_received = Signal()  # run_id, rank, steps: a rank answered detail requests of these steps
-flight_records_received = Signal()  # run_id, rank, asked: a rank's Flight Recorder dump answered (alert, revision) requests
+flight_records_received = (
+    Signal()
+)  # run_id, rank, asked: a rank's Flight Recorder dump answered (alert, revision) requests
 
 
 def announce_ready(ready: list[tuple[str, int]]) -> None:

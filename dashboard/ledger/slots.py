@@ -6,11 +6,12 @@ lost when a worker or the broker restarts.
 
 Compile slots count reports per slot. Grad slots do not: at 1024 ranks that is 1024 updates
 of every slot row (the ingest bottleneck). Instead each rank has a watermark (highest step
-reported, `ingest.models.GradWatermark`), the first rank to reach a step creates its slot, and
+reported, `GradWatermark`), the first rank to reach a step creates its slot, and
 `grads_ready_sql` (after the batch commits, so the last committer always sees every report) marks
 the slots below the lowest watermark complete (`reported = world_size`). Reports for a slot that
 already settled still count one by one, so a late report reopens it.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -19,6 +20,7 @@ from datetime import datetime, timedelta
 import msgspec
 from django.conf import settings
 from django.db import connection
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agents import protocol
@@ -119,8 +121,12 @@ def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
         union.append(sorted(tally))
         counts.append([tally[step] for step in union[-1]])
     marks = [{"g": group, "rank": rank, "step": steps[-1]} for rank, group, steps in reports]
-    return {"marks": msgspec.json.encode(marks).decode(), "t_group": list(by_group),
-            "t_steps": [array_literal(steps) for steps in union], "t_counts": [array_literal(n) for n in counts]}
+    return {
+        "marks": msgspec.json.encode(marks).decode(),
+        "t_group": list(by_group),
+        "t_steps": [array_literal(steps) for steps in union],
+        "t_counts": [array_literal(n) for n in counts],
+    }
 
 
 def grads_ready_sql(groups: int) -> str:
@@ -182,6 +188,12 @@ def _upsert(table: str, cols: tuple[str, str], types: tuple[str, str], keys: lis
             [run.id, [k[0] for k in keys], [k[1] for k in keys]],
         )
         return [slot_id for slot_id, reported in cur.fetchall() if reported >= run.world_size]
+
+
+def unsettled(run_id: int) -> bool:
+    """Whether the run has a slot still to settle (never settled, or reported to since)."""
+    pending = Q(settled_at__isnull=True) | Q(reported__gt=F("settled_n"))
+    return any(model.objects.filter(pending, run_id=run_id).exists() for model in (CompileSlot, GradSlot))
 
 
 def overdue(model, now: datetime | None = None) -> list[int]:

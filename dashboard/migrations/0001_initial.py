@@ -7,76 +7,105 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('ingest', '0001_initial'),
+        ("ingest", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Alert',
+            name="Alert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=64)),
-                ('subject', models.CharField(max_length=600)),
-                ('severity', models.CharField(max_length=16)),
-                ('state', models.CharField(choices=[('firing', 'Firing'), ('resolved', 'Resolved')], default='firing', max_length=16)),
-                ('ranks', django.contrib.postgres.fields.ArrayField(base_field=models.PositiveIntegerField(), default=list, size=None)),
-                ('step', models.BigIntegerField(null=True)),
-                ('frame', models.CharField(max_length=512, null=True)),
-                ('message', models.TextField()),
-                ('details', models.JSONField(default=dict)),
-                ('count', models.PositiveIntegerField(default=1)),
-                ('first_seen', models.DateTimeField(auto_now_add=True)),
-                ('last_seen', models.DateTimeField(auto_now=True)),
-                ('acked_at', models.DateTimeField(null=True)),
-                ('acked_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alerts', to='ingest.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("kind", models.CharField(max_length=64)),
+                ("subject", models.CharField(max_length=600)),
+                ("severity", models.CharField(max_length=16)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("firing", "Firing"), ("resolved", "Resolved")], default="firing", max_length=16
+                    ),
+                ),
+                (
+                    "ranks",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.PositiveIntegerField(), default=list, size=None
+                    ),
+                ),
+                ("step", models.BigIntegerField(null=True)),
+                ("frame", models.CharField(max_length=512, null=True)),
+                ("message", models.TextField()),
+                ("details", models.JSONField(default=dict)),
+                ("count", models.PositiveIntegerField(default=1)),
+                ("first_seen", models.DateTimeField(auto_now_add=True)),
+                ("last_seen", models.DateTimeField(auto_now=True)),
+                ("acked_at", models.DateTimeField(null=True)),
+                (
+                    "acked_by",
+                    models.ForeignKey(
+                        blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="alerts", to="ingest.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-first_seen'],
-                'constraints': [models.UniqueConstraint(fields=('run', 'kind', 'subject'), name='alert_identity')],
+                "ordering": ["-first_seen"],
+                "constraints": [models.UniqueConstraint(fields=("run", "kind", "subject"), name="alert_identity")],
             },
         ),
         migrations.CreateModel(
-            name='CompileSlot',
+            name="CompileSlot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('reported', models.PositiveIntegerField(default=0)),
-                ('first_seen', models.DateTimeField()),
-                ('settled_at', models.DateTimeField(null=True)),
-                ('settled_n', models.PositiveIntegerField(default=0)),
-                ('dissenters', django.contrib.postgres.fields.ArrayField(base_field=models.PositiveIntegerField(), default=list, size=None)),
-                ('consensus', models.JSONField(default=dict)),
-                ('frame', models.CharField(max_length=512)),
-                ('index', models.PositiveIntegerField()),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='ingest.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("reported", models.PositiveIntegerField(default=0)),
+                ("first_seen", models.DateTimeField()),
+                ("settled_at", models.DateTimeField(null=True)),
+                ("settled_n", models.PositiveIntegerField(default=0)),
+                (
+                    "dissenters",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.PositiveIntegerField(), default=list, size=None
+                    ),
+                ),
+                ("consensus", models.JSONField(default=dict)),
+                ("frame", models.CharField(max_length=512)),
+                ("index", models.PositiveIntegerField()),
+                ("run", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="ingest.run")),
             ],
             options={
-                'indexes': [models.Index(fields=['settled_at', 'first_seen'], name='compile_slot_sweep')],
-                'constraints': [models.UniqueConstraint(fields=('run', 'frame', 'index'), name='compile_slot_once')],
+                "indexes": [models.Index(fields=["settled_at", "first_seen"], name="compile_slot_sweep")],
+                "constraints": [models.UniqueConstraint(fields=("run", "frame", "index"), name="compile_slot_once")],
             },
         ),
         migrations.CreateModel(
-            name='GradSlot',
+            name="GradSlot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('reported', models.PositiveIntegerField(default=0)),
-                ('first_seen', models.DateTimeField()),
-                ('settled_at', models.DateTimeField(null=True)),
-                ('settled_n', models.PositiveIntegerField(default=0)),
-                ('dissenters', django.contrib.postgres.fields.ArrayField(base_field=models.PositiveIntegerField(), default=list, size=None)),
-                ('consensus', models.JSONField(default=dict)),
-                ('step', models.BigIntegerField()),
-                ('group', models.CharField(max_length=64)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='ingest.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("reported", models.PositiveIntegerField(default=0)),
+                ("first_seen", models.DateTimeField()),
+                ("settled_at", models.DateTimeField(null=True)),
+                ("settled_n", models.PositiveIntegerField(default=0)),
+                (
+                    "dissenters",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.PositiveIntegerField(), default=list, size=None
+                    ),
+                ),
+                ("consensus", models.JSONField(default=dict)),
+                ("step", models.BigIntegerField()),
+                ("group", models.CharField(max_length=64)),
+                ("run", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="ingest.run")),
             ],
             options={
-                'indexes': [models.Index(fields=['settled_at', 'first_seen'], name='grad_slot_sweep')],
-                'constraints': [models.UniqueConstraint(fields=('run', 'step', 'group'), name='grad_slot_once')],
+                "indexes": [models.Index(fields=["settled_at", "first_seen"], name="grad_slot_sweep")],
+                "constraints": [models.UniqueConstraint(fields=("run", "step", "group"), name="grad_slot_once")],
             },
         ),
     ]

@@ -6,85 +6,124 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('dashboard', '0001_initial'),
-        ('ingest', '0002_raw_partitions_blobs'),
+        ("dashboard", "0001_initial"),
+        ("ingest", "0002_raw_partitions_blobs"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='alert',
-            name='last_position',
+            model_name="alert",
+            name="last_position",
             field=models.BigIntegerField(null=True),
         ),
         migrations.AddField(
-            model_name='alert',
-            name='notified_revision',
+            model_name="alert",
+            name="notified_revision",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='alert',
-            name='resolved_at',
+            model_name="alert",
+            name="resolved_at",
             field=models.DateTimeField(null=True),
         ),
         migrations.AddField(
-            model_name='alert',
-            name='revision',
+            model_name="alert",
+            name="revision",
             field=models.PositiveIntegerField(default=1),
         ),
         migrations.CreateModel(
-            name='Baseline',
+            name="Baseline",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('baseline', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='baseline_for', to='ingest.run')),
-                ('chosen_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('run', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='baseline_link', to='ingest.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "baseline",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="baseline_for", to="ingest.run"
+                    ),
+                ),
+                (
+                    "chosen_by",
+                    models.ForeignKey(
+                        null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
+                (
+                    "run",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="baseline_link", to="ingest.run"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Silence',
+            name="Silence",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(blank=True, max_length=64)),
-                ('rank', models.PositiveIntegerField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField()),
-                ('comment', models.TextField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('author', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='silences', to='ingest.project')),
-                ('run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='ingest.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("kind", models.CharField(blank=True, max_length=64)),
+                ("rank", models.PositiveIntegerField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField()),
+                ("comment", models.TextField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "author",
+                    models.ForeignKey(
+                        null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="silences", to="ingest.project"
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to="ingest.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Webhook',
+            name="Webhook",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('url', models.URLField(max_length=1000)),
-                ('active', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='webhooks', to='ingest.project')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("url", models.URLField(max_length=1000)),
+                ("active", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="webhooks", to="ingest.project"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Notification',
+            name="Notification",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('revision', models.PositiveIntegerField()),
-                ('state', models.CharField(default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('sent_at', models.DateTimeField(null=True)),
-                ('last_error', models.TextField(blank=True)),
-                ('alert', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='notifications', to='dashboard.alert')),
-                ('webhook', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='dashboard.webhook')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("revision", models.PositiveIntegerField()),
+                ("state", models.CharField(default="pending", max_length=16)),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("sent_at", models.DateTimeField(null=True)),
+                ("last_error", models.TextField(blank=True)),
+                (
+                    "alert",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="notifications", to="dashboard.alert"
+                    ),
+                ),
+                ("webhook", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="dashboard.webhook")),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('alert', 'webhook', 'revision'), name='notify_once')],
+                "constraints": [models.UniqueConstraint(fields=("alert", "webhook", "revision"), name="notify_once")],
             },
         ),
     ]

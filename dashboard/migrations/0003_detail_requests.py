@@ -5,28 +5,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('dashboard', '0002_lifecycle'),
-        ('ingest', '0003_grad_watermark'),
+        ("dashboard", "0002_lifecycle"),
+        ("ingest", "0003_grad_watermark"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='DetailRequest',
+            name="DetailRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rank', models.PositiveIntegerField()),
-                ('step', models.BigIntegerField()),
-                ('group', models.CharField(max_length=64)),
-                ('asked_at', models.DateTimeField(null=True)),
-                ('answered_at', models.DateTimeField(null=True)),
-                ('alert', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='detail_requests', to='dashboard.alert')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='ingest.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("rank", models.PositiveIntegerField()),
+                ("step", models.BigIntegerField()),
+                ("group", models.CharField(max_length=64)),
+                ("asked_at", models.DateTimeField(null=True)),
+                ("answered_at", models.DateTimeField(null=True)),
+                (
+                    "alert",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="detail_requests",
+                        to="dashboard.alert",
+                    ),
+                ),
+                ("run", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="ingest.run")),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('asked_at__isnull', True)), fields=['run', 'rank'], name='detail_unasked')],
-                'constraints': [models.UniqueConstraint(fields=('run', 'rank', 'step', 'group'), name='detail_once')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("asked_at__isnull", True)), fields=["run", "rank"], name="detail_unasked"
+                    )
+                ],
+                "constraints": [models.UniqueConstraint(fields=("run", "rank", "step", "group"), name="detail_once")],
             },
         ),
     ]

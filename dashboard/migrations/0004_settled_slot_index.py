@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('dashboard', '0003_detail_requests'),
-        ('ingest', '0003_grad_watermark'),
+        ("dashboard", "0003_detail_requests"),
+        ("ingest", "0003_grad_watermark"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='gradslot',
-            index=models.Index(condition=models.Q(('settled_at__isnull', False)), fields=['run', 'group', 'step'], name='grad_slot_settled'),
+            model_name="gradslot",
+            index=models.Index(
+                condition=models.Q(("settled_at__isnull", False)),
+                fields=["run", "group", "step"],
+                name="grad_slot_settled",
+            ),
         ),
     ]

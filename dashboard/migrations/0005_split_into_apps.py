@@ -3,12 +3,21 @@
 The tables stay where they are (`db_table`): this only hands Django's model state over.
 The one schema change: a detail request's alert is a plain id (no foreign key to the alert table).
 """
+
 from django.db import migrations
 
 from dashboard.migrations._relabel import move_content_types
 
-MOVED = {"compileslot": "ledger", "gradslot": "ledger", "detailrequest": "ledger", "alert": "detection",
-         "silence": "detection", "baseline": "detection", "webhook": "delivery", "notification": "delivery"}
+MOVED = {
+    "compileslot": "ledger",
+    "gradslot": "ledger",
+    "detailrequest": "ledger",
+    "alert": "detection",
+    "silence": "detection",
+    "baseline": "detection",
+    "webhook": "delivery",
+    "notification": "delivery",
+}
 
 
 # A detail request keeps the id of the alert that asked, without a foreign key: the ledger sits below detection.
@@ -28,91 +37,90 @@ ALTER TABLE dashboard_detailrequest ADD CONSTRAINT dashboard_detailrequest_alert
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ledger', '0001_initial'),
-        ('detection', '0001_initial'),
-        ('delivery', '0001_initial'),
-        ('contenttypes', '0002_remove_content_type_name'),
-        ('dashboard', '0004_settled_slot_index'),
+        ("ledger", "0001_initial"),
+        ("detection", "0001_initial"),
+        ("delivery", "0001_initial"),
+        ("contenttypes", "0002_remove_content_type_name"),
+        ("dashboard", "0004_settled_slot_index"),
     ]
 
     state_operations = [
         migrations.RemoveField(
-            model_name='notification',
-            name='alert',
+            model_name="notification",
+            name="alert",
         ),
         migrations.RemoveField(
-            model_name='detailrequest',
-            name='alert',
+            model_name="detailrequest",
+            name="alert",
         ),
         migrations.RemoveField(
-            model_name='baseline',
-            name='baseline',
+            model_name="baseline",
+            name="baseline",
         ),
         migrations.RemoveField(
-            model_name='baseline',
-            name='chosen_by',
+            model_name="baseline",
+            name="chosen_by",
         ),
         migrations.RemoveField(
-            model_name='baseline',
-            name='run',
+            model_name="baseline",
+            name="run",
         ),
         migrations.RemoveField(
-            model_name='compileslot',
-            name='run',
+            model_name="compileslot",
+            name="run",
         ),
         migrations.RemoveField(
-            model_name='detailrequest',
-            name='run',
+            model_name="detailrequest",
+            name="run",
         ),
         migrations.RemoveField(
-            model_name='gradslot',
-            name='run',
+            model_name="gradslot",
+            name="run",
         ),
         migrations.RemoveField(
-            model_name='notification',
-            name='webhook',
+            model_name="notification",
+            name="webhook",
         ),
         migrations.RemoveField(
-            model_name='silence',
-            name='author',
+            model_name="silence",
+            name="author",
         ),
         migrations.RemoveField(
-            model_name='silence',
-            name='project',
+            model_name="silence",
+            name="project",
         ),
         migrations.RemoveField(
-            model_name='silence',
-            name='run',
+            model_name="silence",
+            name="run",
         ),
         migrations.RemoveField(
-            model_name='webhook',
-            name='project',
+            model_name="webhook",
+            name="project",
         ),
         migrations.DeleteModel(
-            name='Alert',
+            name="Alert",
         ),
         migrations.DeleteModel(
-            name='Baseline',
+            name="Baseline",
         ),
         migrations.DeleteModel(
-            name='CompileSlot',
+            name="CompileSlot",
         ),
         migrations.DeleteModel(
-            name='DetailRequest',
+            name="DetailRequest",
         ),
         migrations.DeleteModel(
-            name='GradSlot',
+            name="GradSlot",
         ),
         migrations.DeleteModel(
-            name='Notification',
+            name="Notification",
         ),
         migrations.DeleteModel(
-            name='Silence',
+            name="Silence",
         ),
         migrations.DeleteModel(
-            name='Webhook',
+            name="Webhook",
         ),
     ]
 

@@ -1,4 +1,5 @@
 """Content types follow the models that changed app, so admin permissions and log entries keep pointing at them."""
+
 from __future__ import annotations
 
 from django.db import migrations
@@ -6,6 +7,7 @@ from django.db import migrations
 
 def move_content_types(old: str, moved: dict[str, str]) -> migrations.RunPython:
     """A reversible operation: the content types of `moved` (model name -> new app label) leave app `old`."""
+
     def forward(apps, schema_editor) -> None:
         _move(apps, [(old, new, model) for model, new in moved.items()])
 

@@ -3,6 +3,7 @@
 The read API (token or session) and the pages (session) both resolve runs through here, so one
 rule decides what either door shows.
 """
+
 from __future__ import annotations
 
 from dashboard.tenancy.auth import Principal, user_project_ids

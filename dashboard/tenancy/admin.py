@@ -1,4 +1,5 @@
 """Operators manage projects (members, tokens), runs and ranks in the Django admin."""
+
 from __future__ import annotations
 
 from django.contrib import admin
@@ -19,7 +20,7 @@ class TokenInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("name", "created_at")
+    list_display = ("name", "gpu_hour_price", "compile_budget", "created_at")
     search_fields = ("name",)
     filter_horizontal = ("members",)
     inlines = [TokenInline]

@@ -1,4 +1,5 @@
 """Bearer project tokens and session users: who is asking, and which projects they may see."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,6 +53,6 @@ def principal(request: HttpRequest) -> Principal | None:
 
 
 def user_project_ids(user) -> frozenset[int]:
-    if user.is_superuser:
-        return frozenset(Project.objects.values_list("id", flat=True))
+    """The projects a user is a member of. Superusers too: membership is the one rule of pages, API,
+    websockets and CLI; a superuser who must see a project adds themselves to it in the admin."""
     return frozenset(user.projects.values_list("id", flat=True))

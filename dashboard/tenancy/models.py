@@ -1,8 +1,9 @@
 """Who owns what: projects with their members and tokens, the runs of a project, and the ranks of a run.
 
-Every other app hangs its rows off a Run; only this app writes these tables. The tables keep the
-names they had when ingest owned them (`db_table`), so existing databases carry forward.
+Every other app hangs its rows off a Run; only this app writes these tables, named `tenancy_*`
+for it (migration 0005 renamed the ones ingest had named).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,18 +17,29 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 RUN_STATUSES = ("running", "finished", "failed", "stalled")
+# A rank's status: "running" until its rank_end says ok | error | signal | abort, or "lost" when it went
+# silent while every other rank ended (killed outright: it will never say goodbye; `mark_lost`).
+LOST = "lost"
 
 
 class Project(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        db_table = "ingest_project"
+    # what one GPU-hour costs the project (any currency): the compile bill shows money where it is set
+    gpu_hour_price = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    # compile_cost's budget for this project's runs (share of their GPU time, and from what run age in
+    # seconds); unset: LOCKSTEP_COMPILE_BUDGET and LOCKSTEP_COMPILE_BUDGET_AFTER
+    compile_budget = models.FloatField(null=True, blank=True)
+    compile_budget_after = models.FloatField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def named(cls, name: str) -> tuple[Project, bool]:
+        """The project of this name, made when new (`createtoken`, the demo); True when made now."""
+        return cls.objects.get_or_create(name=name)
 
 
 class ProjectToken(models.Model):
@@ -37,9 +49,6 @@ class ProjectToken(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
     created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        db_table = "ingest_projecttoken"
 
     @staticmethod
     def digest_of(token: str) -> str:
@@ -67,12 +76,19 @@ class Run(models.Model):
     last_step = models.BigIntegerField(null=True)
 
     class Meta:
-        db_table = "ingest_run"
         ordering = ["-started_at"]
         constraints = [models.UniqueConstraint(fields=["project", "key"], name="run_key_per_project")]
 
     def __str__(self) -> str:
         return self.key
+
+    @classmethod
+    def reported(cls, project: Project, key: str, name: str, world_size: int, meta: dict) -> Run:
+        """The project's run of this key, made by its first batch (as that batch describes it)."""
+        run, _ = cls.objects.get_or_create(
+            project=project, key=key, defaults={"name": name, "world_size": world_size, "meta": meta}
+        )
+        return run
 
     @property
     def status(self) -> str:
@@ -87,34 +103,49 @@ class Rank(models.Model):
     """One rank of a run, updated by each of its batches (`sql.ranks_seen_cte`): its table keeps
     free space in every page (migration 0003) so that those updates stay HOT, touching no index."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ranks", db_index=False)  # rank_per_run leads with run
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="ranks", db_index=False
+    )  # rank_per_run leads with run
     rank = models.PositiveIntegerField()
     host = models.CharField(max_length=512, blank=True)
     pid = models.BigIntegerField(null=True)
     info = models.JSONField(default=dict)
-    status = models.CharField(max_length=16, default="running")
+    status = models.CharField(max_length=16, default="running")  # running, a rank_end's status, or LOST
     exit_code = models.IntegerField(null=True)
     last_step = models.BigIntegerField(null=True)
     last_seen = models.DateTimeField(auto_now=True)
 
     class Meta:
-        db_table = "ingest_rank"
         constraints = [models.UniqueConstraint(fields=["run", "rank"], name="rank_per_run")]
         ordering = ["rank"]
 
 
 def rank_failed(via: str = "") -> Q:
-    """A rank failed when its rank_end said error/signal/abort or its process exited non-zero;
+    """A rank failed when its rank_end said error/signal/abort, its process exited non-zero, or it was lost;
     `via`: the path from the queried model to `Rank` (e.g. "ranks__" from Run)."""
-    return (~Q(**{f"{via}status__in": ("ok", "running")}) | Q(**{f"{via}exit_code__lt": 0})
-            | Q(**{f"{via}exit_code__gt": 0}))
+    return (
+        ~Q(**{f"{via}status__in": ("ok", "running")})
+        | Q(**{f"{via}exit_code__lt": 0})
+        | Q(**{f"{via}exit_code__gt": 0})
+    )
+
+
+def has_ended(status: str) -> bool:
+    """The rank said goodbye (sent rank_end). A lost rank did not: its absence from a slot is no data."""
+    return status not in ("running", LOST)
+
+
+def mark_lost(run_id: int, ranks: set[int] | list[int]) -> int:
+    """Ranks still `running` that went silent while every other rank ended become `lost` (the
+    periodic sweep decides it); a report from one of them makes it `running` again (`sql.ranks_seen_cte`)."""
+    return Rank.objects.filter(run_id=run_id, rank__in=sorted(ranks), status="running").update(status=LOST)
 
 
 def with_status(runs: QuerySet[Run]) -> QuerySet[Run]:
     """`runs` annotated with `ended` (ranks that sent rank_end) and `run_status`, the one place a run's
     status is decided, in SQL so that a list of runs (and a filter on status) stays one query.
 
-    failed: a rank failed. finished: world_size ranks ended, none failed. stalled: a rank that has not
+    failed: a rank failed (or was lost). finished: world_size ranks ended, none failed. stalled: a rank that has not
     ended is silent longer than LOCKSTEP_SILENT_AFTER, or ranks are missing and the run itself is
     that silent (killed or frozen ranks never send rank_end). running: otherwise.
     """
@@ -124,17 +155,20 @@ def with_status(runs: QuerySet[Run]) -> QuerySet[Run]:
         failed=_ranks_where(rank_failed()),
         silent=_ranks_where(Q(status="running", last_seen__lt=quiet_since)),
     )
-    return runs.annotate(run_status=Case(
-        When(failed__gt=0, then=Value("failed")),
-        When(ended__gte=F("world_size"), then=Value("finished")),
-        When(Q(silent__gt=0) | Q(reporting__lt=F("world_size"), last_seen__lt=quiet_since), then=Value("stalled")),
-        default=Value("running"),
-    ))
+    return runs.annotate(
+        run_status=Case(
+            When(failed__gt=0, then=Value("failed")),
+            When(ended__gte=F("world_size"), then=Value("finished")),
+            When(Q(silent__gt=0) | Q(reporting__lt=F("world_size"), last_seen__lt=quiet_since), then=Value("stalled")),
+            default=Value("running"),
+        )
+    )
 
 
 def _ranks_where(condition: Q) -> Coalesce:
     """How many of the outer run's ranks meet `condition`: a correlated subquery, so it multiplies no
     other join the caller adds and needs no GROUP BY over the runs."""
-    counted = (Rank.objects.filter(condition, run=OuterRef("pk")).order_by().values("run")
-               .annotate(n=Count("pk")).values("n"))
+    counted = (
+        Rank.objects.filter(condition, run=OuterRef("pk")).order_by().values("run").annotate(n=Count("pk")).values("n")
+    )
     return Coalesce(Subquery(counted), 0)

@@ -3,9 +3,10 @@
 Ingest runs them inside its batch transaction (as server-side prepared statements, composed into
 its claim statement where a round trip matters), but only this module names these tables.
 """
+
 from __future__ import annotations
 
-from dashboard.tenancy.models import Rank, Run
+from dashboard.tenancy.models import LOST, Rank, Run
 
 RANK = Rank._meta.db_table
 RUN = Run._meta.db_table
@@ -13,7 +14,8 @@ RUN = Run._meta.db_table
 
 def ranks_seen_cte(source: str) -> str:
     """CTE `ranked`: upsert each batch's rank facts from CTE `source` (run is %(run)s; columns rank, host,
-    pid, info, step): a rank_start's facts replace the old ones, progress only moves forward."""
+    pid, info, step): a rank_start's facts replace the old ones, progress only moves forward, and a
+    rank the sweep had given up as lost is running again."""
     return f"""
             ranked AS (
               INSERT INTO {RANK} (run_id, rank, host, pid, info, status, exit_code, last_step, last_seen)
@@ -24,6 +26,7 @@ def ranks_seen_cte(source: str) -> str:
                 pid = COALESCE(EXCLUDED.pid, {RANK}.pid),
                 info = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.info ELSE EXCLUDED.info END,
                 last_step = GREATEST({RANK}.last_step, EXCLUDED.last_step),
+                status = CASE WHEN {RANK}.status = '{LOST}' THEN 'running' ELSE {RANK}.status END,
                 last_seen = now()
             )"""
 

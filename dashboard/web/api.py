@@ -1,9 +1,10 @@
-"""Read API v1 (DESIGN 3.3) and its few actions: the JSON door over `services`.
+"""Read API v1 (docs/design.md, Read API) and its few actions: the JSON door over `services`.
 
 Each view parses the request, calls one service and renders the result. The decorators name the
-caller (bearer token or session) or refuse; any `Problem` raised on the way is answered as
+caller (bearer token or session) or refuse; any `Refusal` raised on the way is answered as
 `{"error": message}` (plus `"path"` naming the input at fault) with the problem's status.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import Rank, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
-from dashboard.web.problems import Problem
+from ingest.refusals import Refusal
 
 RUNS_LISTED = 500
 
@@ -28,23 +29,23 @@ Gate = Callable[[HttpRequest], Principal]
 View = Callable[..., JsonResponse]
 
 
-def problem_response(problem: Problem) -> JsonResponse:
-    body = {"error": problem.message}
-    if problem.path is not None:
-        body["path"] = problem.path
-    return JsonResponse(body, status=problem.status)
+def refusal_response(refusal: Refusal) -> JsonResponse:
+    body = {"error": refusal.message}
+    if refusal.path is not None:
+        body["path"] = refusal.path
+    return JsonResponse(body, status=refusal.status)
 
 
 def _json_door(gate: Gate) -> Callable[[View], View]:
-    """Views get the caller `gate` names; Problems raised by the gate or the view become JSON errors."""
+    """Views get the caller `gate` names; Refusals raised by the gate or the view become JSON errors."""
 
     def decorate(view: View) -> View:
         @wraps(view)
         def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
             try:
                 return view(request, gate(request), *args, **kwargs)
-            except Problem as problem:
-                return problem_response(problem)
+            except Refusal as refusal:
+                return refusal_response(refusal)
 
         return wrapper
 
@@ -54,10 +55,10 @@ def _json_door(gate: Gate) -> Callable[[View], View]:
 def _reader(request: HttpRequest) -> Principal:
     """GET by a bearer token or a session user."""
     if request.method != "GET":
-        raise Problem(405, "method not allowed")
+        raise Refusal(405, "method not allowed")
     who = auth.principal(request)
     if who is None:
-        raise Problem(401, "authentication required (bearer token or session)")
+        raise Refusal(401, "authentication required (bearer token or session)")
     return who
 
 
@@ -68,15 +69,15 @@ def _poster(request: HttpRequest, tokens: bool) -> Principal:
     (e.g. CI choosing a baseline) may use them. A token carries no cookie, so it needs no CSRF check.
     """
     if request.method != "POST":
-        raise Problem(405, "method not allowed")
+        raise Refusal(405, "method not allowed")
     bearer = auth.bearer_token(request) is not None
     if bearer and not tokens:
-        raise Problem(403, "acknowledging and silencing need a user session, not a project token")
+        raise Refusal(403, "acknowledging and silencing need a user session, not a project token")
     who = auth.principal(request)
     if who is None:
-        raise Problem(401, "authentication required")
+        raise Refusal(401, "authentication required")
     if not bearer and CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None:
-        raise Problem(403, "CSRF check failed")
+        raise Refusal(403, "CSRF check failed")
     return who
 
 
@@ -105,10 +106,11 @@ def _json_body(request: HttpRequest, message: str) -> object:
     try:
         return json.loads(request.body or b"{}")
     except ValueError:
-        raise Problem(400, message) from None
+        raise Refusal(400, message) from None
 
 
-# --- JSON shapes (DESIGN 3.3) ------------------------------------------------------------
+# --- JSON shapes (docs/design.md, Read API) --------------------------------------------------
+
 
 def run_json(run: Run) -> dict:
     """A runs-list row; `run` carries the alert counts and status `services.runs_list` annotates."""
@@ -126,19 +128,31 @@ def run_json(run: Run) -> dict:
 
 
 def rank_json(rank: Rank) -> dict:
-    return {"rank": rank.rank, "host": rank.host, "last_step": rank.last_step, "last_seen": rank.last_seen.isoformat(),
-            "status": rank.status}
+    return {
+        "rank": rank.rank,
+        "host": rank.host,
+        "last_step": rank.last_step,
+        "last_seen": rank.last_seen.isoformat(),
+        "status": rank.status,
+    }
 
 
 def silence_json(s: Silence) -> dict:
     return {
-        "id": s.id, "project": s.project.name, "run": s.run.key if s.run else None, "kind": s.kind or None,
-        "rank": s.rank, "expires_at": s.expires_at.isoformat(), "comment": s.comment,
-        "author": s.author.get_username() if s.author else None, "created_at": s.created_at.isoformat(),
+        "id": s.id,
+        "project": s.project.name,
+        "run": s.run.key if s.run else None,
+        "kind": s.kind or None,
+        "rank": s.rank,
+        "expires_at": s.expires_at.isoformat(),
+        "comment": s.comment,
+        "author": s.author.get_username() if s.author else None,
+        "created_at": s.created_at.isoformat(),
     }
 
 
 # --- reads -------------------------------------------------------------------------------
+
 
 @api_view
 def runs(request: HttpRequest, who: Principal) -> JsonResponse:
@@ -151,8 +165,11 @@ def runs(request: HttpRequest, who: Principal) -> JsonResponse:
 def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
     run = services.run_with_alert_counts(who, key)
     ranks = [rank_json(r) for r in run.ranks.all()]
-    summary = {"ranks_reporting": len(ranks), "compile_slots": run.compileslot_set.count(),
-               "grad_slots": run.gradslot_set.count()}
+    summary = {
+        "ranks_reporting": len(ranks),
+        "compile_slots": run.compileslot_set.count(),
+        "grad_slots": run.gradslot_set.count(),
+    }
     return JsonResponse({**run_json(run), "ranks": ranks, "summary": summary})
 
 
@@ -165,9 +182,21 @@ def run_alerts(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
 
 
 @api_view
+def run_incidents(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
+    """Alerts grouped by cause: each incident's root (where the trouble started) and its alerts."""
+    return JsonResponse({"incidents": services.run_incidents(who, key)})
+
+
+@api_view
 def run_timeline(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
     """Ranks x time compile spans and markers, ranks x steps agreement: aggregated server-side."""
     return JsonResponse(services.run_timeline(who, key))
+
+
+@api_view
+def run_cost(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
+    """The compile bill: GPU-seconds lost to compilation by frame and cause, with remedies (docs/cost.md)."""
+    return JsonResponse(services.run_cost(who, key))
 
 
 @api_view
@@ -178,9 +207,23 @@ def compare(request: HttpRequest, who: Principal) -> JsonResponse:
 
 # --- actions -----------------------------------------------------------------------------
 
+
 @api_action
 def alert_ack(request: HttpRequest, who: Principal, alert_id: int) -> JsonResponse:
     return JsonResponse(services.acknowledge(who, alert_id).as_json())
+
+
+@api_automation
+def alert_resolve(request: HttpRequest, who: Principal, alert_id: int) -> JsonResponse:
+    """Resolve by hand, `{"reason": "..."}`: a user (their name goes on it) or a project token."""
+    body = _json_body(request, 'the body must be JSON: {"reason": "..."}')
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return JsonResponse(services.resolve_by_hand(who, alert_id, reason).as_json())
+
+
+@api_action
+def incident_ack(request: HttpRequest, who: Principal, incident_id: int) -> JsonResponse:
+    return JsonResponse(services.acknowledge_incident(who, incident_id).as_json())
 
 
 @api_action
@@ -198,6 +241,6 @@ def run_baseline(request: HttpRequest, who: Principal, key: str) -> JsonResponse
     run = services.run_for(who, key)
     body = _json_body(request, "body must be a JSON object")
     if not isinstance(body, dict):
-        raise Problem(400, "body must be a JSON object")
+        raise Refusal(400, "body must be a JSON object")
     link = services.choose_baseline(who, run, body.get("baseline"))
     return JsonResponse({"run": run.key, "baseline": link.baseline.key}, status=201)

@@ -1,4 +1,5 @@
 """Input forms both doors validate with: the alerts page posts them, the API sends the same fields as JSON."""
+
 from __future__ import annotations
 
 from django import forms

@@ -2,9 +2,10 @@
 
 Every operation takes the caller (a `Principal`: a project token, or a user with their projects)
 and resolves what it names through the same visibility rule (`tenancy.access`), so neither door
-can show or change more than the other. Failures are raised as `Problem`; the doors render them.
+can show or change more than the other. Failures are raised as `Refusal`; the doors render them.
 Alert writes go through `detection.lifecycle`, silence writes through `detection.silences`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,16 +18,15 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard.delivery import notifications, notify
-from dashboard.detection import lifecycle, silences
+from dashboard.detection import bills, incidents, lifecycle, signals, silences
 from dashboard.detection import tasks as detection_tasks
-from dashboard.detection.models import Alert, Baseline, Silence
+from dashboard.detection.models import Alert, Baseline, Incident, Silence
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import RUN_STATUSES, Project, Run, with_status
 from dashboard.web.pages import compare as comparing
-from dashboard.web.pages import drift
-from dashboard.web.pages import timeline
-from dashboard.web.problems import Problem
+from dashboard.web.pages import drift, timeline
+from ingest.refusals import Refusal
 
 log = logging.getLogger(__name__)
 MAX_COMPARED = 8
@@ -34,12 +34,13 @@ MAX_COMPARED = 8
 
 # --- runs --------------------------------------------------------------------------------
 
+
 def run_for(caller: Principal, key: str) -> Run:
     """The caller's run of that key; a missing run and another project's are the same 404, so
-    no caller can tell which keys exist (DESIGN 3.3)."""
+    no caller can tell which keys exist (docs/design.md, Read API)."""
     found = access.visible_run(caller, key)
     if found is None:
-        raise Problem(404, f"no run {key!r}")
+        raise Refusal(404, f"no run {key!r}")
     return found
 
 
@@ -62,7 +63,7 @@ def runs_list(caller: Principal, status: str = "") -> QuerySet[Run]:
     if not status:
         return runs
     if status not in RUN_STATUSES:
-        raise Problem(400, f"unknown status {status!r}: use one of {', '.join(RUN_STATUSES)}", path="status")
+        raise Refusal(400, f"unknown status {status!r}: use one of {', '.join(RUN_STATUSES)}", path="status")
     return runs.filter(run_status=status)
 
 
@@ -76,12 +77,25 @@ def run_timeline(caller: Principal, key: str) -> dict:
     return timeline.timeline(run_for(caller, key))
 
 
+def run_cost(caller: Principal, key: str) -> dict:
+    """The run's compile bill: the kept one while current, else computed now (and kept)."""
+    return bills.current_bill(run_for(caller, key))
+
+
+def project_for(caller: Principal, name: str) -> Project:
+    """One of the caller's projects; another project and a missing one are the same 404."""
+    found = Project.objects.filter(name=name, id__in=caller.project_ids).first()
+    if found is None:
+        raise Refusal(404, f"no project {name!r}")
+    return found
+
+
 def compare(caller: Principal, keys: Iterable[str], tolerance: str | None = None) -> dict:
     """The comparison of 2 to MAX_COMPARED distinct runs (blank keys ignored); the first is the
     reference; `tolerance` (`?tol=`) is the relative drift that counts, default 1e-3."""
     distinct = list(dict.fromkeys(k for k in keys if k))
     if not 2 <= len(distinct) <= MAX_COMPARED:
-        raise Problem(400, "pass 2 to 8 run keys: ?runs=<key>,<key>[,...]")
+        raise Refusal(400, "pass 2 to 8 run keys: ?runs=<key>,<key>[,...]")
     return comparing.compare(runs_for(caller, distinct), compare_tolerance(tolerance))
 
 
@@ -89,8 +103,9 @@ def compare_tolerance(text: str | None) -> float:
     try:
         return drift.parse_tolerance(text)
     except ValueError:
-        raise Problem(400, f"tol must be a number >= 0 (a relative difference, e.g. 1e-3), got {text!r}",
-                      path="tol") from None
+        raise Refusal(
+            400, f"tol must be a number >= 0 (a relative difference, e.g. 1e-3), got {text!r}", path="tol"
+        ) from None
 
 
 def _with_alert_counts(runs: QuerySet[Run]) -> QuerySet[Run]:
@@ -106,6 +121,7 @@ def _firing(severity: str) -> Coalesce:
 
 # --- baselines ---------------------------------------------------------------------------
 
+
 def baseline_candidates(caller: Principal, run: Run) -> QuerySet[Run]:
     """Runs `run` may be held against: the other runs of its project that the caller sees."""
     return caller.runs().filter(project_id=run.project_id).exclude(id=run.id)
@@ -115,21 +131,66 @@ def choose_baseline(caller: Principal, run: Run, base_key: object) -> Baseline:
     """Hold `run` against the run keyed `base_key`, which must be another run of the same project
     (fingerprints of different jobs are not comparable); the comparison is queued after commit."""
     if not isinstance(base_key, str) or not base_key:
-        raise Problem(400, "baseline must be a run key", path="baseline")
+        raise Refusal(400, "baseline must be a run key", path="baseline")
     base = access.visible_run(caller, base_key, project_id=run.project_id)
     if base is None:
         run_for(caller, base_key)  # a 404 unless the caller sees it in another project
-        raise Problem(400, f"baseline {base_key!r} is not a run of project {run.project.name!r}", path="baseline")
+        raise Refusal(400, f"baseline {base_key!r} is not a run of project {run.project.name!r}", path="baseline")
     try:
         return detection_tasks.choose_baseline(run, base, caller.user)
     except ValueError as exc:
-        raise Problem(400, str(exc), path="baseline") from None
+        raise Refusal(400, str(exc), path="baseline") from None
 
 
 # --- alerts ------------------------------------------------------------------------------
 
+
 def run_alerts(caller: Principal, key: str) -> QuerySet[Alert]:
     return run_for(caller, key).alerts.select_related("acked_by", "run")
+
+
+def run_incidents(caller: Principal, key: str) -> list[dict]:
+    """The run's incidents, newest first, each with its root and its alerts (one query for all alerts)."""
+    run = run_for(caller, key)
+    found = list(
+        Incident.objects.filter(run=run).select_related("root", "acked_by", "run").order_by("-opened_at", "-id")
+    )
+    members: dict[int, list[Alert]] = {i.id: [] for i in found}
+    for alert in Alert.objects.filter(incident__in=found).order_by("first_seen", "id"):
+        members[alert.incident_id].append(alert)
+    return [i.as_json(members[i.id]) for i in found]
+
+
+def visible_incidents(caller: Principal, run_key: str = "", state: str = "firing", limit: int = 100) -> list[dict]:
+    """The caller's incidents across runs (or one run's), newest first: the alerts page's head."""
+    found = Incident.objects.filter(run__project_id__in=caller.project_ids)
+    if run_key:
+        found = found.filter(run__key=run_key)
+    if state in ("firing", "resolved"):
+        found = found.filter(state=state)
+    found = list(found.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
+    members: dict[int, list[Alert]] = {i.id: [] for i in found}
+    for alert in Alert.objects.filter(incident__in=found).order_by("first_seen", "id"):
+        members[alert.incident_id].append(alert)
+    return [i.as_json(members[i.id]) for i in found]
+
+
+def incident_for(caller: Principal, incident_id: int) -> Incident:
+    """The incident if it is on one of the caller's runs; a 404 otherwise, missing or not."""
+    incident = Incident.objects.select_related("run", "root").filter(id=incident_id).first()
+    if incident is None or not caller.can_see(incident.run):
+        raise Refusal(404, f"no incident {incident_id}")
+    return incident
+
+
+def acknowledge_incident(caller: Principal, incident_id: int) -> Incident:
+    """The caller is on it: the incident and its root alert, which sinks hear of (PagerDuty acknowledge)."""
+    incident = incident_for(caller, incident_id)
+    with transaction.atomic():
+        if incident.root is not None:
+            lifecycle.acknowledge(incident.root, caller.user)
+        incidents.acknowledge(incident, caller.user)
+    return incident
 
 
 def webhook_deliveries(alerts: list[Alert]) -> dict[int, dict[str, int]]:
@@ -142,7 +203,7 @@ def alert_for(caller: Principal, alert_id: int) -> Alert:
     """The alert if it is on one of the caller's runs; a 404 otherwise, missing or not."""
     alert = Alert.objects.select_related("run", "acked_by").filter(id=alert_id).first()
     if alert is None or not caller.can_see(alert.run):
-        raise Problem(404, f"no alert {alert_id}")
+        raise Refusal(404, f"no alert {alert_id}")
     return alert
 
 
@@ -153,6 +214,29 @@ def acknowledge(caller: Principal, alert_id: int) -> Alert:
         lifecycle.acknowledge(alert, caller.user)
         transaction.on_commit(lambda: _push(alert))
     return alert
+
+
+def resolve_by_hand(caller: Principal, alert_id: int, reason: object) -> Alert:
+    """Close a stale alert with who and why: a user by name, a project token as its project; sinks
+    hear the resolve (a new revision, announced after commit)."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise Refusal(400, 'say why: {"reason": "..."} (shown with the alert and sent to its destinations)')
+    alert = alert_for(caller, alert_id)
+    why = reason.strip()[:2000]
+    if caller.user is None:
+        why += f" (project token of {alert.run.project.name})"
+    with transaction.atomic():
+        alert = lifecycle.resolve_by_hand(alert, caller.user, why)
+        transaction.on_commit(lambda: _announce(alert))
+    return alert
+
+
+def _announce(alert: Alert) -> None:
+    """Best effort: with the broker down the sweep delivers the new revision later."""
+    try:
+        signals.announce([alert.id])
+    except Exception:
+        log.warning("announcing alert %s failed; the sweep delivers it", alert.id, exc_info=True)
 
 
 def unacknowledge(caller: Principal, alert_id: int) -> Alert:
@@ -173,12 +257,19 @@ def _push(alert: Alert) -> None:
 
 # --- silences ----------------------------------------------------------------------------
 
+
 def create_silence(caller: Principal, data: Mapping) -> Silence:
     """A silence from a valid SilenceForm's cleaned data, by the caller's user, in one of their projects."""
     project_id, run = _silence_scope(caller, data)
-    return silences.create(project_id, run, kind=data.get("kind") or "", rank=data.get("rank"),
-                           until=timezone.now() + timedelta(hours=data["hours"]), comment=data["comment"],
-                           author=caller.user)
+    return silences.create(
+        project_id,
+        run,
+        kind=data.get("kind") or "",
+        rank=data.get("rank"),
+        until=timezone.now() + timedelta(hours=data["hours"]),
+        comment=data["comment"],
+        author=caller.user,
+    )
 
 
 def _silence_scope(caller: Principal, data: Mapping) -> tuple[int, Run | None]:
@@ -187,22 +278,24 @@ def _silence_scope(caller: Principal, data: Mapping) -> tuple[int, Run | None]:
     if data.get("run"):
         run = access.visible_run(caller, data["run"])
         if run is None:
-            raise Problem(400, f"no run {data['run']!r} in your projects")
+            raise Refusal(400, f"no run {data['run']!r} in your projects")
         return run.project_id, run
     project_id = None
-    if data.get("project"):
+    if data.get("project"):  # named: it is the caller's or a 404, never a fallback to another of theirs
         named = Project.objects.filter(name=data["project"], id__in=caller.project_ids)
         project_id = named.values_list("id", flat=True).first()
-    if project_id is None and len(caller.project_ids) == 1:
+        if project_id is None:
+            raise Refusal(404, f"no project {data['project']!r} in your projects")
+    elif len(caller.project_ids) == 1:
         project_id = next(iter(caller.project_ids))
     if project_id is None:
-        raise Problem(400, "choose a run or a project of yours")
+        raise Refusal(400, "choose a run or a project of yours")
     return project_id, None
 
 
 def expire_silence(caller: Principal, silence_id: int) -> Silence:
     silence = Silence.objects.filter(id=silence_id, project_id__in=caller.project_ids).first()
     if silence is None:
-        raise Problem(404, f"no silence {silence_id}")
+        raise Refusal(404, f"no silence {silence_id}")
     silences.expire(silence)
     return silence

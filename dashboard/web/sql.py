@@ -1,12 +1,13 @@
 """The pages' raw SQL (the aggregates the ORM would spell badly): one cursor helper, and the other
 apps' tables by their models' names, never spelled out. Statements name a table as a placeholder,
 `{compile_events}`, `{graph_breaks}`, `{step_reports}`, `{grad_slots}` or `{grad_reports}`, which `rows` fills in."""
+
 from __future__ import annotations
 
 from django.db import connection
 
+from dashboard.evidence.models import CompileEvent, GradReport, GraphBreakEvent, StepReport
 from dashboard.ledger.models import GradSlot
-from ingest.models import CompileEvent, GradReport, GraphBreakEvent, StepReport
 
 TABLES = {
     "{compile_events}": CompileEvent._meta.db_table,

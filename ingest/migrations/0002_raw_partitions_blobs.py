@@ -11,8 +11,13 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-
-RAW_TABLES = ("ingest_compileevent", "ingest_graphbreakevent", "ingest_gradreport", "ingest_stepreport", "ingest_eventlog")
+RAW_TABLES = (
+    "ingest_compileevent",
+    "ingest_graphbreakevent",
+    "ingest_gradreport",
+    "ingest_stepreport",
+    "ingest_eventlog",
+)
 
 # Creates (idempotently, race-safe between ingest processes) the partition of `parent` for one UTC day.
 PARTITION_FUNCTION = """
@@ -70,20 +75,19 @@ $do$;
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ingest', '0001_initial'),
+        ("ingest", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Blob',
+            name="Blob",
             fields=[
-                ('hash', models.CharField(max_length=32, primary_key=True, serialize=False)),
-                ('text', models.TextField(null=True)),
-                ('size', models.PositiveIntegerField(default=0)),
-                ('requested_at', models.DateTimeField(null=True)),
-                ('stored_at', models.DateTimeField(null=True)),
+                ("hash", models.CharField(max_length=32, primary_key=True, serialize=False)),
+                ("text", models.TextField(null=True)),
+                ("size", models.PositiveIntegerField(default=0)),
+                ("requested_at", models.DateTimeField(null=True)),
+                ("stored_at", models.DateTimeField(null=True)),
             ],
         ),
         migrations.RunSQL(PARTITION_FUNCTION, "DROP FUNCTION lockstep_raw_partition(text, date)"),
@@ -91,67 +95,92 @@ class Migration(migrations.Migration):
             database_operations=[migrations.RunSQL(PARTITION_TABLES)],
             state_operations=[
                 migrations.AddField(
-                    model_name='compileevent',
-                    name='received',
+                    model_name="compileevent",
+                    name="received",
                     field=models.DateTimeField(default=django.utils.timezone.now),
                 ),
                 migrations.AddField(
-                    model_name='eventlog',
-                    name='received',
+                    model_name="eventlog",
+                    name="received",
                     field=models.DateTimeField(default=django.utils.timezone.now),
                 ),
                 migrations.AddField(
-                    model_name='gradreport',
-                    name='received',
+                    model_name="gradreport",
+                    name="received",
                     field=models.DateTimeField(default=django.utils.timezone.now),
                 ),
                 migrations.AddField(
-                    model_name='graphbreakevent',
-                    name='received',
+                    model_name="graphbreakevent",
+                    name="received",
                     field=models.DateTimeField(default=django.utils.timezone.now),
                 ),
                 migrations.AddField(
-                    model_name='stepreport',
-                    name='received',
+                    model_name="stepreport",
+                    name="received",
                     field=models.DateTimeField(default=django.utils.timezone.now),
                 ),
                 migrations.AlterField(
-                    model_name='compileevent',
-                    name='run',
-                    field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, to='ingest.run'),
+                    model_name="compileevent",
+                    name="run",
+                    field=models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="ingest.run",
+                    ),
                 ),
                 migrations.AlterField(
-                    model_name='eventlog',
-                    name='run',
-                    field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, to='ingest.run'),
+                    model_name="eventlog",
+                    name="run",
+                    field=models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="ingest.run",
+                    ),
                 ),
                 migrations.AlterField(
-                    model_name='gradreport',
-                    name='run',
-                    field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, to='ingest.run'),
+                    model_name="gradreport",
+                    name="run",
+                    field=models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="ingest.run",
+                    ),
                 ),
                 migrations.AlterField(
-                    model_name='graphbreakevent',
-                    name='run',
-                    field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, to='ingest.run'),
+                    model_name="graphbreakevent",
+                    name="run",
+                    field=models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="ingest.run",
+                    ),
                 ),
                 migrations.AlterField(
-                    model_name='stepreport',
-                    name='run',
-                    field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, to='ingest.run'),
+                    model_name="stepreport",
+                    name="run",
+                    field=models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="ingest.run",
+                    ),
                 ),
             ],
         ),
         migrations.AddIndex(
-            model_name='graphbreakevent',
-            index=models.Index(fields=['run', 'frame'], name='graphbreak_run_frame'),
+            model_name="graphbreakevent",
+            index=models.Index(fields=["run", "frame"], name="graphbreak_run_frame"),
         ),
         migrations.AddIndex(
-            model_name='eventlog',
-            index=models.Index(fields=['run', 't'], name='eventlog_run_t'),
+            model_name="eventlog",
+            index=models.Index(fields=["run", "t"], name="eventlog_run_t"),
         ),
         migrations.AddIndex(
-            model_name='ingestbatch',
-            index=models.Index(fields=['received_at'], name='batch_received'),
+            model_name="ingestbatch",
+            index=models.Index(fields=["received_at"], name="batch_received"),
         ),
     ]

@@ -5,24 +5,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ingest', '0002_raw_partitions_blobs'),
+        ("ingest", "0002_raw_partitions_blobs"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='GradWatermark',
+            name="GradWatermark",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('group', models.CharField(max_length=64)),
-                ('rank', models.PositiveIntegerField()),
-                ('step', models.BigIntegerField()),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='ingest.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("group", models.CharField(max_length=64)),
+                ("rank", models.PositiveIntegerField()),
+                ("step", models.BigIntegerField()),
+                ("run", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="ingest.run")),
             ],
             options={
-                'indexes': [models.Index(fields=['run', 'group', 'step'], name='watermark_min_max')],
-                'constraints': [models.UniqueConstraint(fields=('run', 'group', 'rank'), name='watermark_per_rank')],
+                "indexes": [models.Index(fields=["run", "group", "step"], name="watermark_min_max")],
+                "constraints": [models.UniqueConstraint(fields=("run", "group", "rank"), name="watermark_per_rank")],
             },
         ),
     ]

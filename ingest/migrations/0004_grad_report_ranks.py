@@ -4,6 +4,7 @@ Agreeing ranks sent in one request (a node relay's) then share a row: one per st
 one per rank-step. Existing rows keep their rank as a one-element array; going back splits
 shared rows into one per rank.
 """
+
 import django.contrib.postgres.fields
 from django.db import migrations, models
 
@@ -24,19 +25,18 @@ ALTER TABLE ingest_gradreport ADD CONSTRAINT ingest_gradreport_rank_check CHECK 
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ingest', '0003_grad_watermark'),
+        ("ingest", "0003_grad_watermark"),
     ]
 
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunSQL(SQL, REVERSE_SQL)],
             state_operations=[
-                migrations.RemoveField(model_name='gradreport', name='rank'),
+                migrations.RemoveField(model_name="gradreport", name="rank"),
                 migrations.AddField(
-                    model_name='gradreport',
-                    name='ranks',
+                    model_name="gradreport",
+                    name="ranks",
                     field=django.contrib.postgres.fields.ArrayField(base_field=models.IntegerField(), size=None),
                     preserve_default=False,
                 ),

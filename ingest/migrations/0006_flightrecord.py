@@ -6,27 +6,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ingest', '0005_split_into_apps'),
-        ('tenancy', '0002_run_key_per_project'),
+        ("ingest", "0005_split_into_apps"),
+        ("tenancy", "0002_run_key_per_project"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='FlightRecord',
+            name="FlightRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rank', models.PositiveIntegerField()),
-                ('session', models.CharField(max_length=64)),
-                ('ts', models.FloatField()),
-                ('received', models.DateTimeField(default=django.utils.timezone.now)),
-                ('entries', models.PositiveIntegerField(default=0)),
-                ('dump', models.JSONField()),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='tenancy.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("rank", models.PositiveIntegerField()),
+                ("session", models.CharField(max_length=64)),
+                ("ts", models.FloatField()),
+                ("received", models.DateTimeField(default=django.utils.timezone.now)),
+                ("entries", models.PositiveIntegerField(default=0)),
+                ("dump", models.JSONField()),
+                ("run", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="tenancy.run")),
             ],
             options={
-                'indexes': [models.Index(fields=['run', 'rank', '-received'], name='flightrecord_latest')],
+                "indexes": [models.Index(fields=["run", "rank", "-received"], name="flightrecord_latest")],
             },
         ),
     ]

@@ -6,15 +6,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ingest', '0006_flightrecord'),
+        ("ingest", "0006_flightrecord"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='blob',
-            name='named_at',
+            model_name="blob",
+            name="named_at",
             field=models.DateTimeField(null=True),
         ),
         migrations.RunSQL("UPDATE ingest_blob SET named_at = now()", migrations.RunSQL.noop),

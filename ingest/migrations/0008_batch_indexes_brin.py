@@ -6,28 +6,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ingest', '0007_blob_named_at'),
-        ('tenancy', '0003_rank_updates_hot'),
+        ("ingest", "0007_blob_named_at"),
+        ("tenancy", "0003_rank_updates_hot"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='ingestbatch',
-            name='batch_received',
+            model_name="ingestbatch",
+            name="batch_received",
         ),
         migrations.AlterField(
-            model_name='ingestbatch',
-            name='run',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, to='tenancy.run'),
+            model_name="ingestbatch",
+            name="run",
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, to="tenancy.run"),
         ),
         migrations.AddIndex(
-            model_name='ingestbatch',
-            index=django.contrib.postgres.indexes.BrinIndex(autosummarize=True, fields=['received_at'], name='batch_received'),
+            model_name="ingestbatch",
+            index=django.contrib.postgres.indexes.BrinIndex(
+                autosummarize=True, fields=["received_at"], name="batch_received"
+            ),
         ),
         migrations.AddIndex(
-            model_name='ingestbatch',
-            index=django.contrib.postgres.indexes.BrinIndex(autosummarize=True, fields=['run'], name='batch_run'),
+            model_name="ingestbatch",
+            index=django.contrib.postgres.indexes.BrinIndex(autosummarize=True, fields=["run"], name="batch_run"),
         ),
     ]

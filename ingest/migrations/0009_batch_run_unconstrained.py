@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("ingest", "0008_batch_indexes_brin"),
         ("tenancy", "0003_rank_updates_hot"),
@@ -17,7 +16,8 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="ingestbatch",
             name="run",
-            field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE,
-                                    to="tenancy.run"),
+            field=models.ForeignKey(
+                db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, to="tenancy.run"
+            ),
         ),
     ]

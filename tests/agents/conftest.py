@@ -1,4 +1,5 @@
 """Shared helpers for agent tests: a scripted ingest stub and spool reading."""
+
 from __future__ import annotations
 
 import gzip
@@ -28,6 +29,7 @@ class Stub:
         self.accepted: list[protocol.Batch] = []
         self.detail: list[int] = []
         self.want_blobs: list[str] = []
+        self.extra: dict = {}  # more reply keys (flight_recorder, weights_at, ...)
         self.blobs: list[protocol.Blob] = []
         self.lock = threading.Lock()
         stub = self
@@ -56,8 +58,13 @@ class Stub:
                         status, headers, answer = 413, {}, [{"error": "a proxy's body limit"}]
                     if status == 200:
                         stub.accepted.append(batch)
-                reply = {"accepted": len(batch.events), "duplicate": False, "want_blobs": stub.want_blobs,
-                         "detail": stub.detail}
+                reply = {
+                    "accepted": len(batch.events),
+                    "duplicate": False,
+                    "want_blobs": stub.want_blobs,
+                    "detail": stub.detail,
+                    **stub.extra,
+                }
                 self._answer(status, headers, reply if status == 200 else (answer or [{"error": "scripted"}])[0])
 
             def _answer(self, status: int, headers: dict, reply: dict) -> None:
@@ -110,5 +117,7 @@ def expand(event) -> list:
         return [event]
     norms = event.norms or [None] * event.steps
     nonfinite = event.nonfinite or [0] * event.steps
-    return [protocol.Grad(step=step, group=event.group, fps=fps, norm=norm, nonfinite=bad, ts=event.ts)
-            for step, fps, norm, bad in zip(event.step_numbers(), event.unpack(), norms, nonfinite)]
+    return [
+        protocol.Grad(step=step, group=event.group, fps=fps, norm=norm, nonfinite=bad, ts=event.ts)
+        for step, fps, norm, bad in zip(event.step_numbers(), event.unpack(), norms, nonfinite)
+    ]

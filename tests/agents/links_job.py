@@ -2,6 +2,7 @@
 script does, started under the agent (`python -m agents run tests/agents/links_job.py OUT`): the
 agent attaches before the script has a W&B or MLflow run, and learns of both at the first
 optimizer step. Writes what the libraries hold afterwards to OUT (JSON)."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,14 @@ def main(out: str) -> None:
             opt.step()
             wandb.log({"loss": loss.item()}, step=step)
             mlflow.log_metric("loss", loss.item(), step=step)
-        facts = {"wandb_id": run.id, "wandb_url": run.settings.run_url, "wandb_config": dict(run.config),
-                 "wandb_dir": run.dir, "mlflow_id": ml.info.run_id, "mlflow_experiment": ml.info.experiment_id}
+        facts = {
+            "wandb_id": run.id,
+            "wandb_url": run.settings.run_url,
+            "wandb_config": dict(run.config),
+            "wandb_dir": run.dir,
+            "mlflow_id": ml.info.run_id,
+            "mlflow_experiment": ml.info.experiment_id,
+        }
     wandb.finish()
     with open(out, "w") as f:
         json.dump(facts, f)

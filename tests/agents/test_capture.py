@@ -1,4 +1,5 @@
 """Real torch.compile in this process: Compile and GraphBreak events from the trace log."""
+
 import torch
 
 from agents import protocol
@@ -50,8 +51,13 @@ def test_recompile_gets_index_1_and_reason():
     assert first.hashes["dynamo"].norm != second.hashes["dynamo"].norm  # static vs dynamic shape graph
     assert first.cache.get("inductor") in ("hit", "miss", "bypass")
     assert first.times["entire_frame_compile_time_s"] > 0
-    protocol.decode_batch(protocol.encode(protocol.Batch(  # the events are valid on the wire
-        v=1, run=protocol.RunInfo(key="k", world_size=1), rank=0, session="abcdefgh", seq=0, events=events)))
+    protocol.decode_batch(
+        protocol.encode(
+            protocol.Batch(  # the events are valid on the wire
+                v=1, run=protocol.RunInfo(key="k", world_size=1), rank=0, session="abcdefgh", seq=0, events=events
+            )
+        )
+    )
 
 
 def test_graph_break_event():
@@ -95,9 +101,18 @@ def test_autotune_and_triton_times_where_torch_reports_them():
     events: list = []
     handler = CompileCapture(events.append, lambda: None)
     base = {"co_name": "g", "co_filename": "/x/train.py", "co_firstlineno": 9, "entire_frame_compile_time_s": 2.5}
-    handler.feed({"compilation_metrics": dict(base, compile_time_autotune_time_us=1_250_000,
-                                              triton_compile_time_us=400_000, runtime_triton_autotune_time_us=None,
-                                              num_triton_bundles=3)}, None)
+    handler.feed(
+        {
+            "compilation_metrics": dict(
+                base,
+                compile_time_autotune_time_us=1_250_000,
+                triton_compile_time_us=400_000,
+                runtime_triton_autotune_time_us=None,
+                num_triton_bundles=3,
+            )
+        },
+        None,
+    )
     handler.feed({"compilation_metrics": base}, None)
     tuned, plain = [e for e in events if isinstance(e, protocol.Compile)]
     assert tuned.times == {"entire_frame_compile_time_s": 2.5, "autotune_time_s": 1.25, "triton_compile_time_s": 0.4}
@@ -135,6 +150,7 @@ def stormy(x):
 def test_recompile_limit_hit_keeps_its_frame():
     """torch reports the compile that hits the recompile limit without a code object; it keeps
     the frame of its Dynamo frame id's earlier compiles (not '?:0:?'), as the 9th of that frame."""
+
     def run(step):
         f = torch.compile(stormy, backend="eager", dynamic=False)
         for n in range(2, 12):
@@ -166,3 +182,28 @@ def test_a_compiled_module_is_named_by_its_class_and_a_torch_module_by_the_users
     line = Block.forward.__code__.co_firstlineno
     call = run.__code__.co_firstlineno + 2
     assert frames == {f"test_capture.py:{line}:Block.forward", f"test_capture.py:{call}:run"}
+
+
+def test_ddp_wrapper_frames_inside_torch_and_contextlib_are_named_by_the_users_line(tmp_path):
+    """torch.compile(DDP(model)): Dynamo compiles DDP's context managers (contextlib.py) on the way to
+    the model; each such frame is keyed by the user's line that entered it, plus the code it compiled
+    (distinct frames keep distinct keys), while the model's own block keeps its own name."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.compile(DDP(Block()), backend="eager")
+
+        def run(step):
+            model(torch.randn(2, 3)).sum().backward()
+
+        frames = [e.frame for e in _capture(run) if isinstance(e, protocol.Compile)]
+    finally:
+        dist.destroy_process_group()
+    call = f"test_capture.py:{run.__code__.co_firstlineno + 1}:run"
+    assert f"test_capture.py:{Block.forward.__code__.co_firstlineno}:Block.forward" in frames
+    wrappers = [f for f in frames if "Block.forward" not in f]
+    assert wrappers and all(f.startswith(call) for f in wrappers), frames
+    assert f"{call} via contextlib.__init__" in wrappers and len(set(wrappers)) == len(wrappers)
+    assert not [f for f in frames if f.startswith(("contextlib.py", "torch/"))]

@@ -1,4 +1,5 @@
 """CLI verbs: --help for each, and the progress display on a terminal vs one summary line."""
+
 import io
 import subprocess
 import sys
@@ -12,8 +13,9 @@ from .conftest import REPO
 
 @pytest.mark.parametrize("verb,word", [("run", "rank_end"), ("upload", "idempotent"), ("replay", "TORCH_TRACE")])
 def test_every_verb_has_help(verb, word):
-    out = subprocess.run([sys.executable, "-m", "agents", verb, "--help"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "agents", verb, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and word in out.stdout.replace("\n", " ")
 
 
@@ -45,10 +47,27 @@ def test_replay_takes_versions_from_the_trace_and_meta_for_the_rest(tmp_path):
     with tarfile.open(f"{REPO}/tests/fixtures/trace_211_cuda.tgz") as tar:
         tar.extractall(tmp_path / "trace", filter="data")
     with pytest.raises(SystemExit) as refused:
-        main(["replay", str(tmp_path / "trace"), "--run", "r", "--spool-dir", str(tmp_path / "bad"), "--meta", "driver"])
+        main(
+            ["replay", str(tmp_path / "trace"), "--run", "r", "--spool-dir", str(tmp_path / "bad"), "--meta", "driver"]
+        )
     assert refused.value.code == 2 and not (tmp_path / "bad").exists()
-    assert main(["replay", str(tmp_path / "trace"), "--run", "r", "--spool-dir", str(tmp_path / "spool"),
-                 "--meta", "driver=580.1", "--meta", "settings.inductor.fallback_random=True"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(tmp_path / "trace"),
+                "--run",
+                "r",
+                "--spool-dir",
+                str(tmp_path / "spool"),
+                "--meta",
+                "driver=580.1",
+                "--meta",
+                "settings.inductor.fallback_random=True",
+            ]
+        )
+        == 0
+    )
 
     def starts(body: bytes) -> list[dict]:
         raw = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
@@ -56,8 +75,14 @@ def test_replay_takes_versions_from_the_trace_and_meta_for_the_rest(tmp_path):
 
     bodies = [open(p, "rb").read() for p in list_batches(str(tmp_path / "spool"))]
     start = next(s for b in bodies for s in starts(b))
-    assert start["versions"] == {"torch": "2.11.0+cu130", "python": "3.12.3", "cuda": "13.0", "triton": "3.6.0",
-                                 "gpu": "NVIDIA H200", "driver": "580.1"}
+    assert start["versions"] == {
+        "torch": "2.11.0+cu130",
+        "python": "3.12.3",
+        "cuda": "13.0",
+        "triton": "3.6.0",
+        "gpu": "NVIDIA H200",
+        "driver": "580.1",
+    }
     assert start["settings"] == {"inductor.fallback_random": "True"}
     # upload --meta: added to rank_start, the same bytes every time (a resend stays a duplicate)
     first = next(b for b in bodies if starts(b))

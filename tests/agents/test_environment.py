@@ -1,5 +1,6 @@
 """Where a cache directory really is: the facts the server uses to tell a shared cache from two local
 directories that only share a path."""
+
 from __future__ import annotations
 
 import os

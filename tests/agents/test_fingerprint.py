@@ -42,8 +42,10 @@ def test_swap_of_far_apart_elements_changes_it():
         assert fingerprint(u) != base
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
-                                   torch.uint8, torch.int64, torch.bool])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int64, torch.bool],
+)
 def test_dtypes_and_odd_byte_counts(dtype):
     for n in (0, 1, 3, 5, 1001):
         t = (torch.arange(n) % 3).to(dtype)
@@ -108,8 +110,12 @@ def test_native_kernel_equals_the_reference_for_every_layout(monkeypatch):
 
     assert fingerprint_native.available()
     tensors = [_words(n, n) for n in (0, 1, 7, 4095, 4096, 4097, 2 * 4096, 3 * 4096 + 17)]
-    tensors += [torch.randn(3, 5).t(), torch.ones(7, dtype=torch.bfloat16), torch.tensor([True, False, True]),
-                torch.randn(4, dtype=torch.complex64)]
+    tensors += [
+        torch.randn(3, 5).t(),
+        torch.ones(7, dtype=torch.bfloat16),
+        torch.tensor([True, False, True]),
+        torch.randn(4, dtype=torch.complex64),
+    ]
     expected = torch.stack([F._lane_sums_eager(F._words(t)) for t in tensors])
     assert torch.equal(_mod32(torch.tensor(F._native_many(tensors)[0]).view(-1, 2)), _mod32(expected))
     big = _words((1 << 20) + 3 * 4096 + 5, 9)
@@ -242,7 +248,10 @@ def test_host_pending_equals_the_general_path():
     fast = F.host_pending(tensors, buckets, stats=True)
     sums, extra = F.lane_sums_and_stats(tensors, stats=True)
     slow = F.bucket_fingerprints(tensors, buckets=buckets, extra=extra, sums=sums)
-    assert fast.result() == slow.result() and fast.result()[1] == F.bucket_fingerprints(tensors, buckets=buckets).result()[1]
+    assert (
+        fast.result() == slow.result()
+        and fast.result()[1] == F.bucket_fingerprints(tensors, buckets=buckets).result()[1]
+    )
     assert fast.extra()[1] == slow.extra()[1] == 0
     squares = struct.unpack("<d", struct.pack("<q", fast.extra()[0]))[0]
     assert squares == pytest.approx(sum(float((t.double() ** 2).sum()) for t in tensors if t is not None), rel=1e-5)

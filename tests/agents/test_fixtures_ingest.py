@@ -5,6 +5,7 @@ run demo/ddp_job.py --steps 12 --shape-rank 1 --shape-step 3` on 2 x H200 (torch
 `ddp_cpu213_spool.tgz` the same job here (torch 2.13, gloo). Each spooled body is POSTed to
 /api/v1/ingest as `python -m agents upload` would send it.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,14 +38,18 @@ def _upload(post, directory: str) -> list:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("fixture,key,torch_major,steps", [
-    ("ddp_h200_spool.tgz", "h200-ddp-nccl", "2.11", 12),
-    ("ddp_cpu213_spool.tgz", "cpu213-ddp-gloo", "2.13", 12),
-])
-def test_real_spool_uploads_with_both_ranks_compiles_and_agreeing_grads(post, tmp_path, fixture, key, torch_major,
-                                                                        steps):
+@pytest.mark.parametrize(
+    "fixture,key,torch_major,steps",
+    [
+        ("ddp_h200_spool.tgz", "h200-ddp-nccl", "2.11", 12),
+        ("ddp_cpu213_spool.tgz", "cpu213-ddp-gloo", "2.13", 12),
+    ],
+)
+def test_real_spool_uploads_with_both_ranks_compiles_and_agreeing_grads(
+    post, tmp_path, fixture, key, torch_major, steps
+):
+    from dashboard.evidence.models import CompileEvent, GradReport
     from dashboard.tenancy.models import Rank, Run
-    from ingest.models import CompileEvent, GradReport
 
     directory = _unpack(fixture, tmp_path)
     replies = _upload(post, directory)
@@ -103,16 +108,24 @@ def test_replay_cli_into_spool_then_ingest(post, tmp_path):
     import subprocess
     import sys
 
+    from dashboard.evidence.models import CompileEvent
     from dashboard.tenancy.models import Run
-
-    from ingest.models import CompileEvent
 
     from .conftest import REPO
 
     with tarfile.open(TRACE) as tar:
         tar.extractall(tmp_path / "trace", filter="data")
-    cmd = [sys.executable, "-m", "agents", "replay", str(tmp_path / "trace"), "--run", "replay-cli",
-           "--spool-dir", str(tmp_path / "spool")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agents",
+        "replay",
+        str(tmp_path / "trace"),
+        "--run",
+        "replay-cli",
+        "--spool-dir",
+        str(tmp_path / "spool"),
+    ]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("replayed: 2 batches") and "0 failed" in out.stdout  # one summary line
@@ -136,15 +149,16 @@ def _settle_everything(run) -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("fixture,key", [("ddp_h200_spool.tgz", "h200-ddp-nccl"),
-                                         ("ddp_cpu213_spool.tgz", "cpu213-ddp-gloo")])
+@pytest.mark.parametrize(
+    "fixture,key", [("ddp_h200_spool.tgz", "h200-ddp-nccl"), ("ddp_cpu213_spool.tgz", "cpu213-ddp-gloo")]
+)
 def test_real_spool_raises_no_rank_specific_artifact(post, tmp_path, fixture, key):
     """Both recorded jobs ran their 2 ranks on one host with the default Inductor cache dir
     (/tmp/torchinductor_root), so the ranks truly shared it. On the H200 the FX-graph cache keys
     differ per rank (cuda:0 / cuda:1 is in the key): each rank compiled its own entry, which is
     harmless. On the CPU both ranks loaded the same entry under the same key, with the same ISA
     (no codegen fact differs). Neither is a rank-specific artifact. The one alert due is rank 1's
-    recompile for its 17-row batch at step 3."""
+    recompile for its 17-row batch at step 3, with the cache lookups it alone made (in its incident)."""
     from dashboard.detection.models import Alert
     from dashboard.tenancy.models import Run
 
@@ -153,6 +167,8 @@ def test_real_spool_raises_no_rank_specific_artifact(post, tmp_path, fixture, ke
     _settle_everything(run)
     alerts = {a.kind: a for a in Alert.objects.filter(run=run)}
     assert "rank_specific_artifact" not in alerts, alerts["rank_specific_artifact"].message
-    assert set(alerts) == {"recompile_divergence"}, {k: a.message for k, a in alerts.items()}
-    recompile = alerts["recompile_divergence"]
+    assert set(alerts) == {"recompile_divergence", "cache_divergence"}, {k: a.message for k, a in alerts.items()}
+    recompile, lookups = alerts["recompile_divergence"], alerts["cache_divergence"]
     assert (recompile.ranks, recompile.step, recompile.severity) == ([1], 3, "critical")
+    assert (lookups.ranks, lookups.frame, lookups.details["cause"]) == ([1], recompile.frame, "recompile_divergence")
+    assert lookups.incident_id == recompile.incident_id

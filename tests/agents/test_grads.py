@@ -1,4 +1,5 @@
 """GradTracker in-process: grad and param (weight) fingerprints, statistics, groups."""
+
 import math
 
 import torch
@@ -40,6 +41,26 @@ def test_param_events_every_k_steps_from_the_post_hook():
         assert p.fps == expected
     grads = [e for e in events if isinstance(e, protocol.Grad)]
     assert [g.step for g in grads] == list(range(5)) and len(grads[0].fps) == len(params[0].fps) == 4
+
+
+def test_weights_are_fingerprinted_after_the_steps_the_server_asks_for():
+    events: list = []
+    tracker = GradTracker(events.append, grad_every=1, param_every=50)
+    tracker.install()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for step in range(6):
+            if step == 2:
+                tracker.weights_at([1, 4])  # 1 is past: the ranks could no longer agree on it
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+        tracker.drain(block=True)
+    finally:
+        tracker.uninstall()
+    assert [e.step for e in events if isinstance(e, protocol.Param)] == [0, 4]
 
 
 def test_param_every_zero_disables_and_stats_count_nonfinite():
@@ -85,12 +106,15 @@ def test_fsdp2_shards_get_shard_groups_never_ddp_or_local():
     from .conftest import REPO
     from .test_process import _free_port
 
-    out = subprocess.run([sys.executable, "-c", _FSDP2, str(_free_port())], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _FSDP2, str(_free_port())], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GROUPS")]
-    assert lines == ["GROUPS (1,) [('Grad', 'shard:0=0'), ('Param', 'shard:0=0')]",
-                     "GROUPS (1, 1) [('Grad', 'shard:1=0'), ('Param', 'shard:1=0')]"]
+    assert lines == [
+        "GROUPS (1,) [('Grad', 'shard:0=0'), ('Param', 'shard:0=0')]",
+        "GROUPS (1, 1) [('Grad', 'shard:1=0'), ('Param', 'shard:1=0')]",
+    ]
 
 
 _LATE_ATTACH = r"""
@@ -119,8 +143,9 @@ def test_ddp_made_before_attach_is_still_the_ddp_group():
     from .conftest import REPO
     from .test_process import _free_port
 
-    out = subprocess.run([sys.executable, "-c", _LATE_ATTACH, str(_free_port())], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _LATE_ATTACH, str(_free_port())], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "GROUPS ['ddp']" in out.stdout
 
@@ -168,8 +193,10 @@ def test_groups_follow_a_param_group_added_mid_run():
         tracker.drain(block=True)
     finally:
         tracker.uninstall()
-    assert layouts == [["local:group0.0", "local:group0.1"],
-                       ["local:group0.0", "local:group0.1", "local:group1.0", "local:group1.1"]]
+    assert layouts == [
+        ["local:group0.0", "local:group0.1"],
+        ["local:group0.0", "local:group0.1", "local:group1.0", "local:group1.1"],
+    ]
     grads = [e for e in events if isinstance(e, protocol.Grad)]
     assert [len(e.fps) for e in grads] == [2, 2, 4, 4]
 

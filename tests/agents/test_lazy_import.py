@@ -1,4 +1,5 @@
 """The server imports agents.protocol, which imports the package: no torch there."""
+
 import subprocess
 import sys
 
@@ -6,9 +7,11 @@ from .conftest import REPO
 
 
 def test_protocol_import_does_not_import_torch():
-    code = ("import agents.protocol, sys; assert 'torch' not in sys.modules, 'torch imported'; "
-            "import agents; assert callable(agents.attach) and callable(agents.fingerprint); "
-            "assert 'torch' not in sys.modules; print('ok')")
+    code = (
+        "import agents.protocol, sys; assert 'torch' not in sys.modules, 'torch imported'; "
+        "import agents; assert callable(agents.attach) and callable(agents.fingerprint); "
+        "assert 'torch' not in sys.modules; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 

@@ -20,10 +20,21 @@ def test_consecutive_grads_pack_into_one_event_without_losing_anything():
 
 
 def test_runs_break_on_group_stride_or_bucket_change():
-    events = [grad(0, [1]), grad(2, [1]), grad(4, [1]), grad(5, [1]), grad(6, [1], group="ddp.1"), grad(7, [1, 2], group="ddp.1")]
+    events = [
+        grad(0, [1]),
+        grad(2, [1]),
+        grad(4, [1]),
+        grad(5, [1]),
+        grad(6, [1], group="ddp.1"),
+        grad(7, [1, 2], group="ddp.1"),
+    ]
     out = compact(events)
     assert [(e.group, list(e.step_numbers())) for e in out] == [
-        ("ddp", [0, 2, 4]), ("ddp", [5]), ("ddp.1", [6]), ("ddp.1", [7])]
+        ("ddp", [0, 2, 4]),
+        ("ddp", [5]),
+        ("ddp.1", [6]),
+        ("ddp.1", [7]),
+    ]
     assert out[0].stride == 2
 
 
@@ -35,6 +46,7 @@ def test_compact_is_smaller_on_the_wire():
 def test_non_finite_norms_are_left_out_rather_than_sent_as_null():
     out = compact([grad(0, [1], norm=float("nan"), nonfinite=1), grad(1, [2])])
     assert out[0].norms == [] and out[0].nonfinite == [1, 0]
-    batch = protocol.Batch(v=1, run=protocol.RunInfo(key="k", world_size=1), rank=0, session="abcdefgh", seq=0,
-                           events=out)
+    batch = protocol.Batch(
+        v=1, run=protocol.RunInfo(key="k", world_size=1), rank=0, session="abcdefgh", seq=0, events=out
+    )
     assert protocol.decode_batch(protocol.encode(batch)).events[0].unpack() == [[1], [2]]

@@ -1,10 +1,10 @@
 """Whole processes: LOCKSTEP_DISABLE, `agents run` exit status, and a real 3-rank torchrun DDP job."""
+
 import os
 import signal
 import socket
 import subprocess
 import sys
-
 
 from agents import protocol
 from dashboard.devstack.processes import kill_tree
@@ -15,8 +15,9 @@ from .conftest import REPO, events_of, read_spool
 def _run(cmd, env, timeout=300):
     """Run in its own session; on a timeout, torchrun gets SIGTERM (it stops its workers), then
     whatever is left of the tree is killed (no processes left behind)."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -31,14 +32,21 @@ def _run(cmd, env, timeout=300):
 
 def _env(tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=str(tmp_path / "spool"), TORCHINDUCTOR_COMPILE_THREADS="1",
-               PYTHONFAULTHANDLER="1", **extra)
+    env.update(
+        LOCKSTEP_OFFLINE="1",
+        LOCKSTEP_SPOOL_DIR=str(tmp_path / "spool"),
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        PYTHONFAULTHANDLER="1",
+        **extra,
+    )
     return env
 
 
 def test_disable_gives_noop_agent(tmp_path):
-    code = ("import agents, torch; a = agents.attach(); b = agents.attach(); assert a is b and not a.enabled; "
-            "a.step(3); a.close(timeout=1); print('ok')")
+    code = (
+        "import agents, torch; a = agents.attach(); b = agents.attach(); assert a is b and not a.enabled; "
+        "a.step(3); a.close(timeout=1); print('ok')"
+    )
     rc, out = _run([sys.executable, "-c", code], _env(tmp_path, LOCKSTEP_DISABLE="1"))
     assert rc == 0 and "ok" in out, out
     assert not (tmp_path / "spool").exists()
@@ -61,8 +69,10 @@ def test_rank_start_says_where_the_cache_is_and_what_code_it_builds(tmp_path):
     script = tmp_path / "quiet.py"
     script.write_text("print('ok')\n")
     cache = tmp_path / "cache"
-    rc, out = _run([sys.executable, "-m", "agents", "run", str(script)],
-                   _env(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(cache), ATEN_CPU_CAPABILITY="default"))
+    rc, out = _run(
+        [sys.executable, "-m", "agents", "run", str(script)],
+        _env(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(cache), ATEN_CPU_CAPABILITY="default"),
+    )
     assert rc == 0, out
     start = events_of(read_spool(str(tmp_path / "spool"))[0])[0]
     assert start.codegen == {"cpu_capability": "DEFAULT"}
@@ -77,9 +87,29 @@ def _free_port() -> int:
 
 
 def _three_rank_job(tmp_path) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()),
-           "-m", "agents", "run", "demo/ddp_job.py", "--steps", "8",
-           "--shape-rank", "1", "--shape-step", "3", "--perturb-rank", "2", "--perturb-step", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "3",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "agents",
+        "run",
+        "demo/ddp_job.py",
+        "--steps",
+        "8",
+        "--shape-rank",
+        "1",
+        "--shape-step",
+        "3",
+        "--perturb-rank",
+        "2",
+        "--perturb-step",
+        "5",
+    ]
     return _run(cmd, _env(tmp_path), timeout=180)
 
 

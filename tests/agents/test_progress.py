@@ -1,4 +1,5 @@
 """The progress sampler and compile_start, on real compiles and a real DataLoader in this process."""
+
 import threading
 import time
 
@@ -7,7 +8,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from agents import protocol
 from agents.capture import CompileCapture, install, suppressed, uninstall
-from agents.progress import Sampler
+from agents.progress import Sampler, classify
 
 
 def scale(x):
@@ -37,11 +38,16 @@ def test_compile_start_names_frame_and_reason_before_the_compile_ends():
             torch.compile(lambda x: x - 1)(torch.randn(2))
     finally:
         uninstall(handler)
-    kinds = [(type(e).__name__, getattr(e, "compile_id", "")) for e in events
-             if isinstance(e, (protocol.CompileStart, protocol.Compile)) and e.frame.endswith(":scale")]
+    kinds = [
+        (type(e).__name__, getattr(e, "compile_id", ""))
+        for e in events
+        if isinstance(e, (protocol.CompileStart, protocol.Compile)) and e.frame.endswith(":scale")
+    ]
     assert kinds == [("CompileStart", "0/0"), ("Compile", "0/0"), ("CompileStart", "0/1"), ("Compile", "0/1")]
     starts = [e for e in events if isinstance(e, protocol.CompileStart)]
-    assert len(starts) == 2 and all(e.frame.endswith("test_progress.py:13:scale") and e.step == 3 for e in starts)
+    assert len(starts) == 2 and all(
+        e.frame.endswith(f"test_progress.py:{scale.__code__.co_firstlineno}:scale") and e.step == 3 for e in starts
+    )
     assert starts[0].reason == "first compile"
     assert "size" in starts[1].reason and "4" in starts[1].reason  # the failed guard on dim 0
     assert handler.compiling(threading.get_ident()) is None  # finished compiles are forgotten
@@ -94,7 +100,7 @@ def test_sampler_names_a_stuck_data_loader_and_times_it():
 
     def train():
         go.wait(30)
-        for batch in DataLoader(data, batch_size=1):
+        for _ in DataLoader(data, batch_size=1):
             step["n"] += 1
 
     worker = threading.Thread(target=train)
@@ -160,3 +166,33 @@ def test_a_stuck_thread_is_news_at_every_flush_and_once_after_it_moves_on():
     assert all(s is not None and s.phase_s >= 0.3 and s.step == 0 for s in stuck)
     assert released is not None and released.step == 1 and released.phase_s < 0.3
     assert after is None
+
+
+LIBRARY = "/venv/lib/python3.11/site-packages/somelib/hooks.py"
+
+
+def _installed(source: str, name: str):
+    """A function whose code says it lives in an installed package (LIBRARY)."""
+    scope: dict = {}
+    exec(compile(source, LIBRARY, "exec"), scope)
+    return scope[name]
+
+
+def test_where_is_the_jobs_own_line_not_an_installed_packages_inside_it():
+    """A gc callback of an installed package ran on the training thread mid-compile once and was named
+    as the job's line: a package's frame names it only when the job has no frame of its own."""
+    callback = _installed("def callback(classify):\n    return classify(__import__('sys')._getframe())\n", "callback")
+
+    def train():
+        return callback(classify)
+
+    assert train().user.endswith(":train")
+
+    seen: list = []
+    alone = _installed(
+        "def alone(classify, seen):\n    seen.append(classify(__import__('sys')._getframe()))\n", "alone"
+    )
+    thread = threading.Thread(target=alone, args=(classify, seen))  # only the package's and the stdlib's frames
+    thread.start()
+    thread.join(10)
+    assert seen[0].user.endswith("hooks.py:2:alone"), seen

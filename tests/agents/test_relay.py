@@ -1,4 +1,5 @@
 """The node relay on its own: what it accepts from an agent, and what it does when the server stalls."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,13 +18,16 @@ def test_a_gzip_body_becomes_its_exact_json_trimmed():
     assert relay.read_batch(b"  " + body, "") == body
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"v":1},{"v":1,"rank":0}',  # a second batch riding along would shift every other agent's answer
-    b'{"v":1}]}',
-    b'[{"v":1}]',
-    b'"text"',
-    b"{not json",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"v":1},{"v":1,"rank":0}',  # a second batch riding along would shift every other agent's answer
+        b'{"v":1}]}',
+        b'[{"v":1}]',
+        b'"text"',
+        b"{not json",
+    ],
+)
 def test_anything_but_one_json_object_is_refused(raw):
     with pytest.raises(ValueError):  # msgspec.DecodeError is one
         relay.read_batch(raw, "")

@@ -1,4 +1,5 @@
 """Sender against a local stub server: retries, ordering, Retry-After, spool, upload, offline."""
+
 import gzip
 import os
 import subprocess
@@ -209,6 +210,15 @@ def test_detail_request_answered_from_ring(tmp_path, stub):
     assert details and details[0].step == 3 and details[0].params == {"w": 5}
 
 
+def test_a_weights_request_in_the_reply_reaches_the_tracker(tmp_path, stub):
+    stub.extra = {"weights_at": [7, 9]}
+    asked: list[list[int]] = []
+    t = Transport(resolve(url=stub.url, run="r", spool_dir=str(tmp_path / "spool")), on_weights=asked.append)
+    _send_steps(t, [3])
+    t.close(timeout=5)
+    assert asked and asked[0] == [7, 9]
+
+
 def test_unencodable_event_is_dropped_alone(tmp_path, stub):
     t = _transport(tmp_path, stub.url)
     t.put(protocol.RankStart(versions={"torch": object()}))
@@ -264,7 +274,9 @@ def test_ranks_flush_together_on_the_wall_clock(tmp_path, stub, monkeypatch):
         time.sleep(0.05)
     first.close(timeout=10)
     second.close(timeout=10)
-    arrivals = {t.session: [when for when, batch in stub.requests if batch.session == t.session] for t in (first, second)}
+    arrivals = {
+        t.session: [when for when, batch in stub.requests if batch.session == t.session] for t in (first, second)
+    }
     ours, theirs = arrivals[first.session], arrivals[second.session]
     assert len(ours) >= 3 and len(theirs) >= 3
     paired = [when for when in ours if min(abs(when - other) for other in theirs) < 0.06]

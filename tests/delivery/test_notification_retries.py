@@ -1,7 +1,8 @@
 """Webhook notifications are never lost (issue 17, item 4): the sweep re-queues every pending one
 that is due, with attempts and a backoff up to hours, and one that gives up is `failed`, visible
-on the alert. Time is simulated (`now=`); the drill of a receiver down for an hour is in
+on the incident's alerts. Time is simulated (`now=`); the drill of a receiver down for an hour is in
 tests/security/test_receiver_outage.py."""
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
 from dashboard.delivery import notifications, notify
 from dashboard.delivery.models import Notification, Webhook
 from dashboard.detection import lifecycle
+from dashboard.detection.models import Incident
 from dashboard.detection.rules import Finding
 from dashboard.tenancy.models import ProjectToken, Run
 
@@ -56,18 +59,25 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
+    settings.LOCKSTEP_SINKS_ALLOW_PRIVATE = True  # it listens on 127.0.0.1
     r = Receiver()
     yield r
     r.close()
 
 
 @pytest.fixture
-def alert(project, receiver):
+def incident(project, receiver) -> Incident:
     Webhook.objects.create(project=project, url=receiver.url)
     run = Run.objects.create(project=project, key="hooked", world_size=2)
-    return lifecycle.record(run, Finding("critical", (1,), "rank 1 diverged", step=0, kind="grad_divergence",
-                                         subject="grad:ddp"))[0]
+    with transaction.atomic():
+        lifecycle.apply(
+            run,
+            [Finding("critical", (1,), "rank 1 diverged", step=0, kind="grad_divergence", subject="grad:ddp")],
+            [],
+            None,
+        )
+    return Incident.objects.get(run=run)
 
 
 def sweep(now) -> int:
@@ -78,17 +88,17 @@ def sweep(now) -> int:
     return len(ids)
 
 
-def test_a_send_lost_after_commit_is_picked_up_by_the_sweep(alert, receiver):
-    assert len(notify.deliver(alert.id)) == 1  # the notification row committed; its task never queued
+def test_a_send_lost_after_commit_is_picked_up_by_the_sweep(incident, receiver):
+    assert len(notify.deliver_incident(incident.id)[0]) == 1  # the notification row committed; its task never queued
     assert sweep(timezone.now()) == 1
     assert len(receiver.received) == 1 and Notification.objects.get().state == "sent"
     assert sweep(timezone.now() + timedelta(days=1)) == 0  # sent once, never again
 
 
-def test_the_backoff_grows_to_hours_and_a_notification_that_gives_up_is_shown_failed(alert, receiver, project):
+def test_the_backoff_grows_to_hours_and_a_notification_that_gives_up_is_shown_failed(incident, receiver, project):
     assert notifications.backoff(1) == notifications.BACKOFF_FIRST
     assert notifications.backoff(30) == notifications.BACKOFF_MAX >= timedelta(hours=1)
-    notify.deliver(alert.id)
+    notify.deliver_incident(incident.id)
     receiver.down = True
     now = timezone.now()
     for _ in range(notifications.MAX_ATTEMPTS):
@@ -106,8 +116,8 @@ def test_the_backoff_grows_to_hours_and_a_notification_that_gives_up_is_shown_fa
     assert "webhook delivery failed (1)" in page.get("/alerts/").content.decode()
 
 
-def test_a_sweep_while_workers_are_down_queues_each_notification_once_a_lease(alert):
-    notify.deliver(alert.id)
+def test_a_sweep_while_workers_are_down_queues_each_notification_once_a_lease(incident):
+    notify.deliver_incident(incident.id)
     now = timezone.now()
     assert notifications.due(now) and not notifications.due(now + timedelta(seconds=2))
     assert notifications.due(now + notifications.QUEUE_LEASE + timedelta(seconds=1))

@@ -1,187 +1,209 @@
-"""Alertmanager, PagerDuty and JSON webhooks behind the transport seam, each against a local receiver
-that speaks its API (tests/delivery/receivers.py). Alerts are raised by the real pipeline: batches
-through the ingest view, slots settled by detection, notifications queued and sent by delivery's
-outbox (retries included). The same through a real Celery worker: tests/delivery/test_sinks_worker.py."""
+"""Only incidents page: Slack, Alertmanager, PagerDuty and JSON webhooks each against a local receiver
+that speaks its API (tests/delivery/receivers.py). Incidents come from the real pipeline: findings
+through `lifecycle.apply`, grouped by `incidents`, delivered by the outbox (`notify.deliver_incident`,
+`notifications.send`, retries and the rate limit with simulated time), acks and silences mirrored to
+Alertmanager (`mirror`). The same through a real Celery worker: tests/delivery/test_sinks_worker.py."""
+
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.utils import timezone
 
-from dashboard.delivery import notifications, notify, transports
+from dashboard.delivery import mirror, notifications, notify, transports
 from dashboard.delivery.models import Notification, Webhook
-from dashboard.detection import settle
-from dashboard.detection.models import Alert, Silence
-from dashboard.ledger.models import GradSlot
-from dashboard.tenancy.models import Run
-from tests.conftest import make_batch
-from tests.delivery.receivers import AlertmanagerReceiver, JsonReceiver, PagerDutyReceiver
+from dashboard.detection import incidents, lifecycle
+from dashboard.detection.models import Alert, Incident, Silence
+from tests.delivery.pipeline import LATER, ROUTING_KEY, apply, crash, deliver, run, sinks  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 
-ROUTING_KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
 
-
-@pytest.fixture
-def alertmanager():
-    r = AlertmanagerReceiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def pagerduty():
-    r = PagerDutyReceiver(ROUTING_KEY)
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def json_receiver():
-    r = JsonReceiver()
-    yield r
-    r.close()
-
-
-def steps(post, dissent: dict[int, set[int]], run: str = "sinks", world_size: int = 5) -> None:
-    """Grad reports of `world_size` ranks for the steps in `dissent` (step -> ranks that differ), settled."""
-    for rank in range(world_size):
-        events = [{"t": "grad", "step": s, "fps": [s, 7 if rank in bad else 0]} for s, bad in dissent.items()]
-        session = f"s-{run}-{rank}-{min(dissent)}"
-        response = post(make_batch(run=run, rank=rank, events=events, world_size=world_size, session=session))
-        assert response.status_code == 200, response.content
-    for slot in GradSlot.objects.filter(run__key=run, settled_at__isnull=True).order_by("step"):
-        settle.settle_grad(slot.id)
-
-
-def deliver() -> list[int]:
-    """What the delivery task does for every pending revision, then one attempt per notification."""
-    notes = [n for alert_id in notify.pending() for n in notify.deliver(alert_id)]
-    for note in notes:
-        notifications.send(note)
-    return notes
-
-
-def retry_due(minutes: int = 1) -> None:
-    """What the sweep does for notifications whose backoff has passed (time moved on `minutes`)."""
-    later = timezone.now() + timedelta(minutes=minutes)
-    for note in notifications.due(later):
-        notifications.send(note, later)
-
-
-def test_alertmanager_gets_routable_labels_a_changed_label_set_ended_and_endsAt_on_resolve(post, project, alertmanager,
-                                                                                           settings):
+def test_one_incident_with_three_alerts_is_one_page_per_sink_updated_as_it_grows(run, sinks, settings):
     settings.LOCKSTEP_PUBLIC_URL = "https://lockstep.example"
-    Webhook.objects.create(project=project, kind="alertmanager", url=alertmanager.url + "/")
-    steps(post, {0: {1}})
-    alertmanager.fail_next = 1
-    [note] = deliver()
-    assert Notification.objects.get(id=note).state == "pending" and not alertmanager.alerts  # refused: retried later
-    retry_due()
-    alert = Alert.objects.get(kind="grad_divergence")
-    [firing] = alertmanager.active()
-    assert firing["labels"] == {"alertname": "grad_divergence", "project": project.name, "run": "sinks",
-                                "kind": "grad_divergence", "subject": alert.subject, "severity": "critical",
-                                "ranks": "1"}
-    assert firing["annotations"]["description"] == alert.message and firing["annotations"]["step"] == "0"
-    assert firing["generatorURL"] == f"https://lockstep.example/runs/sinks/#alert-{alert.id}"
-    first_request, retry = [b for _, _, b in alertmanager.requests]
-    assert first_request == retry  # the retry is the same alert, byte for byte
+    apply(run, crash(2))
+    assert len(deliver()) == 4  # opened: at once
+    apply(run, crash(0, cause=2))
+    assert deliver(timedelta(seconds=5)) == []  # growth only: rate-limited, not a page per alert
+    apply(run, crash(1, cause=2))
+    assert deliver(timedelta(seconds=5)) == []
+    assert len(deliver(LATER)) == 4  # one update per sink, with both consequences
+    [incident] = Incident.objects.filter(run=run)
+    assert incident.alerts.count() == 3 and incident.root.kind == "rank_silent"
 
-    steps(post, {1: {1, 2}})  # rank 2 joins: a new revision with another label set
-    deliver()
-    [grown] = alertmanager.active()
-    assert grown["labels"]["ranks"] == "1-2"
-    assert len(alertmanager.alerts) == 2  # the old label set was ended, not left to linger
+    slack, am, pd, js = (sinks[k] for k in ("slack", "alertmanager", "pagerduty", "json"))
+    first, update = slack.bodies()
+    assert first["text"].startswith("[CRITICAL] rank_silent on rank 2 in run job-1 (step 7): rank 2 went silent")
+    assert "[+2 consequences]" in update["text"] and update["lockstep"] == {
+        "incident": incident.id,
+        "revision": incident.revision,
+    }
+    folded = next(f for f in update["attachments"][0]["fields"] if f["title"] == "consequences (2)")["value"]
+    assert folded.count("• rank_crashed on ") == 2 and "lost its peer" in folded
 
-    steps(post, {2: set()})  # a clean step resolves it
-    deliver()
-    assert alertmanager.active() == []
-    alert.refresh_from_db()
-    resolved = alertmanager.alerts[frozenset(grown["labels"].items())]
-    assert alert.state == "resolved" and resolved["endsAt"] == alert.resolved_at.isoformat().replace("+00:00", "Z")
+    [firing] = am.active()
+    assert len(am.alerts) == 1 and firing["labels"] == {
+        "alertname": "rank_silent",
+        "project": run.project.name,
+        "run": "job-1",
+        "incident": str(incident.id),
+        "kind": "rank_silent",
+        "severity": "critical",
+        "ranks": "2",
+    }
+    assert firing["annotations"]["alerts"] == "3" and firing["annotations"]["consequences"].count("\n") == 1
+    assert firing["generatorURL"] == f"https://lockstep.example/runs/job-1/#alert-{incident.root_id}"
+    assert (
+        timezone.now()
+        < datetime.fromisoformat(firing["endsAt"].replace("Z", "+00:00"))
+        <= timezone.now() + transports.Alertmanager.HOLD
+    )  # short: a Lockstep that stops leaves nothing held for a day
 
+    assert [e["event_action"] for e in pd.bodies()] == ["trigger", "trigger"]
+    assert {e["dedup_key"] for e in pd.bodies()} == {f"lockstep-incident-{incident.id}"}
+    assert pd.bodies()[1]["payload"]["custom_details"]["consequences_total"] == 2
 
-def test_pagerduty_keeps_one_dedup_key_across_retries_revisions_and_the_resolve(post, project, pagerduty):
-    Webhook.objects.create(project=project, kind="pagerduty", url=pagerduty.url + "/v2/enqueue", secret=ROUTING_KEY)
-    steps(post, {0: {3}})
-    pagerduty.fail_next, pagerduty.fail_status = 2, 429  # PagerDuty's rate limit: retried with backoff
-    deliver()
-    retry_due(1)
-    retry_due(2)
-    steps(post, {1: {3, 4}})
-    deliver()
-    steps(post, {2: set()})
-    deliver()
-    events = pagerduty.bodies()
-    assert [e["event_action"] for e in events] == ["trigger"] * 4 + ["resolve"]
-    assert len({e["dedup_key"] for e in events}) == 1
-    [key] = pagerduty.incidents
-    assert pagerduty.incidents[key] == "resolved"
-    trigger = events[2]
-    assert trigger["routing_key"] == ROUTING_KEY and trigger["payload"]["severity"] == "critical"
-    assert trigger["payload"]["source"] == f"{project.name}/sinks" and trigger["payload"]["class"] == "grad_divergence"
-    assert trigger["payload"]["custom_details"]["ranks"] == [3]
-    assert events[3]["payload"]["custom_details"]["ranks"] == [3, 4]
-    assert Notification.objects.filter(state="sent").count() == 3
-    assert list(Notification.objects.values_list("receipt", flat=True)) == [{"dedup_key": key}] * 3
-
-
-def test_pagerduty_refusing_an_event_is_retried_and_recorded(post, project, pagerduty):
-    Webhook.objects.create(project=project, kind="pagerduty", url=pagerduty.url + "/v2/enqueue", secret="not-the-key")
-    steps(post, {0: {1}})
-    deliver()
-    note = Notification.objects.get()
-    assert note.state == "pending" and note.attempts == 1 and "400" in note.last_error and not pagerduty.incidents
-
-
-def test_json_webhook_posts_the_alert_signed_with_one_idempotency_key_per_revision(post, project, json_receiver):
-    Webhook.objects.create(project=project, kind="json", url=json_receiver.url + "/hooks/lockstep", secret="s3cret")
-    steps(post, {0: {2}})
-    json_receiver.fail_next = 1
-    deliver()
-    retry_due()
-    steps(post, {1: set()})
-    deliver()
-    (path, h1, raw1), (_, h2, raw2), (_, h3, raw3) = json_receiver.requests
-    alert = Alert.objects.get()
-    assert path == "/hooks/lockstep"
-    assert h1["Idempotency-Key"] == h2["Idempotency-Key"] == f"lockstep-{alert.id}-1" != h3["Idempotency-Key"]
-    for headers, raw in ((h1, raw1), (h3, raw3)):
+    assert [b["incident"]["id"] for b in js.bodies()] == [incident.id] * 2
+    assert [h["Idempotency-Key"] for _, h, _ in js.requests] == [
+        f"lockstep-incident-{incident.id}-{r}" for r in (incident.revision - 2, incident.revision)
+    ]
+    for _, headers, raw in js.requests:
         assert headers["X-Lockstep-Signature"] == "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()
-    firing, resolved = json.loads(raw1), json.loads(raw3)
-    assert firing["project"] == project.name and firing["revision"] == 1
-    assert (firing["alert"]["kind"], firing["alert"]["state"], firing["alert"]["ranks"]) == ("grad_divergence", "firing", [2])
-    assert resolved["alert"]["state"] == "resolved" and resolved["alert"]["id"] == alert.id
+    assert Notification.objects.filter(state="superseded").count() == 4  # the first growth, replaced by the second
 
 
-def test_a_resolve_reaches_the_destinations_told_it_fired_even_when_silenced_meanwhile(post, project, pagerduty,
-                                                                                     json_receiver):
-    Webhook.objects.create(project=project, kind="pagerduty", url=pagerduty.url + "/v2/enqueue", secret=ROUTING_KEY)
-    steps(post, {0: {1}})
+def test_ack_acknowledges_in_pagerduty_and_silences_in_alertmanager_and_one_dedup_key_to_the_resolve(run, sinks):
+    am, pd = sinks["alertmanager"], sinks["pagerduty"]
+    apply(run, crash(2))
     deliver()
-    Webhook.objects.create(project=project, kind="json", url=json_receiver.url)  # never told it fired
-    Silence.objects.create(project=project, kind="grad_divergence", comment="known node",
-                           expires_at=timezone.now() + timedelta(hours=1))
-    steps(post, {1: {1, 2}})  # news, but silenced: nobody hears
+    incident = Incident.objects.get(run=run)
+    user = User.objects.create_user("oncall")
+    with transaction.atomic():
+        incidents.acknowledge(incident, user)
+    deliver()  # an ack is a new page: at once, not rate-limited
+    assert pd.incidents == {f"lockstep-incident-{incident.id}": "acknowledged"}
+    [silence] = am.active_silences()
+    assert {(m["name"], m["value"]) for m in silence["matchers"]} == {
+        ("project", run.project.name),
+        ("incident", str(incident.id)),
+    }
+    assert "acknowledged in Lockstep by oncall" in silence["comment"]
+    assert am.active()[0]["annotations"]["acknowledged_by"] == "oncall"
+
+    with transaction.atomic():
+        incidents.unacknowledge(Incident.objects.get(id=incident.id))
     deliver()
-    assert [e["event_action"] for e in pagerduty.bodies()] == ["trigger"]
-    steps(post, {2: set()})
+    assert am.active_silences() == [] and am.deletes == [f"/api/v2/silence/{silence['id']}"]
+
+    apply(run, clean=[("rank_silent", "rank:2")])  # the rank came back
     deliver()
-    assert [e["event_action"] for e in pagerduty.bodies()] == ["trigger", "resolve"]
-    assert list(pagerduty.incidents.values()) == ["resolved"] and json_receiver.requests == []
+    assert pd.incidents == {f"lockstep-incident-{incident.id}": "resolved"}
+    actions = [(e["event_action"], e["dedup_key"]) for e in pd.bodies()]
+    assert actions == [
+        ("trigger", f"lockstep-incident-{incident.id}"),
+        ("acknowledge", f"lockstep-incident-{incident.id}"),
+        ("trigger", f"lockstep-incident-{incident.id}"),
+        ("resolve", f"lockstep-incident-{incident.id}"),
+    ]
+    assert am.active() == [] and "[RESOLVED]" in sinks["slack"].bodies()[-1]["text"]
 
 
-def test_a_run_wide_alert_has_no_ranks_label(project):
-    run_wide = Alert(run=Run(key="r", world_size=2, project=project), kind="recompile_storm", subject="compile-share",
-                     severity="warning", ranks=[])
-    labels = transports.Alertmanager(Webhook(kind="alertmanager")).labels(run_wide)
-    assert "ranks" not in labels and labels["subject"] == "compile-share" and labels["severity"] == "warning"
+def test_a_lockstep_silence_is_mirrored_to_alertmanager_until_it_expires_and_resolves_still_reach_the_pager(
+    run, sinks, project
+):
+    am, pd, slack = sinks["alertmanager"], sinks["pagerduty"], sinks["slack"]
+    apply(run, crash(2))
+    deliver()
+    until = timezone.now() + timedelta(hours=2)
+    silence = Silence.objects.create(project=project, kind="rank_silent", comment="node under repair", expires_at=until)
+    for row in mirror.plan_project(project.id):  # what the silence's post_save queues after commit
+        mirror.sync(row)
+    [mirrored] = am.active_silences()
+    assert mirrored["endsAt"] == transports._rfc3339(until) and "node under repair" in mirrored["comment"]
+
+    apply(run, crash(0, cause=2))  # grows while silenced: Slack hears nothing, the pagers keep their object fresh
+    deliver(LATER)
+    assert len(slack.requests) == 1 and len(pd.requests) == 2
+
+    silence.expires_at = timezone.now()  # expired early, by hand
+    silence.save()
+    for row in mirror.plan_project(project.id):
+        mirror.sync(row)
+    assert am.active_silences() == [] and len(am.deletes) == 1
+
+    Silence.objects.create(project=project, kind="rank_silent", comment="again", expires_at=until)
+    apply(run, clean=[("rank_silent", "rank:2"), ("rank_crashed", "rank:0")])
+    deliver()  # silenced, but the resolve reaches every destination told it fired
+    assert list(pd.incidents.values()) == ["resolved"] and am.active() == []
+    assert "[RESOLVED]" in slack.bodies()[-1]["text"]
+
+
+def test_the_end_of_a_run_resolves_its_acknowledged_incident_at_every_sink(run, sinks):
+    apply(run, crash(2))
+    deliver()
+    with transaction.atomic():
+        incidents.acknowledge(Incident.objects.get(run=run), User.objects.create_user("oncall"))
+    deliver()
+    assert len(sinks["alertmanager"].active_silences()) == 1
+    with transaction.atomic():
+        lifecycle.end_of_run(run)
+    deliver()
+    incident = Incident.objects.get(run=run)
+    assert incident.state == "resolved" and incident.root.resolve_reason == "run ended"
+    assert list(sinks["pagerduty"].incidents.values()) == ["resolved"]
+    assert sinks["alertmanager"].active() == [] and sinks["alertmanager"].active_silences() == []
+    assert "[RESOLVED]" in sinks["slack"].bodies()[-1]["text"]
+    assert sinks["json"].bodies()[-1]["incident"]["state"] == "resolved"
+
+
+def test_alertmanager_gets_a_short_endsAt_refreshed_and_a_changed_label_set_ended(run, sinks):
+    am = sinks["alertmanager"]
+    apply(run, crash(0, cause=2))  # the consequence first: its own incident until the root is known
+    deliver()
+    [before] = am.active()
+    assert before["labels"]["alertname"] == "rank_crashed" and before["labels"]["severity"] == "warning"
+    apply(run, crash(2))  # the root arrives: re-rooted and escalated, sent at once
+    deliver()
+    [after] = am.active()
+    assert (after["labels"]["alertname"], after["labels"]["severity"], after["labels"]["ranks"]) == (
+        "rank_silent",
+        "critical",
+        "2",
+    )
+    assert after["labels"]["incident"] == before["labels"]["incident"] and len(am.alerts) == 2  # the old set ended
+
+    later = timezone.now() + transports.Alertmanager.REFRESH + timedelta(seconds=1)
+    posts = len(am.requests)
+    for note in notifications.refresh_due(later):
+        assert notifications.refresh(note, later)
+    assert len(am.requests) == posts + 1 and notifications.refresh_due(later) == []
+    assert am.bodies()[-1][0]["endsAt"] > after["endsAt"]  # held a little longer, never a day
+
+
+def test_pagerduty_refusing_an_event_is_retried_with_the_same_dedup_key(run, sinks):
+    pd = sinks["pagerduty"]
+    pd.fail_next, pd.fail_status = 1, 429
+    apply(run, crash(1))
+    deliver()
+    note = Notification.objects.get(webhook__kind="pagerduty")
+    assert note.state == "pending" and note.attempts == 1 and "429" in note.last_error
+    deliver(timedelta(minutes=1))
+    assert [e["event_action"] for e in pd.bodies()] == ["trigger", "trigger"] and len(
+        {e["dedup_key"] for e in pd.bodies()}
+    ) == 1
+    assert Notification.objects.get(id=note.id).state == "sent"
+
+
+def test_alerts_themselves_page_nobody(run, sinks):
+    alert, _ = lifecycle.record(run, crash(1))  # an alert outside any incident (not placed)
+    assert notify.deliver(alert.id) is None and Alert.objects.get(id=alert.id).notified_revision == alert.revision
+    assert deliver() == [] and all(not r.requests for r in sinks.values())
 
 
 def test_rank_labels_are_ranges_cut_to_a_bounded_length():
@@ -191,11 +213,14 @@ def test_rank_labels_are_ranges_cut_to_a_bounded_length():
     assert len(label) <= 48 and label.startswith("0,2,4,") and label.endswith(f",+{1024 - label.count(',')}")
 
 
-@pytest.mark.parametrize("fields, error", [
-    ({"kind": "pagerduty"}, "routing key"),
-    ({"kind": "alertmanager"}, "needs a URL"),
-    ({"kind": "slack", "url": "https://hooks.example/x", "secret": "x"}, "takes no secret"),
-])
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        ({"kind": "pagerduty"}, "routing key"),
+        ({"kind": "alertmanager"}, "needs a URL"),
+        ({"kind": "slack", "url": "https://hooks.example/x", "secret": "x"}, "takes no secret"),
+    ],
+)
 def test_a_destination_missing_what_its_kind_needs_is_refused_in_the_admin(client, project, fields, error):
     admin = User.objects.create_superuser("root", password="pw")
     client.force_login(admin)
@@ -218,9 +243,8 @@ def test_the_admin_never_shows_a_secret_and_keeps_it_when_left_empty(client, pro
     hook.refresh_from_db()
     assert hook.secret == ROUTING_KEY
     assert isinstance(transports.for_webhook(hook), transports.PagerDuty)
-    cleared = {**form, "kind": "json", "url": "https://hooks.example/in", "secret": "", "clear_secret": "on"}
+    cleared = {**form, "kind": "json", "url": "https://93.184.215.14/in", "secret": "", "clear_secret": "on"}
     assert client.post(f"/admin/delivery/webhook/{hook.id}/change/", cleared).status_code == 302
     hook.refresh_from_db()
     assert (hook.kind, hook.secret) == ("json", "")
-    assert transports.PagerDuty(Webhook(kind="pagerduty")).webhook.url == "" and \
-        transports.PagerDuty.EVENTS_URL == "https://events.pagerduty.com/v2/enqueue"
+    assert json.dumps(transports.PagerDuty.EVENTS_URL) == '"https://events.pagerduty.com/v2/enqueue"'

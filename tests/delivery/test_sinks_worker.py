@@ -1,7 +1,9 @@
-"""Every sink through the running stack: batches posted to uvicorn, slots settled and alerts raised by
-the Celery worker (with its beat sweep), notifications sent by its tasks to local receivers that
-speak Alertmanager's, PagerDuty's and a JSON webhook's API; a refused first attempt is sent again
-by the sweep after its backoff, with the same dedup key; a clean step resolves everywhere."""
+"""Every sink through the running stack: batches posted to uvicorn, slots settled, alerts raised and
+grouped into an incident by the Celery worker (with its beat sweep), the incident's pages sent by its
+tasks to local receivers that speak Alertmanager's, PagerDuty's and a JSON webhook's API; a refused
+first attempt is sent again by the sweep after its backoff, with the same dedup key; the run's end
+resolves it everywhere."""
+
 from __future__ import annotations
 
 import time
@@ -37,29 +39,39 @@ def test_the_worker_delivers_to_every_sink_retries_with_one_dedup_key_and_resolv
         pd.fail_next = 1
         run = unique("sinks-run")
 
-        def report(step: int, bad: set[int]) -> None:
+        def report(step: int, bad: set[int], end: bool = False) -> None:
             for rank in range(3):
-                batch = make_batch(run=run, rank=rank, session=f"{run}-{rank}-{step}",
-                                   events=[{"t": "grad", "step": step, "fps": [step, 9 if rank in bad else 0]}])
-                response = requests.post(f"{stack.url}/api/v1/ingest", json=batch, timeout=10,
-                                         headers={"Authorization": f"Bearer {token}"})
+                events = [{"t": "grad", "step": step, "fps": [step, 9 if rank in bad else 0]}]
+                events += [{"t": "rank_end", "status": "ok", "exit_code": 0}] if end else []
+                batch = make_batch(run=run, rank=rank, session=f"{run}-{rank}-{step}", events=events)
+                response = requests.post(
+                    f"{stack.url}/api/v1/ingest", json=batch, timeout=10, headers={"Authorization": f"Bearer {token}"}
+                )
                 assert response.status_code == 200, response.text
 
         report(0, {1})
         wait(lambda: am.active() and list(pd.incidents.values()) == ["triggered"] and js.requests, "alert delivered")
         [firing] = am.active()
-        assert (firing["labels"]["run"], firing["labels"]["ranks"], firing["labels"]["severity"]) == (run, "1", "critical")
+        incident = js.bodies()[0]["incident"]
+        assert (firing["labels"]["run"], firing["labels"]["ranks"], firing["labels"]["severity"]) == (
+            run,
+            "1",
+            "critical",
+        )
         assert firing["labels"]["project"] == project.name and firing["labels"]["alertname"] == "grad_divergence"
+        assert firing["labels"]["incident"] == str(incident["id"]) and incident["root"]["ranks"] == [1]
         assert len(pd.requests) == 2  # the refused attempt, then the sweep's retry after the backoff
-        assert js.bodies()[0]["alert"]["ranks"] == [1]
 
-        report(1, set())
-        wait(lambda: not am.active() and list(pd.incidents.values()) == ["resolved"] and len(js.requests) == 2,
-             "resolve delivered")
+        report(1, set(), end=True)  # the run ends: its incident resolves everywhere
+        wait(
+            lambda: not am.active() and list(pd.incidents.values()) == ["resolved"] and len(js.requests) == 2,
+            "resolve delivered",
+        )
         events = pd.bodies()
         assert [e["event_action"] for e in events] == ["trigger", "trigger", "resolve"]
-        assert len({e["dedup_key"] for e in events}) == 1
-        assert js.bodies()[1]["alert"]["state"] == "resolved" and len(am.alerts) == 1
+        assert {e["dedup_key"] for e in events} == {f"lockstep-incident-{incident['id']}"}
+        assert js.bodies()[1]["incident"]["state"] == "resolved" and len(am.alerts) == 1
+        assert {c.get("state") for c in js.bodies()[1]["incident"]["consequences"]} <= {"resolved"}
     finally:
         for receiver in (am, pd, js):
             receiver.close()

@@ -1,6 +1,7 @@
 """The frame page puts the Inductor code behind a rank_specific_artifact alert one click away: ranks that
 traced one graph but generated other code get their own code diff, or a note when only rank-specific
 text differs. Through the real ingest endpoint, settle and the page."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,15 +23,29 @@ AVX2 = "cpp_fused_relu_0 = async_compile.cpp_pybinding(...)\n    // vec256 kerne
 
 def rank_start(host: str, isa: str) -> dict:
     nfs = {"path": "/mnt/shared/inductor", "fs": "nfs4", "fsid": "0", "shared": True}
-    return {"t": "rank_start", "host": host, "device": "cpu", "cache_dirs": {"inductor": "/mnt/shared/inductor"},
-            "cache_fs": {"inductor": nfs}, "codegen": {"cpu_capability": isa}}
+    return {
+        "t": "rank_start",
+        "host": host,
+        "device": "cpu",
+        "cache_dirs": {"inductor": "/mnt/shared/inductor"},
+        "cache_fs": {"inductor": nfs},
+        "codegen": {"cpu_capability": isa},
+    }
 
 
 def compile_event(code_raw: str, code_norm: str) -> dict:
-    return {"t": "compile", "frame": FRAME, "index": 0, "step": 0, "cache": {"inductor": "miss"},
-            "cache_keys": {"inductor": "fxsamekeyforbothranks0000000000000000000000000000"},
-            "hashes": {"dynamo": {"raw": blob_hash(GRAPH), "norm": blob_hash(GRAPH)},
-                       "inductor": {"raw": code_raw, "norm": code_norm}}}
+    return {
+        "t": "compile",
+        "frame": FRAME,
+        "index": 0,
+        "step": 0,
+        "cache": {"inductor": "miss"},
+        "cache_keys": {"inductor": "fxsamekeyforbothranks0000000000000000000000000000"},
+        "hashes": {
+            "dynamo": {"raw": blob_hash(GRAPH), "norm": blob_hash(GRAPH)},
+            "inductor": {"raw": code_raw, "norm": code_norm},
+        },
+    }
 
 
 @pytest.fixture
@@ -57,14 +72,23 @@ def test_generated_code_that_differs_is_diffed_majority_against_minority(post, c
     assert "Rank 1 generated other Inductor code than rank 0 (majority)" in html
     assert "not uploaded yet" in html  # hashes until the agents upload the texts
     blobs = {"v": 1, "blobs": [{"hash": blob_hash(t), "text": t} for t in (AVX512, AVX2)]}
-    assert client.post("/api/v1/blobs", blobs, content_type="application/json",
-                       HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+    assert (
+        client.post(
+            "/api/v1/blobs", blobs, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+        ).status_code
+        == 200
+    )
     html = page()
-    assert '<span class="del">-    // vec512 kernel</span>' in html and '<span class="add">+    // vec256 kernel</span>' in html
+    assert (
+        '<span class="del">-    // vec512 kernel</span>' in html
+        and '<span class="add">+    // vec256 kernel</span>' in html
+    )
 
 
 def test_code_that_differs_only_in_rank_specific_text_is_said_in_words(post, page):
     ingest(post, {0: ("a" * 32, "c" * 32), 1: ("b" * 32, "c" * 32)})
     html = page()
-    assert ("The Inductor code of rank 1 differs only in rank-specific text (device index / rank) that "
-            "normalization removes") in html
+    assert (
+        "The Inductor code of rank 1 differs only in rank-specific text (device index / rank) that "
+        "normalization removes"
+    ) in html

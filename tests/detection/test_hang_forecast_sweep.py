@@ -1,5 +1,6 @@
 """hang_forecast through the real ingest endpoint, PostgreSQL and the periodic check (`runs.check`):
 progress samples stored, carried forward to now, escalated, resolved, inhibited, and the page strip."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,8 @@ from django.utils import timezone
 
 from dashboard.detection import runs, silences
 from dashboard.detection.models import Alert
+from dashboard.evidence.models import EventLog
 from dashboard.tenancy.models import Run
-from ingest.models import EventLog
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -18,13 +19,29 @@ GUARD = "tensor 'x' size mismatch at index 0. expected 16, actual 17"
 
 
 def waiting(s: float, step: int = 4) -> dict:
-    return {"t": "progress", "phase": "collective", "phase_s": s, "step": step, "since_step_s": s + 0.3,
-            "where": "job.py:40:train", "op": "all_reduce"}
+    return {
+        "t": "progress",
+        "phase": "collective",
+        "phase_s": s,
+        "step": step,
+        "since_step_s": s + 0.3,
+        "where": "job.py:40:train",
+        "op": "all_reduce",
+    }
 
 
 def compiling(s: float, step: int = 4) -> dict:
-    return {"t": "progress", "phase": "compiling", "phase_s": s, "step": step, "since_step_s": s + 0.1,
-            "where": "job.py:35:train", "op": FRAME, "compile_id": "0/1", "reason": GUARD}
+    return {
+        "t": "progress",
+        "phase": "compiling",
+        "phase_s": s,
+        "step": step,
+        "since_step_s": s + 0.1,
+        "where": "job.py:35:train",
+        "op": FRAME,
+        "compile_id": "0/1",
+        "reason": GUARD,
+    }
 
 
 class Job:
@@ -35,8 +52,9 @@ class Job:
         now = timezone.now().timestamp()
         seq = self.seq.get(rank, 0)
         self.seq[rank] = seq + 1
-        batch = make_batch(run="hangs", rank=rank, world_size=self.world_size, seq=seq,
-                           events=[{"ts": now, **e} for e in events])
+        batch = make_batch(
+            run="hangs", rank=rank, world_size=self.world_size, seq=seq, events=[{"ts": now, **e} for e in events]
+        )
         response = self.post(batch)
         assert response.status_code == 200, response.content
 
@@ -54,8 +72,10 @@ def test_forecast_warns_escalates_and_resolves_when_the_job_moves_on(post, setti
     runs.check(run)
     alert = Alert.objects.get(kind="hang_forecast")
     assert (alert.severity, alert.ranks, alert.step, alert.frame, alert.subject) == ("warning", [1], 4, FRAME, "hang")
-    assert alert.message.startswith(f"Ranks 0, 2 waited 12 s in all_reduce of step 4 for rank 1: rank 1 is compiling "
-                                    f"{FRAME} for 13 s (recompile because of {GUARD})")
+    assert alert.message.startswith(
+        f"Ranks 0, 2 waited 12 s in all_reduce of step 4 for rank 1: rank 1 is compiling "
+        f"{FRAME} for 13 s (recompile because of {GUARD})"
+    )
     assert "48 s left before the 60 s collective timeout" in alert.message
     assert alert.details["waiting"] == [0, 2]
     revision = alert.revision
@@ -71,7 +91,14 @@ def test_forecast_warns_escalates_and_resolves_when_the_job_moves_on(post, setti
     assert {row["rank"]: row["holding"] for row in strip} == {1: True, 0: False, 2: False}
     assert strip[0]["op"] == FRAME and strip[0]["since_step_s"] >= 32
 
-    moved = {"t": "progress", "phase": "step", "phase_s": 0.1, "step": 5, "since_step_s": 0.1, "where": "job.py:30:train"}
+    moved = {
+        "t": "progress",
+        "phase": "step",
+        "phase_s": 0.1,
+        "step": 5,
+        "since_step_s": 0.1,
+        "where": "job.py:30:train",
+    }
     for rank in range(3):
         job.send(rank, moved)
     runs.check(run)

@@ -1,4 +1,5 @@
 """rank_crashed through the real ingest endpoint, PostgreSQL and the periodic check (`runs.check`)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -9,17 +10,23 @@ from django.utils import timezone
 from dashboard.delivery import notify
 from dashboard.detection import runs, settle
 from dashboard.detection.models import Alert
+from dashboard.evidence.models import EventLog
 from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Run
-from ingest.models import EventLog
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
 
 KEY = "fxk4gqcsmvwzj3uxt2l5z3c6b5nqzvq3z3jx3a7y2kq5t3gqkq4a"
 FRAME = "model/net.py:40:forward"
-END = {"t": "rank_end", "status": "error", "exit_code": 1, "reason": "RuntimeError: illegal memory access",
-       "exc_type": "RuntimeError", "where": "model/net.py:88 forward"}
+END = {
+    "t": "rank_end",
+    "status": "error",
+    "exit_code": 1,
+    "reason": "RuntimeError: illegal memory access",
+    "exc_type": "RuntimeError",
+    "where": "model/net.py:88 forward",
+}
 
 
 def job(post, run: str, crash_rank: int | None, world_size: int = 2) -> Run:
@@ -30,8 +37,15 @@ def job(post, run: str, crash_rank: int | None, world_size: int = 2) -> Run:
         events = [
             {"t": "rank_start", "host": "node1", "device": "cpu", "ts": now - 10},
             {"t": "grad", "step": 2, "fps": [1, 2 + (rank == 1)], "ts": now - 2},
-            {"t": "compile", "frame": FRAME, "index": 0, "step": 3, "cache": {"inductor": "hit"},
-             "cache_keys": {"inductor": KEY}, "ts": now - 1},
+            {
+                "t": "compile",
+                "frame": FRAME,
+                "index": 0,
+                "step": 3,
+                "cache": {"inductor": "hit"},
+                "cache_keys": {"inductor": KEY},
+                "ts": now - 1,
+            },
             {**END, "ts": now} if rank == crash_rank else {"t": "rank_end", "status": "ok", "exit_code": 0, "ts": now},
         ]
         response = post(make_batch(run=run, rank=rank, world_size=world_size, events=events))
@@ -44,7 +58,13 @@ def test_a_crashed_rank_is_alerted_after_every_rank_ended(post):
     assert run in runs.active_runs()  # every rank ended, but the sweep still has to see the crash
     runs.check(run)
     alert = Alert.objects.get(kind="rank_crashed")
-    assert (alert.ranks, alert.subject, alert.severity, alert.frame, alert.step) == ([1], "rank:1", "critical", FRAME, 3)
+    assert (alert.ranks, alert.subject, alert.severity, alert.frame, alert.step) == (
+        [1],
+        "rank:1",
+        "critical",
+        FRAME,
+        3,
+    )
     assert alert.message.startswith("Rank 1 crashed: RuntimeError: illegal memory access")
     assert f"right after loading cached Inductor artifact {KEY[:12]}… of frame {FRAME}" in alert.message
     assert alert.details["last_compile"]["outcome"] == "hit" and alert.details["exit_code"] == 1
@@ -56,7 +76,9 @@ def test_the_rank_end_body_names_the_exception_and_where(post):
     assert EventLog.objects.filter(run=run, t="rank_end", rank=1).exists()  # ingest keeps the rank_end body
     runs.check(run)
     alert = Alert.objects.get(kind="rank_crashed")
-    assert alert.message.startswith("Rank 1 crashed: RuntimeError: illegal memory access at model/net.py:88 forward (step 3)")
+    assert alert.message.startswith(
+        "Rank 1 crashed: RuntimeError: illegal memory access at model/net.py:88 forward (step 3)"
+    )
     assert (alert.details["exc_type"], alert.details["where"]) == ("RuntimeError", "model/net.py:88 forward")
 
 

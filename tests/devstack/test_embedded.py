@@ -4,6 +4,7 @@ One scenario, in order: concurrent cold start from three processes, real round t
 and redis-py, fast reuse (in-process and from a fresh process), stop, restart with data intact.
 The fixture stops both servers (and SIGKILLs any leftover) even when an assertion fails.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,9 +15,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
 
 import psycopg
 import pytest
@@ -52,8 +53,12 @@ print(json.dumps({"urls": urls, "elapsed": time.perf_counter() - start}))
 
 
 def _spawn_child(data_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(EMBEDDED_PY), str(data_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(EMBEDDED_PY), str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _child_result(proc: subprocess.Popen) -> dict:
@@ -74,8 +79,7 @@ def _alive(pid: int) -> bool:
 def _server_pids(data_dir: Path) -> dict[str, int]:
     """pids recorded by the servers themselves (postmaster.pid first line, redis pidfile)."""
     pids = {}
-    for name, path in (("postgres", data_dir / "pg" / "postmaster.pid"),
-                       ("redis", data_dir / "redis" / "redis.pid")):
+    for name, path in (("postgres", data_dir / "pg" / "postmaster.pid"), ("redis", data_dir / "redis" / "redis.pid")):
         try:
             pids[name] = int(path.read_text().split()[0])
         except (OSError, ValueError, IndexError):
@@ -145,8 +149,7 @@ def test_embedded_stack_lifecycle(data_dir: Path) -> None:
     assert r_url.startswith("redis://127.0.0.1:") and r_url.endswith("/0") and port != 6379
     assert _count_processes(b"\0-D\0" + str(pgdata).encode() + b"\0") == 1
     assert _count_processes(f"redis-server 127.0.0.1:{port}".encode()) == 1
-    print(f"\ncold start (racing 2 other processes): postgres {pg_cold_s:.3f}s, "
-          f"redis {redis_cold_s:.3f}s")
+    print(f"\ncold start (racing 2 other processes): postgres {pg_cold_s:.3f}s, redis {redis_cold_s:.3f}s")
 
     assert embedded.running(data_dir) == ["postgresql", "redis"]
 
@@ -172,8 +175,10 @@ def test_embedded_stack_lifecycle(data_dir: Path) -> None:
     warm_child = _child_result(_spawn_child(data_dir))
     assert warm_child["urls"] == [pg_url, r_url]
     assert warm_child["elapsed"] < REUSE_BUDGET_S
-    print(f"reuse: postgres {pg_reuse_s * 1000:.1f}ms, redis {redis_reuse_s * 1000:.1f}ms, "
-          f"both from a fresh process {warm_child['elapsed'] * 1000:.1f}ms")
+    print(
+        f"reuse: postgres {pg_reuse_s * 1000:.1f}ms, redis {redis_reuse_s * 1000:.1f}ms, "
+        f"both from a fresh process {warm_child['elapsed'] * 1000:.1f}ms"
+    )
 
     # Stop: processes gone, socket and port closed; a second stop is a no-op.
     (_, stop_s) = _timed(embedded.stop, data_dir)

@@ -1,5 +1,6 @@
 """README command 1's engine, `manage.py up`, on embedded PostgreSQL and Redis in a fresh data
 folder: it serves a login, stops everything on Ctrl-C, and reuses its data on the next start."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,9 +26,16 @@ def start_up(data_dir, port: int, sigint_ignored: bool = False) -> subprocess.Po
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
     env.update(LOCKSTEP_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-    return subprocess.Popen([sys.executable, "manage.py", "up", "--no-demo", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=ignore)
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--no-demo", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=ignore,
+    )
 
 
 def wait_line(proc: subprocess.Popen, pattern: str, timeout: float = 90) -> str:
@@ -44,12 +52,17 @@ def wait_line(proc: subprocess.Popen, pattern: str, timeout: float = 90) -> str:
 
 
 def log_in(url: str) -> requests.Session:
+    """The login page is served; the public demo login is refused (--no-demo creates none)."""
     http = requests.Session()
-    http.get(f"{url}/login/", timeout=10)
-    response = http.post(f"{url}/login/", timeout=10, data={
-        "username": "demo", "password": "lockstep-demo", "csrfmiddlewaretoken": http.cookies["csrftoken"]},
-        headers={"Referer": f"{url}/login/"})
-    assert response.ok and response.url.rstrip("/") == url, response.url
+    assert "Log in" in http.get(f"{url}/login/", timeout=10).text
+    response = http.post(
+        f"{url}/login/",
+        timeout=10,
+        data={"username": "demo", "password": "lockstep-demo", "csrfmiddlewaretoken": http.cookies["csrftoken"]},
+        headers={"Referer": f"{url}/login/"},
+        allow_redirects=False,
+    )
+    assert response.status_code == 200 and "_auth_user_id" not in http.cookies, response.status_code  # the form again
     return http
 
 
@@ -66,9 +79,10 @@ def stop(proc: subprocess.Popen, data_dir, timeout: float = 120) -> str:
         for pid in survivors(below, timeout=0):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        logs = "".join(f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
-                       for log in sorted(data_dir.glob("*.log")))
-        raise AssertionError(f"`manage.py up` still running {timeout:.0f} s after Ctrl-C:\n{out}{logs}")
+        logs = "".join(
+            f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in sorted(data_dir.glob("*.log"))
+        )
+        raise AssertionError(f"`manage.py up` still running {timeout:.0f} s after Ctrl-C:\n{out}{logs}") from None
     return out
 
 
@@ -77,7 +91,7 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
     url = f"http://127.0.0.1:{port}"
     proc = start_up(data, port)
     try:
-        wait_line(proc, r"Lockstep is up: .* login: demo / lockstep-demo")
+        wait_line(proc, r"Lockstep is up: .* no demo login \(--no-demo")
         token = wait_line(proc, r"ingest token").rsplit(" ", 1)[1].strip()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -86,16 +100,21 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
                 break
             except (requests.ConnectionError, KeyError):
                 time.sleep(0.5)
-        assert "Runs" in http.get(f"{url}/", timeout=10).text
-        assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).json() == {"runs": []}
+        assert "/login/" in http.get(f"{url}/", timeout=10).url  # pages need a login
+        assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).json() == {
+            "runs": []
+        }
         assert "embedded PostgreSQL and Redis stopped" in stop(proc, data)
         assert proc.returncode == 0
         assert embedded.running(data) == []
 
-        proc = start_up(data, port, sigint_ignored=True)  # same folder: the demo login (and its token) still work
+        proc = start_up(data, port, sigint_ignored=True)  # same folder: the token still works
         wait_line(proc, r"Lockstep is up")
         log_in(url)  # the URL works the moment it is printed
-        assert requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
+        assert (
+            requests.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code
+            == 200
+        )
         assert "embedded PostgreSQL and Redis stopped" in stop(proc, data)  # Ctrl-C works even so
     finally:
         if proc.poll() is None:

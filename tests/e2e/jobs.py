@@ -1,4 +1,5 @@
 """Launch real torchrun jobs with the agent against the test stack, and watch alerts arrive."""
+
 from __future__ import annotations
 
 import json
@@ -20,20 +21,49 @@ from dashboard.tenancy.models import Project, ProjectToken
 from tests.stack import ROOT, free_port, unique
 
 
-def torchrun(stack, token: str, run_key: str, script: str, args: list[str], spool, ranks: int = 3,
-             extra_env: dict | None = None, via_agent_cli: bool = True) -> subprocess.Popen:
+def torchrun(
+    stack,
+    token: str,
+    run_key: str,
+    script: str,
+    args: list[str],
+    spool,
+    ranks: int = 3,
+    extra_env: dict | None = None,
+    via_agent_cli: bool = True,
+) -> subprocess.Popen:
     """torchrun SCRIPT under the agent (`-m agents run`), or as is when the script attaches it itself.
 
     Inductor compiles in-process (TORCHINDUCTOR_COMPILE_THREADS=1): three ranks with a pool of
     compile workers each oversubscribe two cores, and rare hangs of these jobs were seen in CI."""
-    env = dict(stack.env, LOCKSTEP_URL=stack.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=run_key,
-               LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
-               TORCHINDUCTOR_COMPILE_THREADS="1", **(extra_env or {}))
+    env = dict(
+        stack.env,
+        LOCKSTEP_URL=stack.url,
+        LOCKSTEP_TOKEN=token,
+        LOCKSTEP_RUN=run_key,
+        LOCKSTEP_SPOOL_DIR=str(spool),
+        LOCKSTEP_HEARTBEAT="1",
+        OMP_NUM_THREADS="1",
+        PYTHONFAULTHANDLER="1",
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        **(extra_env or {}),
+    )
     agent = ["-m", "agents", "run"] if via_agent_cli else []
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
-           str(free_port()), *agent, script, *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-port",
+        str(free_port()),
+        *agent,
+        script,
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 @contextmanager
@@ -51,7 +81,9 @@ def finish(job: subprocess.Popen, timeout: float = 180) -> str:
     try:
         output, _ = job.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"job still running after {timeout} s; the ranks' stacks:\n{_stacks(job)[-12000:]}") from None
+        raise AssertionError(
+            f"job still running after {timeout} s; the ranks' stacks:\n{_stacks(job)[-12000:]}"
+        ) from None
     text = output.decode(errors="replace")
     assert job.returncode == 0, text
     return text

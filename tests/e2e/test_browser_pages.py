@@ -5,6 +5,7 @@ diff, user text stays inert, and one project's user cannot open another's run.
 Runs are ingested as protocol batches over HTTP (no torchrun). One Chromium for the module.
 Set LOCKSTEP_SCREENSHOTS=docs/screenshots to save the main pages as PNGs on the way.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,9 @@ import requests
 from django.contrib.auth.models import User
 from django.test import Client
 
-from bench.pages_data import FRAMES, TORCH_211, Job, graph_blobs, job_batches
 from dashboard.tenancy.models import Project, ProjectToken
 from tests.browser import chromium_page
+from tests.fixtures.pages_data import FRAMES, TORCH_211, Job, graph_blobs, job_batches
 from tests.stack import unique
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
@@ -70,8 +71,9 @@ def send(stack, token: str, batches: list[dict]) -> None:
 
 
 def send_blobs(stack, token: str) -> None:
-    response = requests.post(f"{stack.url}/api/v1/blobs", json=graph_blobs(), timeout=10,
-                             headers={"Authorization": f"Bearer {token}"})
+    response = requests.post(
+        f"{stack.url}/api/v1/blobs", json=graph_blobs(), timeout=10, headers={"Authorization": f"Bearer {token}"}
+    )
     assert response.status_code == 200, response.text
 
 
@@ -95,9 +97,18 @@ def shot(page, name: str) -> None:
 
 def test_live_alert_then_acknowledge_and_silence(stack, page, team):
     _, token, session = team
-    job = Job("live-run", world=8, steps=13, grad_diverge=(5, 12), recompile=(3, 4), name="resnet ddp 8 ranks",
-              graph_frame="demo/ddp_job.py:77:head")
-    before, after = split(job_batches(job), lambda e: e["t"] in ("grad", "step", "rank_end") and e.get("step", 99) >= 12)
+    job = Job(
+        "live-run",
+        world=8,
+        steps=13,
+        grad_diverge=(5, 12),
+        recompile=(3, 4),
+        name="resnet ddp 8 ranks",
+        graph_frame="demo/ddp_job.py:77:head",
+    )
+    before, after = split(
+        job_batches(job), lambda e: e["t"] in ("grad", "step", "rank_end") and e.get("step", 99) >= 12
+    )
     send(stack, token, before)
     login(page, stack, session)
     page.goto(f"{stack.url}/runs/live-run/")
@@ -113,7 +124,7 @@ def test_live_alert_then_acknowledge_and_silence(stack, page, team):
     time.sleep(3.5)  # the charts refetch after the alert; let them settle for the screenshot
     shot(page, "run")
 
-    page.goto(f"{stack.url}/alerts/?run=live-run")
+    page.goto(f"{stack.url}/alerts/?run=live-run&state=all")  # every rank ended: the run's alerts resolved with it
     row = page.locator("tr.alert-row[data-kind=grad_divergence]")
     row.locator("button.ack").click()
     page.wait_for_load_state()
@@ -139,7 +150,11 @@ def test_live_alert_then_acknowledge_and_silence(stack, page, team):
 
 def test_compare_page_shows_the_torch_version_diff(stack, page, team):
     _, token, session = team
-    send(stack, token, job_batches(Job("mlp-torch211", versions=dict(TORCH_211), fp_change_step=20, name="mlp torch 2.11")))
+    send(
+        stack,
+        token,
+        job_batches(Job("mlp-torch211", versions=dict(TORCH_211), fp_change_step=20, name="mlp torch 2.11")),
+    )
     send(stack, token, job_batches(Job("mlp-torch213", recompile=(1, 3), name="mlp torch 2.13")))
     login(page, stack, session)
     page.goto(f"{stack.url}/")
@@ -149,7 +164,9 @@ def test_compare_page_shows_the_torch_version_diff(stack, page, team):
     page.click("#compare-form button[type=submit]")
     page.wait_for_selector("#env")
     torch_row = page.locator("#env tr", has_text="versions.torch")
-    assert torch_row.is_visible() and "2.11.0+cu128" in torch_row.inner_text() and "2.13.0+cpu" in torch_row.inner_text()
+    assert (
+        torch_row.is_visible() and "2.11.0+cu128" in torch_row.inner_text() and "2.13.0+cpu" in torch_row.inner_text()
+    )
     same_row = page.locator("#env tr", has_text="env.OMP_NUM_THREADS")
     assert not same_row.is_visible()  # differences only by default
     page.uncheck("#diff-only")
@@ -166,8 +183,14 @@ def test_compare_page_shows_the_torch_version_diff(stack, page, team):
 
 def test_user_text_is_escaped_everywhere(stack, page, team):
     _, token, session = team
-    job = Job("xss-run", name=f"run {XSS}", recompile=(1, 2), recompile_reason=f"reason {XSS}",
-              graph_frame=f"evil.py:1:{XSS}", steps=6)
+    job = Job(
+        "xss-run",
+        name=f"run {XSS}",
+        recompile=(1, 2),
+        recompile_reason=f"reason {XSS}",
+        graph_frame=f"evil.py:1:{XSS}",
+        steps=6,
+    )
     graph_frame = f"evil.py:1:{XSS}"
     before, after = split(job_batches(job), lambda e: e["t"] == "compile" and e["frame"] == graph_frame)
     send(stack, token, before)
@@ -180,8 +203,13 @@ def test_user_text_is_escaped_everywhere(stack, page, team):
     assert f"run {XSS}" in page.locator("h1").inner_text()
     page.goto(f"{stack.url}/runs/xss-run/frame/?f={FRAMES[0]}")
     assert f"reason {XSS}" in page.locator("table.reasons").inner_text()
-    for url in (f"/runs/xss-run/frame/?f=evil.py:1:{XSS}", f"/runs/xss-run/frame/?f={FRAMES[0]}", "/",
-                "/alerts/?state=all", "/runs/xss-run/ranks/1/"):
+    for url in (
+        f"/runs/xss-run/frame/?f=evil.py:1:{XSS}",
+        f"/runs/xss-run/frame/?f={FRAMES[0]}",
+        "/",
+        "/alerts/?state=all",
+        "/runs/xss-run/ranks/1/",
+    ):
         page.goto(stack.url + url)
         assert XSS in page.locator("main").inner_text(), url
         assert page.evaluate("window.pwned") is None, url

@@ -4,6 +4,7 @@ recorded under torch 2.11 / python 3.12 (the GPU machine's image) and torch 2.13
 to the real stack (uvicorn + Celery worker). The compare page aligns every frame under the user's
 names, shows both versions, plots the loss and gradient-norm drift and names the settings.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -23,8 +24,13 @@ V211, V213 = "compare-211", "compare-213"
 def upload(stack, token: str, fixture: str, into: Path) -> None:
     with tarfile.open(FIXTURES / fixture) as tar:
         tar.extractall(into, filter="data")
-    done = subprocess.run([sys.executable, "-m", "agents", "upload", str(into), "--url", stack.url, "--token", token],
-                          capture_output=True, text=True, timeout=120, env=stack.env)
+    done = subprocess.run(
+        [sys.executable, "-m", "agents", "upload", str(into), "--url", stack.url, "--token", token],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=stack.env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

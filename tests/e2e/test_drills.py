@@ -2,23 +2,22 @@
 
 Training goes on (the agent spools), and once the server is back every event is stored exactly
 once: one grad row and one step row per rank and step, no batch twice, no gap in any session.
-`python bench/reliability.py` runs the same drill and prints the table (with step-time p99).
+`python -m bench reliability` runs the same drill and prints the table (with step-time p99).
 """
+
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from collections import Counter
 
 import pytest
 
+from dashboard.evidence.models import GradReport, IngestBatch, StepReport
 from dashboard.tenancy.models import Rank
-
-from ingest.models import GradReport, IngestBatch, StepReport
 from tests.conftest import per_rank
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
-from tests.stack import Proc, free_port, spawn
+from tests.stack import Proc, free_port, spawn, uvicorn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
@@ -27,9 +26,12 @@ STEPS = 160  # 80 s at 0.5 s a step: the outage starts within the first ~10 step
 
 
 def server(stack, port: int, logdir) -> Proc:
-    return spawn(f"drill-{port}-{time.monotonic_ns()}", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application",
-                                                        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                 stack.env, logdir)
+    return spawn(
+        f"drill-{port}-{time.monotonic_ns()}",
+        uvicorn(port),
+        stack.env,
+        logdir,
+    )
 
 
 def wait_until(check, timeout: float, what: str) -> None:
@@ -53,8 +55,15 @@ def test_backend_down_60s_loses_and_duplicates_nothing(stack, tmp_path, record_p
     drill_stack = type(stack)(f"http://127.0.0.1:{port}", stack.env, backend, stack.worker)
     drill_stack.wait_http()
     key = f"drill-{uuid.uuid4().hex[:6]}"
-    job = torchrun(drill_stack, token, key, "demo/ddp_job.py", ["--steps", str(STEPS), "--sleep", "0.5"],
-                   tmp_path / "spool", ranks=2)
+    job = torchrun(
+        drill_stack,
+        token,
+        key,
+        "demo/ddp_job.py",
+        ["--steps", str(STEPS), "--sleep", "0.5"],
+        tmp_path / "spool",
+        ranks=2,
+    )
     with running(job):
         wait_until(lambda: StepReport.objects.filter(run__key=key).count() >= 10, 120, "training to start")
         backend.stop()
@@ -74,7 +83,10 @@ def test_backend_down_60s_loses_and_duplicates_nothing(stack, tmp_path, record_p
     grads = [(rank, step) for rank, step, _ in per_rank(GradReport.objects.filter(run__key=key, group="ddp"))]
     steps = list(StepReport.objects.filter(run__key=key).values_list("rank", "step"))
     for name, reports in (("grads", grads), ("steps", steps)):
-        assert Counter(rank for rank, _ in reports) == {0: STEPS, 1: STEPS}, (name, Counter(rank for rank, _ in reports))
+        assert Counter(rank for rank, _ in reports) == {0: STEPS, 1: STEPS}, (
+            name,
+            Counter(rank for rank, _ in reports),
+        )
         assert len(set(reports)) == 2 * STEPS, name  # nothing twice
     for session, seqs in _seqs(key).items():
         assert seqs == list(range(len(seqs))), f"gap or repeat in session {session}"
@@ -94,6 +106,8 @@ def _record_step_times(key: str, outage: tuple[float, float], record_property) -
 
 def _seqs(key: str) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
-    for session, seq in IngestBatch.objects.filter(run__key=key).order_by("session", "seq").values_list("session", "seq"):
+    for session, seq in (
+        IngestBatch.objects.filter(run__key=key).order_by("session", "seq").values_list("session", "seq")
+    ):
         out.setdefault(session, []).append(seq)
     return out

@@ -2,13 +2,14 @@
 hang_forecast asks the ranks for dumps in their ingest replies, the agents send them while ranks 0
 and 2 are blocked in all_reduce, and torch's analysis in the Celery worker names rank 1 as the one
 missing from the collective the others entered; the summary reaches the websocket in the alert."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from ingest.models import FlightRecord
+from dashboard.evidence.models import FlightRecord
 from tests.e2e.jobs import alert_feed, member_session, project_with_token, running, torchrun, wait_for_run
 from tests.stack import unique
 
@@ -21,8 +22,9 @@ def test_a_forecast_brings_the_dumps_and_torchs_analysis_names_the_missing_rank(
     project, token = project_with_token("fr-hang")
     feed = alert_feed(stack, member_session(project, "fr-hang"))
     run_key = unique("fr-hang")
-    job = torchrun(stack, token, run_key, "demo/hang_job.py", ["--stall", "data", "--timeout", str(TIMEOUT_S)],
-                   tmp_path / "spool")
+    job = torchrun(
+        stack, token, run_key, "demo/hang_job.py", ["--stall", "data", "--timeout", str(TIMEOUT_S)], tmp_path / "spool"
+    )
     with running(job):
         wait_for_run(stack, token, run_key, job)
         feed.wait_for({"hang_forecast"}, timeout=120, run=run_key)
@@ -39,6 +41,9 @@ def test_a_forecast_brings_the_dumps_and_torchs_analysis_names_the_missing_rank(
     ranks = fr["ranks"]
     assert ranks["0"]["entered"]["seq"] == ranks["2"]["entered"]["seq"] == m["seq"]
     assert ranks["1"]["entered"]["seq"] < m["seq"] and ranks["1"]["completed"]["seq"] == ranks["1"]["entered"]["seq"]
-    assert ranks["0"]["entered"]["where"].startswith("demo/hang_job.py:") or "hang_job.py:" in ranks["0"]["entered"]["where"]
+    assert (
+        ranks["0"]["entered"]["where"].startswith("demo/hang_job.py:")
+        or "hang_job.py:" in ranks["0"]["entered"]["where"]
+    )
     assert "rank 1 never did" in fr["message"] and "ranks 0, 2 entered gloo:all_reduce" in fr["message"]
     assert set(FlightRecord.objects.filter(run__key=run_key).values_list("rank", flat=True)) == {0, 1, 2}

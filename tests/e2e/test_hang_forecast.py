@@ -4,6 +4,7 @@ the next all_reduce, and the forecast reaches the websocket before the collectiv
 Both stalls are real: a guard failure that makes Dynamo compile a fresh, large unrolled graph on rank 1
 only, and a DataLoader item that never arrives. The collective timeout is 20 s, so the forecast comes
 at half of it (10 s, critical) and the job then dies of the timeout, as users see it."""
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,14 @@ def hang(stack, tmp_path, stall: str, depth: int = 20, extra: tuple[str, ...] = 
     session = member_session(project, f"hang-{stall}")
     feed = alert_feed(stack, session)
     run_key = unique(f"hang-{stall}")
-    job = torchrun(stack, token, run_key, "demo/hang_job.py",
-                   ["--stall", stall, "--timeout", str(TIMEOUT_S), "--depth", str(depth), *extra], tmp_path / "spool")
+    job = torchrun(
+        stack,
+        token,
+        run_key,
+        "demo/hang_job.py",
+        ["--stall", stall, "--timeout", str(TIMEOUT_S), "--depth", str(depth), *extra],
+        tmp_path / "spool",
+    )
     return project, token, session, feed, run_key, job
 
 

@@ -4,6 +4,7 @@ A 2-rank compiled DDP job sends through the relay: everything lands once, in bul
 hand-made batches: a bad one beside good ones is refused alone, a resend through the relay or
 straight to the server is a duplicate, and with the server gone the agent is told to retry.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import requests
 from agents import protocol
 from agents import relay as relay_module
 from agents.transport import encode_body, post
-from ingest.models import Blob, CompileEvent, GradReport, IngestBatch, StepReport
+from dashboard.evidence.models import Blob, CompileEvent, GradReport, IngestBatch, StepReport
 from tests.conftest import per_rank
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
 from tests.stack import Proc, free_port, spawn
@@ -29,8 +30,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 def relay(stack, upstream: str, logdir, window: float = 0.3) -> tuple[Proc, str]:
     port = free_port()
-    proc = spawn(f"relay-{port}", [sys.executable, "-m", "agents", "relay", "--listen", f"127.0.0.1:{port}",
-                                   "--url", upstream, "--window", str(window)], stack.env, logdir)
+    proc = spawn(
+        f"relay-{port}",
+        [
+            sys.executable,
+            "-m",
+            "agents",
+            "relay",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--url",
+            upstream,
+            "--window",
+            str(window),
+        ],
+        stack.env,
+        logdir,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -44,9 +60,14 @@ def relay(stack, upstream: str, logdir, window: float = 0.3) -> tuple[Proc, str]
 
 
 def batch(key: str, rank: int, seq: int = 0, world_size: int = 3) -> protocol.Batch:
-    return protocol.Batch(v=1, run=protocol.RunInfo(key=key, world_size=world_size), rank=rank,
-                          session=f"relay-test-{key}-{rank}", seq=seq,
-                          events=[protocol.Grads.pack(0, [[rank + 1, 7]] * 4)])
+    return protocol.Batch(
+        v=1,
+        run=protocol.RunInfo(key=key, world_size=world_size),
+        rank=rank,
+        session=f"relay-test-{key}-{rank}",
+        seq=seq,
+        events=[protocol.Grads.pack(0, [[rank + 1, 7]] * 4)],
+    )
 
 
 def post_together(url: str, token: str | list[str], batches: list[protocol.Batch]) -> list:
@@ -71,8 +92,11 @@ def test_a_real_job_through_the_relay(stack, tmp_path):
     key = f"relay-{uuid.uuid4().hex[:6]}"
     try:
         via = type(stack)(url, stack.env, stack.server, stack.worker)
-        with running(torchrun(via, token, key, "demo/ddp_job.py", ["--steps", "6", "--sleep", "0.3"],
-                              tmp_path / "spool", ranks=2)) as job:
+        with running(
+            torchrun(
+                via, token, key, "demo/ddp_job.py", ["--steps", "6", "--sleep", "0.3"], tmp_path / "spool", ranks=2
+            )
+        ) as job:
             finish(job)
         reports = per_rank(GradReport.objects.filter(run__key=key, group="ddp"))
         assert Counter(rank for rank, _, _ in reports) == {0: 6, 1: 6}
@@ -84,7 +108,10 @@ def test_a_real_job_through_the_relay(stack, tmp_path):
         # the graph texts the server asked for went up through the relay, verified against their hashes
         compiled = CompileEvent.objects.filter(run__key=key).values_list("graph_norm", "code_norm")
         hashes = {h for pair in compiled for h in pair if h}
-        assert hashes and set(Blob.objects.filter(hash__in=hashes, text__isnull=False).values_list("hash", flat=True)) == hashes
+        assert (
+            hashes
+            and set(Blob.objects.filter(hash__in=hashes, text__isnull=False).values_list("hash", flat=True)) == hashes
+        )
         sent = requests.get(url + "/healthz", timeout=5).json()
         assert sent["bulk"] >= 1, sent  # the two ranks' batches went up together
         assert sent["batches"] == IngestBatch.objects.filter(run__key=key).count()
@@ -104,8 +131,11 @@ def test_one_bad_batch_duplicates_and_a_server_gone(stack, tmp_path):
         assert sorted({rank for rank, _, _ in per_rank(GradReport.objects.filter(run__key=key))}) == [0, 1]
 
         again = post_together(url, token, [batch(key, 0), batch(key, 1), batch(key, 2)])
-        assert [(o.kind, o.reply.duplicate, o.reply.accepted) for o in again] == [("ok", True, 0), ("ok", True, 0),
-                                                                                   ("ok", False, 1)]
+        assert [(o.kind, o.reply.duplicate, o.reply.accepted) for o in again] == [
+            ("ok", True, 0),
+            ("ok", True, 0),
+            ("ok", False, 1),
+        ]
         direct = post(stack.url, token, encode_body(batch(key, 2)))
         assert direct.kind == "ok" and direct.reply.duplicate
         assert len(per_rank(GradReport.objects.filter(run__key=key))) == 12
@@ -115,7 +145,9 @@ def test_one_bad_batch_duplicates_and_a_server_gone(stack, tmp_path):
         other = f"relay-{uuid.uuid4().hex[:6]}"
         mixed = post_together(url, [token, other_token], [batch(key, 0, seq=1), batch(other, 0)])
         assert [(o.kind, o.reply.accepted) for o in mixed] == [("ok", 1), ("ok", 1)]
-        assert len(per_rank(GradReport.objects.filter(run__key=other, run__project__name__startswith="relay-other"))) == 4
+        assert (
+            len(per_rank(GradReport.objects.filter(run__key=other, run__project__name__startswith="relay-other"))) == 4
+        )
     finally:
         proc.stop()
 

@@ -1,5 +1,6 @@
 """CUDA-era data through the real stack: the TORCH_TRACE logs of a 2-rank H200 job
 (tests/fixtures/trace_211_cuda.tgz) replayed with `python -m agents replay`."""
+
 from __future__ import annotations
 
 import subprocess
@@ -22,7 +23,19 @@ def test_replayed_h200_trace_raises_the_recompile_divergence(stack, tmp_path):
     project, token = project_with_token("replay")
     feed = alert_feed(stack, member_session(project, "rp"))
     key = f"replay-{uuid.uuid4().hex[:6]}"
-    cmd = [sys.executable, "-m", "agents", "replay", str(tmp_path / "trace"), "--run", key, "--url", stack.url, "--token", token]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agents",
+        "replay",
+        str(tmp_path / "trace"),
+        "--run",
+        key,
+        "--url",
+        stack.url,
+        "--token",
+        token,
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     alerts = feed.wait_for({"recompile_divergence"}, 60, run=key)

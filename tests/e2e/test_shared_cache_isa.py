@@ -8,6 +8,7 @@ last poisons the entry (warning). Warm, rank 1 takes the host ISA's entry: on an
 computes garbage (every step the job checks a compiled `sin(x) * y + 1` on 1000 floats against
 eager and prints how many elements differ; critical), on an AVX2 host it crashes building it. Private cache dirs per rank are the control: nothing is shared.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,11 @@ def isa_job(stack, token: str, key: str, tmp_path, per_rank: dict, cache_dir=Non
     env = {"PER_RANK_ENV": json.dumps(per_rank)}
     if cache_dir is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
-    with running(torchrun(stack, token, key, str(WRAPPER), JOB, tmp_path / f"spool-{key}", ranks=2, extra_env=env,
-                          via_agent_cli=False)) as job:
+    with running(
+        torchrun(
+            stack, token, key, str(WRAPPER), JOB, tmp_path / f"spool-{key}", ranks=2, extra_env=env, via_agent_cli=False
+        )
+    ) as job:
         return finish(job) if must_succeed else job.communicate(timeout=180)[0].decode(errors="replace")
 
 
@@ -65,10 +69,29 @@ def elementwise_alert(stack, token: str, key: str, severity: str, timeout: float
 
 def fill_cache(stack, directory) -> None:
     """One rank at the host's ISA runs the same job into an empty cache directory (no agent, like the cold-cache test)."""
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", *JOB[:1], "--steps", "1",
-                    "--elementwise-check"], cwd=ROOT, check=True, capture_output=True, timeout=300,
-                   env={**stack.env, "TORCHINDUCTOR_CACHE_DIR": str(directory), "OMP_NUM_THREADS": "1",
-                        "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "1",
+            *JOB[:1],
+            "--steps",
+            "1",
+            "--elementwise-check",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env={
+            **stack.env,
+            "TORCHINDUCTOR_CACHE_DIR": str(directory),
+            "OMP_NUM_THREADS": "1",
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        },
+    )
 
 
 def test_cold_shared_cache_with_another_isa_on_rank_1_warns(stack, team, tmp_path):
@@ -79,8 +102,15 @@ def test_cold_shared_cache_with_another_isa_on_rank_1_warns(stack, team, tmp_pat
     # The helper is both ranks' first compile, so both miss it. The model compiles after it, and one rank
     # may write its entry before the other looks it up: on an AVX512 host that rank runs it, on an AVX2
     # host the scalar rank crashes building it (the warm test's case), so the exit is not asserted there.
-    output = isa_job(stack, token, key, tmp_path, {"1": LOWER}, cache_dir=tmp_path / "shared-cache",
-                     must_succeed=HOST_ISA == "AVX512")
+    output = isa_job(
+        stack,
+        token,
+        key,
+        tmp_path,
+        {"1": LOWER},
+        cache_dir=tmp_path / "shared-cache",
+        must_succeed=HOST_ISA == "AVX512",
+    )
     feed.wait_for({"rank_specific_artifact"}, 60, run=key)
     helper, found = elementwise_alert(stack, token, key, "warning")
     assert helper["ranks"] == [1]
@@ -108,8 +138,10 @@ def test_warm_shared_cache_loaded_by_a_lower_isa_rank_is_named_and_the_control_i
         _cannot_build_what_it_loaded(stack, token, feed, key, tmp_path, warm)
 
     control = f"isa-ctl-{uuid.uuid4().hex[:6]}"
-    private = {"0": {"TORCHINDUCTOR_CACHE_DIR": str(warm)},
-               "1": {**LOWER, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "rank1-cache")}}
+    private = {
+        "0": {"TORCHINDUCTOR_CACHE_DIR": str(warm)},
+        "1": {**LOWER, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "rank1-cache")},
+    }
     output = isa_job(stack, token, control, tmp_path, private)
     assert not MISMATCH.search(output), output
     assert f"rank 1: elementwise check ({LOWER_ISA}, 2 steps): compiled == eager at every step" in output
@@ -138,8 +170,11 @@ def _loads_and_computes_garbage(stack, token, feed, key, tmp_path, warm) -> None
 
 def _cannot_build_what_it_loaded(stack, token, feed, key, tmp_path, warm) -> None:
     env = {"PER_RANK_ENV": json.dumps({"1": LOWER}), "TORCHINDUCTOR_CACHE_DIR": str(warm)}
-    with running(torchrun(stack, token, key, str(WRAPPER), JOB, tmp_path / f"spool-{key}", ranks=2, extra_env=env,
-                          via_agent_cli=False)) as job:
+    with running(
+        torchrun(
+            stack, token, key, str(WRAPPER), JOB, tmp_path / f"spool-{key}", ranks=2, extra_env=env, via_agent_cli=False
+        )
+    ) as job:
         output = job.communicate(timeout=180)[0].decode(errors="replace")
     assert job.returncode != 0 and "CppCompileError" in output, output[-4000:]
     got = feed.wait_for({"compile_failure_divergence", "rank_crashed"}, 60, run=key)

@@ -4,6 +4,7 @@ and the run page in headless Chromium.
 
 Rank 1 gets a 17-row batch at step 3 (it alone recompiles) and nudges one gradient at step 9.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,20 @@ def test_divergences_reach_websocket_and_run_page(stack, tmp_path):
     session = member_session(project, "alice")
     feed = alert_feed(stack, session)
     run_key = f"e2e-{uuid.uuid4().hex[:8]}"
-    args = ["--steps", str(STEPS), "--sleep", "0.4", "--shape-rank", "1", "--shape-step", str(SHAPE_STEP),
-            "--perturb-rank", "1", "--perturb-step", str(PERTURB_STEP)]
+    args = [
+        "--steps",
+        str(STEPS),
+        "--sleep",
+        "0.4",
+        "--shape-rank",
+        "1",
+        "--shape-step",
+        str(SHAPE_STEP),
+        "--perturb-rank",
+        "1",
+        "--perturb-step",
+        str(PERTURB_STEP),
+    ]
     with running(torchrun(stack, token, run_key, "demo/ddp_job.py", args, tmp_path / "spool")) as job:
         wait_for_run(stack, token, run_key, job)
         with chromium_page(stack.url, session) as page:
@@ -48,13 +61,19 @@ def test_divergences_reach_websocket_and_run_page(stack, tmp_path):
     assert grad["details"]["tie"] is False and grad["details"]["buckets"]
     assert (recompile["ranks"], recompile["step"]) == ([1], SHAPE_STEP)
     assert "size mismatch" in recompile["message"] and recompile["frame"]
-    assert set(feed.latest()) == {"grad_divergence", "recompile_divergence"}  # nothing false
-    assert len({a["id"] for a in feed.alerts}) == 2  # one alert per desync
+    # nothing false: the lone recompile's cache lookups are a finding caused by it, on the same rank
+    assert set(feed.latest()) == {"grad_divergence", "recompile_divergence", "cache_divergence"}
+    lookups = feed.latest()["cache_divergence"]
+    assert lookups["ranks"] == [1] and lookups["details"].get("cause") == "recompile_divergence", lookups
+    assert len({a["id"] for a in feed.alerts}) == 3  # one alert per desync
     progress = [p for p in feed.progress if p["run"] == run_key]
     assert progress and progress[-1]["world_size"] == 3 and progress[-1]["last_step"] is not None
 
     stored = _alerts_once_explained(stack, token, run_key)
-    assert sorted(a["kind"] for a in stored) == ["grad_divergence", "recompile_divergence"]
+    assert sorted(a["kind"] for a in stored) == ["cache_divergence", "grad_divergence", "recompile_divergence"]
+    incidents = api(stack, token, f"/runs/{run_key}/incidents").json()["incidents"]
+    assert {tuple(i["root"]["ranks"]) for i in incidents} == {(1,)}  # every page names rank 1, nobody else
+    assert sorted(a for i in incidents for a in i["alerts"]) == sorted(a["id"] for a in stored)
     [named] = [a["details"]["params"] for a in stored if a["kind"] == "grad_divergence"]
     assert len(named) == 1 and named[0].endswith("0.weight"), named  # the nudged parameter, by name
     [members] = [a["details"]["bucket_params"] for a in stored if a["kind"] == "grad_divergence"]
@@ -70,6 +89,9 @@ def _alerts_once_explained(stack, token: str, run_key: str, timeout: float = 30)
     deadline = time.monotonic() + timeout
     while True:
         alerts = api(stack, token, f"/runs/{run_key}/alerts").json()["alerts"]
-        if any("params" in a["details"] for a in alerts if a["kind"] == "grad_divergence") or time.monotonic() > deadline:
+        if (
+            any("params" in a["details"] for a in alerts if a["kind"] == "grad_divergence")
+            or time.monotonic() > deadline
+        ):
             return alerts
         time.sleep(0.5)

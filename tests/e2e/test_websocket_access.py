@@ -1,4 +1,5 @@
 """Websockets require a session, and only a member of the run's project may subscribe."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,15 @@ def session_of(user) -> str:
 def test_websocket_needs_a_session_of_a_member(stack):
     project, token = project_with_token("ws")
     key = unique("ws-run")
-    assert requests.post(f"{stack.url}/api/v1/ingest", json=make_batch(run=key), timeout=10,
-                         headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert (
+        requests.post(
+            f"{stack.url}/api/v1/ingest",
+            json=make_batch(run=key),
+            timeout=10,
+            headers={"Authorization": f"Bearer {token}"},
+        ).status_code
+        == 200
+    )
     ws_url = stack.url.replace("http", "ws") + f"/ws/runs/{key}/"
     origin = {"Origin": stack.url}
     with pytest.raises(InvalidStatus):
@@ -34,9 +42,14 @@ def test_websocket_needs_a_session_of_a_member(stack):
     with pytest.raises(InvalidStatus):
         connect(ws_url, additional_headers={**origin, "Cookie": f"sessionid={outsider}"}, open_timeout=10)
     with pytest.raises(InvalidStatus):  # a page of another origin cannot ride the user's cookie
-        connect(ws_url, additional_headers={"Origin": "http://evil.example", "Cookie": f"sessionid={outsider}"},
-                open_timeout=10)
+        connect(
+            ws_url,
+            additional_headers={"Origin": "http://evil.example", "Cookie": f"sessionid={outsider}"},
+            open_timeout=10,
+        )
     member = User.objects.create_user(unique("max"))
     project.members.add(member)
-    with connect(ws_url, additional_headers={**origin, "Cookie": f"sessionid={session_of(member)}"}, open_timeout=10) as ws:
+    with connect(
+        ws_url, additional_headers={**origin, "Cookie": f"sessionid={session_of(member)}"}, open_timeout=10
+    ) as ws:
         ws.ping().wait(5)

@@ -1,5 +1,6 @@
 """A Celery worker process killed (SIGKILL, by pid) in the middle of settling a slot: the task is
 redelivered (acks_late, reject on worker lost) and the alert still appears exactly once."""
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,6 @@ import requests
 from django.db import connection
 
 from dashboard.detection.models import Alert
-
 from dashboard.ledger.models import GradSlot
 from tests.conftest import make_batch
 from tests.e2e.jobs import alert_feed, member_session, project_with_token
@@ -25,8 +25,10 @@ def blocked_worker_pid(conn: psycopg.Connection, timeout: float = 30) -> int:
     """The pid of the process whose database session waits on our row lock."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = conn.execute("SELECT application_name FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND application_name LIKE 'lockstep:%'").fetchone()
+        row = conn.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND application_name LIKE 'lockstep:%'"
+        ).fetchone()
         if row:
             return int(row[0].rsplit(":", 1)[1])
         time.sleep(0.1)
@@ -39,17 +41,28 @@ def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client, record_
     run_key = unique("kw-run")
     for rank in (0, 1):
         batch = make_batch(run=run_key, rank=rank, events=[{"t": "grad", "step": 0, "fps": [1, 2]}])
-        assert client.post("/api/v1/ingest", batch, content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+        assert (
+            client.post(
+                "/api/v1/ingest", batch, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+            ).status_code
+            == 200
+        )
     slot = GradSlot.objects.get(run__key=run_key)
     with psycopg.connect(database_url(connection.settings_dict), autocommit=False) as lock:
         # An uncommitted alert with the same identity: the settling task's INSERT waits on it.
-        lock.execute("INSERT INTO dashboard_alert (run_id, kind, subject, severity, state, ranks, message, details, "
-                     "count, first_seen, last_seen, revision, notified_revision) VALUES (%s, 'grad_divergence', "
-                     "'group:ddp', 'critical', 'firing', '{}', '', '{}', 1, now(), now(), 1, 0)", [slot.run_id])
+        lock.execute(
+            "INSERT INTO detection_alert (run_id, kind, subject, severity, state, ranks, message, details, "
+            "count, first_seen, last_seen, revision, notified_revision, resolve_reason) VALUES (%s, "
+            "'grad_divergence', 'group:ddp', 'critical', 'firing', '{}', '', '{}', 1, now(), now(), 1, 0, '')",
+            [slot.run_id],
+        )
         batch = make_batch(run=run_key, rank=2, events=[{"t": "grad", "step": 0, "fps": [1, 9]}])
-        assert requests.post(f"{stack.url}/api/v1/ingest", json=batch, timeout=10,
-                             headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        assert (
+            requests.post(
+                f"{stack.url}/api/v1/ingest", json=batch, timeout=10, headers={"Authorization": f"Bearer {token}"}
+            ).status_code
+            == 200
+        )
         with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as watch:
             victim = blocked_worker_pid(watch)
         assert victim != os.getpid()

@@ -2,6 +2,7 @@
 into a clean venv that has only torch (this environment's, linked in), then a real 2-rank torchrun
 gloo job under it from a folder outside the tree (so every import comes from the wheel), and the
 server's unpacked next to the test environment's packages."""
+
 from __future__ import annotations
 
 import base64
@@ -24,6 +25,7 @@ from tests.stack import ROOT, free_port
 
 pytestmark = pytest.mark.e2e  # real torchrun jobs, like tests/e2e/
 
+
 def _run(args: list, timeout: float = 300, **kw) -> str:
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
     assert done.returncode == 0, f"{args}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
@@ -44,7 +46,11 @@ def _torch_closure() -> list:
         if name in found:
             continue
         found[name] = dist = metadata.distribution(name)
-        todo += [r.name for r in map(Requirement, dist.requires or []) if r.marker is None or r.marker.evaluate({"extra": ""})]
+        todo += [
+            r.name
+            for r in map(Requirement, dist.requires or [])
+            if r.marker is None or r.marker.evaluate({"extra": ""})
+        ]
     return list(found.values())
 
 
@@ -76,8 +82,14 @@ def torch_venv(tmp_path_factory):
     then gives it torch (`_link_torch`)."""
     venv = tmp_path_factory.mktemp("agent-venv")
     base = getattr(sys, "_base_executable", sys.executable)
-    proc = subprocess.Popen([base, "-m", "venv", venv], env=_clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [base, "-m", "venv", venv],
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         yield venv, proc
     finally:
@@ -111,19 +123,36 @@ def agent_venv(torch_venv, dist) -> Path:
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
     _link_torch(venv)
-    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--find-links", dist,
-          "lockstep-agent[cli]"], env=_clean_env())
+    _run(
+        [
+            venv / "bin" / "python",
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            dist,
+            "lockstep-agent[cli]",
+        ],
+        env=_clean_env(),
+    )
     return venv
 
 
 def _pin(requirement: str) -> str:
-    [line] = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith(requirement + "==")]
+    [line] = [
+        line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith(requirement + "==")
+    ]
     return line
 
 
 def test_agent_wheel_needs_msgspec_only_and_never_pulls_torch(dist):
-    requires = [line.split(":", 1)[1].strip() for line in _metadata(_wheel(dist, "lockstep_agent"))
-                if line.startswith("Requires-Dist:")]
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in _metadata(_wheel(dist, "lockstep_agent"))
+        if line.startswith("Requires-Dist:")
+    ]
     assert requires == [_pin("msgspec"), f"{_pin('websockets')}; extra == 'cli'"]
     with zipfile.ZipFile(_wheel(dist, "lockstep_agent")) as z:
         names = set(z.namelist())
@@ -137,12 +166,25 @@ def test_agent_from_the_wheel_runs_a_two_rank_job_offline(agent_venv, tmp_path):
     (job / "ddp_job.py").write_text((ROOT / "demo" / "ddp_job.py").read_text())
     spool = tmp_path / "spool"
     python = agent_venv / "bin" / "python"
-    env = _clean_env(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_RUN="from-wheel",
-                     LOCKSTEP_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1",
-                     TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONFAULTHANDLER="1")
-    where = _run([python, "-c", "import agents, lockstep_cli, msgspec, torch, sys; "
-                  "print(agents.__file__, lockstep_cli.__file__, torch.__version__, 'django' in sys.modules)"],
-                 cwd=job, env=env).split()
+    env = _clean_env(
+        LOCKSTEP_OFFLINE="1",
+        LOCKSTEP_SPOOL_DIR=str(spool),
+        LOCKSTEP_RUN="from-wheel",
+        LOCKSTEP_CACHE_DIR=str(tmp_path / "cache"),
+        OMP_NUM_THREADS="1",
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        PYTHONFAULTHANDLER="1",
+    )
+    where = _run(
+        [
+            python,
+            "-c",
+            "import agents, lockstep_cli, msgspec, torch, sys; "
+            "print(agents.__file__, lockstep_cli.__file__, torch.__version__, 'django' in sys.modules)",
+        ],
+        cwd=job,
+        env=env,
+    ).split()
     site = str(agent_venv / "lib")
     assert where[0].startswith(site) and where[1].startswith(site), where
     assert where[2].startswith("2.13.0") and where[3] == "False"
@@ -150,15 +192,37 @@ def test_agent_from_the_wheel_runs_a_two_rank_job_offline(agent_venv, tmp_path):
     assert "usage: lockstep" in _run([agent_venv / "bin" / "lockstep", "--help"], cwd=job, env=env)
 
     steps = 3
-    _run([python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", free_port(), "-m", "agents",
-          "run", "ddp_job.py", "--steps", steps, "--depth", "1", "--backend", "gloo"], cwd=job, env=env, timeout=240)
+    _run(
+        [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            free_port(),
+            "-m",
+            "agents",
+            "run",
+            "ddp_job.py",
+            "--steps",
+            steps,
+            "--depth",
+            "1",
+            "--backend",
+            "gloo",
+        ],
+        cwd=job,
+        env=env,
+        timeout=240,
+    )
 
     events = _spooled_events(spool)
     assert set(events) == {0, 1}
     grads = {rank: _grad_steps(evs) for rank, evs in events.items()}
     assert sorted(grads[0]) == sorted(grads[1]) == list(range(steps))
     assert grads[0] == grads[1]  # DDP replicas: bitwise-equal gradients, fingerprinted alike on both ranks
-    for rank, evs in events.items():
+    for evs in events.values():
         kinds = [e["t"] for e in evs]
         assert kinds.count("rank_start") >= 1 and kinds[-1] == "rank_end", kinds
         assert any(e["t"] == "compile" and e.get("status", "ok") == "ok" for e in evs)  # torch.compile's graphs
@@ -184,9 +248,9 @@ def _grad_steps(events: list[dict]) -> dict[int, list[int]]:
             steps[e["step"]] = e["fps"]
         elif e["t"] == "grads":
             raw, n = base64.b64decode(e["fps"]), e["buckets"]
-            values = [int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)]
+            values = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
             for i in range(e.get("steps", 1)):
-                steps[e["step"] + i * e.get("stride", 1)] = values[i * n:(i + 1) * n]
+                steps[e["step"] + i * e.get("stride", 1)] = values[i * n : (i + 1) * n]
     return steps
 
 
@@ -211,9 +275,14 @@ def test_server_wheel_holds_settings_templates_static_and_migrations(dist, tmp_p
         "    'migrations': sorted(f'{app}.{name}' for app, name in disk),\n"
         "    'migration_files': sorted({sys.modules[type(m).__module__].__file__ for m in disk.values()})}))\n"
     )
-    env = _clean_env(PYTHONPATH=str(target), DJANGO_SETTINGS_MODULE="dashboard.settings", SECRET_KEY="wheel-check",
-                     DATABASE_URL="postgresql://nobody@127.0.0.1:1/none", REDIS_URL="redis://127.0.0.1:1/0",
-                     LOCKSTEP_DATA_DIR=str(tmp_path / "data"))
+    env = _clean_env(
+        PYTHONPATH=str(target),
+        DJANGO_SETTINGS_MODULE="dashboard.settings",
+        SECRET_KEY="wheel-check",
+        DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
+        REDIS_URL="redis://127.0.0.1:1/0",
+        LOCKSTEP_DATA_DIR=str(tmp_path / "data"),
+    )
     env.pop("LOCKSTEP_BEAT_SCHEDULE", None)
     found = json.loads(_run([sys.executable, "-c", probe], cwd=tmp_path, env=env))
     for key in ("dashboard", "template", "login", "static", "native_c"):
@@ -223,14 +292,23 @@ def test_server_wheel_holds_settings_templates_static_and_migrations(dist, tmp_p
     assert found["beat"] == str(tmp_path / "data" / "celerybeat-schedule")
     env.pop("LOCKSTEP_DATA_DIR")  # an installed server's default data folder: the user's, not site-packages
     env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME="")
-    beat = _run([sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
-                 "print(settings.CELERY_BEAT_SCHEDULE_FILENAME)"], cwd=tmp_path, env=env).strip()
+    beat = _run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.CELERY_BEAT_SCHEDULE_FILENAME)",
+        ],
+        cwd=tmp_path,
+        env=env,
+    ).strip()
     assert beat == str(tmp_path / "home" / ".local" / "share" / "lockstep" / "celerybeat-schedule")
     with zipfile.ZipFile(_wheel(dist, "lockstep")) as z:
         scripts = z.read(next(n for n in z.namelist() if n.endswith("entry_points.txt"))).decode()
     assert "lockstep = lockstep_cli.main:main" in scripts and "lockstep-agent = agents.cli:main" in scripts
-    assert [line for line in _metadata(_wheel(dist, "lockstep")) if line.startswith("Requires-Dist: torch")] == \
-        [f"Requires-Dist: {_pin('torch')}"]
+    assert [line for line in _metadata(_wheel(dist, "lockstep")) if line.startswith("Requires-Dist: torch")] == [
+        f"Requires-Dist: {_pin('torch')}"
+    ]
 
 
 def _tree_migrations() -> list[str]:

@@ -1,38 +1,94 @@
 """Each rule's own tests, on plain report objects: a rule is a pure function of one settled slot."""
+
 from types import SimpleNamespace
 
 from dashboard.detection.consensus import consensus
 from dashboard.detection.rules import CompileSlotView, GradSlotView, RunView, evaluate
 
 COMPILE_DEFAULTS = {
-    "step": 3, "status": "ok", "fail_type": None, "fail_reason": None, "recompile_reason": None,
-    "graph_norm": "a" * 16, "graph_raw": "a" * 16, "code_norm": "c" * 16, "code_raw": "c" * 16,
-    "compile_time": 2.0, "cache": {}, "detail": {"counts": {"graph_op_count": 12}},
+    "step": 3,
+    "status": "ok",
+    "fail_type": None,
+    "fail_reason": None,
+    "recompile_reason": None,
+    "graph_norm": "a" * 16,
+    "graph_raw": "a" * 16,
+    "code_norm": "c" * 16,
+    "code_raw": "c" * 16,
+    "compile_time": 2.0,
+    "cache": {},
+    "detail": {"counts": {"graph_op_count": 12}},
 }
 
 
-def grad_view(fps_by_rank: dict[int, list[int]], step: int = 5, nonfinite: dict | None = None, group: str = "ddp",
-              baseline: list[int] | None = None) -> GradSlotView:
+def grad_view(
+    fps_by_rank: dict[int, list[int]],
+    step: int = 5,
+    nonfinite: dict | None = None,
+    group: str = "ddp",
+    baseline: list[int] | None = None,
+) -> GradSlotView:
     nonfinite = nonfinite or {}
     reports = {r: SimpleNamespace(fps=fps, nonfinite=nonfinite.get(r, 0)) for r, fps in fps_by_rank.items()}
     verdict = consensus({r: tuple(f) for r, f in fps_by_rank.items()})
-    return GradSlotView(step, group, reports, verdict, len(reports),
-                        tuple(baseline) if baseline is not None else None, "base-run" if baseline is not None else None)
+    return GradSlotView(
+        step,
+        group,
+        reports,
+        verdict,
+        len(reports),
+        tuple(baseline) if baseline is not None else None,
+        "base-run" if baseline is not None else None,
+    )
 
 
-def compile_view(reports: dict[int, dict], index: int = 1, accountable: set[int] | None = None,
-                 frame: str = "train.py:10:forward", rank_info: dict | None = None,
-                 graph_breaks: list | None = None) -> CompileSlotView:
+def compile_view(
+    reports: dict[int, dict],
+    index: int = 1,
+    accountable: set[int] | None = None,
+    frame: str = "train.py:10:forward",
+    rank_info: dict | None = None,
+    graph_breaks: list | None = None,
+) -> CompileSlotView:
     rows = {r: SimpleNamespace(**{**COMPILE_DEFAULTS, **fields}) for r, fields in reports.items()}
-    return CompileSlotView(frame, index, rows, accountable if accountable is not None else set(rows), len(rows),
-                           rank_info or {}, graph_breaks or [])
+    return CompileSlotView(
+        frame,
+        index,
+        rows,
+        accountable if accountable is not None else set(rows),
+        len(rows),
+        rank_info or {},
+        graph_breaks or [],
+    )
 
 
-def run_view(last_seen: dict[int, float], ended: set[int] | None = None, silent_after: float = 60,
-             compile_seconds: float = 0, wall_seconds: float = 0, crashes: dict | None = None,
-             progress: dict | None = None, timeout: float | None = None, warn_after: float = 10.0) -> RunView:
-    return RunView(1, len(last_seen), last_seen, ended or set(), silent_after, compile_seconds, wall_seconds,
-                   crashes or {}, progress or {}, timeout, warn_after)
+def run_view(
+    last_seen: dict[int, float],
+    ended: set[int] | None = None,
+    silent_after: float = 60,
+    crashes: dict | None = None,
+    progress: dict | None = None,
+    timeout: float | None = None,
+    warn_after: float = 10.0,
+    lost_after: float = 12.0,
+    now: float = 1100.0,
+    compile_cost: dict | None = None,
+) -> RunView:
+    """`now` defaults to past the consequences' grace window of crashes ending near t=1000."""
+    return RunView(
+        run_id=1,
+        world_size=len(last_seen),
+        last_seen=last_seen,
+        ended=ended or set(),
+        silent_after=silent_after,
+        crashes=crashes or {},
+        progress=progress or {},
+        collective_timeout_s=timeout,
+        hang_warn_after=warn_after,
+        lost_after=lost_after,
+        now=now,
+        compile_cost=compile_cost,
+    )
 
 
 def findings_of(view, kind: str) -> list:

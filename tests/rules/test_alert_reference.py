@@ -1,5 +1,6 @@
 """docs/alerts.md is what an on-call engineer reads at 3 a.m.: every registered kind has its row
 there (severity, when it fires, typical causes, what to do) and its own test module."""
+
 from pathlib import Path
 
 from dashboard.detection import rules

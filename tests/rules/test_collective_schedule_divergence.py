@@ -13,5 +13,7 @@ def test_one_rank_issues_another_collective_sequence():
 
 def test_no_collectives_or_equal_ones_are_fine():
     assert findings_of(compile_view({0: {}, 1: {}}, index=0), "collective_schedule_divergence") == []
-    assert findings_of(compile_view({0: sched("a" * 16), 1: sched("a" * 16)}, index=0),
-                       "collective_schedule_divergence") == []
+    assert (
+        findings_of(compile_view({0: sched("a" * 16), 1: sched("a" * 16)}, index=0), "collective_schedule_divergence")
+        == []
+    )

@@ -2,8 +2,9 @@ from tests.rules import compile_view, findings_of
 
 
 def test_failure_on_one_rank():
-    view = compile_view({0: {}, 1: {"status": "failed", "fail_type": "BackendCompilerFailed", "fail_reason": "boom"}, 2: {}},
-                        index=0)
+    view = compile_view(
+        {0: {}, 1: {"status": "failed", "fail_type": "BackendCompilerFailed", "fail_reason": "boom"}, 2: {}}, index=0
+    )
     [f] = findings_of(view, "compile_failure_divergence")
     assert f.ranks == (1,) and f.severity == "warning"
     assert "BackendCompilerFailed" in f.message

@@ -1,4 +1,4 @@
-from dashboard.detection.rules import evaluate
+from dashboard.detection.rules import clean_subjects, evaluate
 from tests.rules import grad_view
 
 
@@ -24,3 +24,19 @@ def test_two_ranks_tie_is_reported_against_rank_0():
     [finding] = kinds(evaluate(grad_view({0: [1], 1: [2]})), "grad_divergence")
     assert finding.ranks == (1,)
     assert finding.details["tie"] is True
+
+
+def test_only_agreeing_weights_of_every_rank_resolve_it():
+    """The weights differ from the update on: a later clean gradient slot proves nothing."""
+    clean_grads = grad_view({0: [1, 2], 1: [1, 2], 2: [1, 2]}, step=8)
+    assert ("grad_divergence", "group:ddp") not in clean_subjects(clean_grads, evaluate(clean_grads))
+    assert ("nonfinite_grad", "group:ddp") not in clean_subjects(clean_grads, evaluate(clean_grads))
+    weights = grad_view({0: [4, 5], 1: [4, 5], 2: [4, 5]}, step=9, group="param:ddp")
+    cleared = clean_subjects(weights, evaluate(weights))
+    assert ("grad_divergence", "group:ddp") in cleared and ("nonfinite_grad", "group:ddp") in cleared
+    differing = grad_view({0: [4, 5], 1: [4, 6], 2: [4, 5]}, step=9, group="param:ddp")
+    assert [f.kind for f in evaluate(differing)] == ["param_divergence"]
+    assert ("grad_divergence", "group:ddp") not in clean_subjects(differing, evaluate(differing))
+    partial = grad_view({0: [4, 5], 2: [4, 5]}, step=9, group="param:ddp")
+    partial.world_size = 3  # rank 1, the one that diverged, did not fingerprint its weights
+    assert ("grad_divergence", "group:ddp") not in clean_subjects(partial, evaluate(partial))

@@ -1,21 +1,43 @@
 """rank_crashed: one alert per rank that ended badly, naming the exception and the compile just before."""
+
 from dashboard.detection.rules import clean_subjects, evaluate
 from tests.rules import findings_of, run_view
 
 KEY = "fxk4gqcsmvwzj3uxt2l5z3c6b5nqzvq3z3jx3a7y2kq5t3gqkq4a"
 
 
-def crash(status="error", exit_code=1, reason="RuntimeError: CUDA error: an illegal memory access",
-          exc_type="RuntimeError", where="model/net.py:88 forward", ended_at=1000.0, last_step=2,
-          compiled: dict | None = None) -> dict:
-    return {"status": status, "exit_code": exit_code, "reason": reason, "exc_type": exc_type, "where": where,
-            "ended_at": ended_at, "last_step": last_step, "last_compile": compiled}
+def crash(
+    status="error",
+    exit_code=1,
+    reason="RuntimeError: CUDA error: an illegal memory access",
+    exc_type="RuntimeError",
+    where="model/net.py:88 forward",
+    ended_at=1000.0,
+    last_step=2,
+    compiled: dict | None = None,
+) -> dict:
+    return {
+        "status": status,
+        "exit_code": exit_code,
+        "reason": reason,
+        "exc_type": exc_type,
+        "where": where,
+        "ended_at": ended_at,
+        "last_step": last_step,
+        "last_compile": compiled,
+    }
 
 
 def compiled(outcome="hit", seconds_before_end=0.4, status="ok", step=3) -> dict:
-    return {"frame": "model/net.py:40:forward", "index": 0, "step": step, "status": status,
-            "cache": {"aotautograd": outcome, "inductor": outcome}, "cache_keys": {"inductor": KEY},
-            "seconds_before_end": seconds_before_end}
+    return {
+        "frame": "model/net.py:40:forward",
+        "index": 0,
+        "step": step,
+        "status": status,
+        "cache": {"aotautograd": outcome, "inductor": outcome},
+        "cache_keys": {"inductor": KEY},
+        "seconds_before_end": seconds_before_end,
+    }
 
 
 def ended(crashes: dict, live: dict | None = None, **kw):
@@ -26,9 +48,17 @@ def ended(crashes: dict, live: dict | None = None, **kw):
 
 def test_crash_right_after_loading_a_cached_artifact():
     [f] = findings_of(ended({1: crash(compiled=compiled("hit"))}, live={0: 1.0}), "rank_crashed")
-    assert (f.severity, f.ranks, f.subject, f.step, f.frame) == ("critical", (1,), "rank:1", 3, "model/net.py:40:forward")
-    assert f.message == ("Rank 1 crashed: RuntimeError: CUDA error: an illegal memory access at model/net.py:88 forward "
-                         "(step 3), right after loading cached Inductor artifact fxk4gqcsmvwz… of frame model/net.py:40:forward")
+    assert (f.severity, f.ranks, f.subject, f.step, f.frame) == (
+        "critical",
+        (1,),
+        "rank:1",
+        3,
+        "model/net.py:40:forward",
+    )
+    assert f.message == (
+        "Rank 1 crashed: RuntimeError: CUDA error: an illegal memory access at model/net.py:88 forward "
+        "(step 3), right after loading cached Inductor artifact fxk4gqcsmvwz… of frame model/net.py:40:forward"
+    )
     assert f.details["exc_type"] == "RuntimeError" and f.details["last_compile"]["key"] == KEY
     assert "rank_specific_artifact" in f.details["hint"]
 
@@ -59,39 +89,91 @@ def test_a_compile_outside_the_steps_counts_when_it_was_just_before():
     assert old.frame is None and "compiling" not in old.message
 
 
-def test_one_alert_per_crashed_rank_and_the_ranks_torchrun_stopped_are_named_not_paged():
-    sigterm = dict(status="signal", exit_code=143, reason="SIGTERM", exc_type=None, where=None)
-    crashes = {1: crash(), 2: crash(reason="ValueError: bad batch", where="data.py:12 load"),
-               0: crash(**sigterm, ended_at=1001.0), 3: crash(**sigterm, ended_at=1001.5)}
+SIGTERM = dict(status="signal", exit_code=143, reason="SIGTERM", exc_type=None, where=None)
+GLOO_LOST = dict(
+    reason="RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+    "peer [127.0.0.1]:28047",
+    exc_type="RuntimeError",
+    where="train.py:40 step",
+)
+
+
+def by_severity(found: list) -> dict[str, list]:
+    return {sev: [f.ranks for f in found if f.severity == sev] for sev in ("critical", "warning")}
+
+
+def test_ranks_that_crashed_on_their_own_are_roots_and_the_ranks_torchrun_stopped_their_consequences():
+    crashes = {
+        1: crash(),
+        2: crash(reason="ValueError: bad batch", where="data.py:12 load"),
+        0: crash(**SIGTERM, ended_at=1001.0),
+        3: crash(**SIGTERM, ended_at=1001.5),
+    }
     found = findings_of(ended(crashes), "rank_crashed")
-    assert [f.ranks for f in found] == [(1,), (2,)]
-    assert found[1].details["stopped_after"] == [0, 3] and "ranks 0, 3 then stopped by a signal" in found[1].message
+    assert by_severity(found) == {"critical": [(1,), (2,)], "warning": [(0,), (3,)]}
+    assert found[1].details["stopped_after"] == [0, 3] and "ranks 0, 3 then lost it or were stopped" in found[1].message
+    assert [f.details["consequence_of"] for f in found if f.severity == "warning"] == [1, 1]
+    assert "consequence_of" not in found[0].details
 
 
-def test_a_job_stopped_from_outside_pages_once():
-    sigterm = dict(status="signal", exit_code=143, reason="SIGTERM", exc_type=None, where=None)
-    crashes = {0: crash(**sigterm, ended_at=1000.2), 1: crash(**sigterm, ended_at=1000.1), 2: crash(**sigterm, ended_at=1000.3)}
-    [f] = findings_of(ended(crashes), "rank_crashed")
-    assert f.ranks == (1,) and f.message == ("Rank 1 was stopped by SIGTERM, exit code 143 (step 3); "
-                                   "ranks 0, 2 then stopped by a signal")
-    assert "launcher" in f.details["hint"]
+def test_a_job_stopped_from_outside_waits_for_its_root_then_pages_once():
+    crashes = {
+        0: crash(**SIGTERM, ended_at=1000.2),
+        1: crash(**SIGTERM, ended_at=1000.1),
+        2: crash(**SIGTERM, ended_at=1000.3),
+    }
+    assert findings_of(ended(crashes, now=1010.0), "rank_crashed") == []  # inside the grace window: who did it?
+    found = findings_of(ended(crashes, now=1020.2), "rank_crashed")
+    assert by_severity(found) == {"critical": [(1,)], "warning": [(0,), (2,)]}
+    assert (
+        found[0].message
+        == "Rank 1 was stopped by SIGTERM, exit code 143 (step 3); ranks 0, 2 then lost it or were stopped"
+    )
+    assert "launcher" in found[0].details["hint"]
 
 
-def test_ranks_stopped_after_a_rank_was_killed_outright_are_left_to_rank_silent():
-    sigterm = dict(status="signal", exit_code=143, reason="SIGTERM", exc_type=None, where=None)
-    view = ended({0: crash(**sigterm), 1: crash(**sigterm)}, live={2: 90.0}, silent_after=20)
-    assert findings_of(view, "rank_crashed") == []
+def test_peers_that_lost_a_rank_killed_outright_wait_for_it_and_name_it():
+    lost = {0: crash(**GLOO_LOST, ended_at=1000.0), 1: crash(**GLOO_LOST, ended_at=1000.4)}
+    early = ended(lost, live={2: 6.0}, now=1005.0)  # rank 2's last heartbeat was 6 s ago: not known dead yet
+    assert findings_of(early, "rank_crashed") == [] and findings_of(early, "rank_silent") == []
+    later = ended(lost, live={2: 12.5}, now=1011.5)
+    [silent] = findings_of(later, "rank_silent")
+    assert silent.ranks == (2,) and silent.details["lost"] and "never ended" in silent.message
+    found = findings_of(later, "rank_crashed")
+    assert by_severity(found) == {"critical": [], "warning": [(0,), (1,)]}
+    assert {f.details["consequence_of"] for f in found} == {2}
+    assert "it lost its connection to rank 2" in found[0].message
+
+
+def test_a_lost_peer_error_names_its_root_whatever_the_backend_says():
+    for reason in (
+        "NCCL error: remote process exited or there was a network error",
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE)",
+        "RuntimeError: NCCL communicator was aborted on rank 0",
+        "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer",
+    ):
+        found = findings_of(ended({0: crash(reason=reason), 1: crash(ended_at=999.0)}), "rank_crashed")
+        assert by_severity(found) == {"critical": [(1,)], "warning": [(0,)]}, reason
+
+
+def test_ranks_stopped_after_a_rank_was_killed_outright_are_its_consequences():
+    view = ended({0: crash(**SIGTERM), 1: crash(**SIGTERM)}, live={2: 90.0}, silent_after=20)
+    found = findings_of(view, "rank_crashed")
+    assert by_severity(found) == {"critical": [], "warning": [(0,), (1,)]}
     assert [f.ranks for f in findings_of(view, "rank_silent")] == [(2,)]
 
 
 def test_a_non_zero_exit_without_an_exception():
-    [f] = findings_of(ended({0: crash(status="ok", exit_code=3, reason=None, exc_type=None, where=None)}), "rank_crashed")
+    [f] = findings_of(
+        ended({0: crash(status="ok", exit_code=3, reason=None, exc_type=None, where=None)}), "rank_crashed"
+    )
     assert f.message == "Rank 0 exited with code 3 (step 3)"
 
 
 def test_an_abort_without_a_reason():
-    [f] = findings_of(ended({0: crash(status="abort", exit_code=None, reason=None, where=None, last_step=None)}),
-                      "rank_crashed")
+    [f] = findings_of(
+        ended({0: crash(status="abort", exit_code=None, reason=None, where=None, last_step=None)}), "rank_crashed"
+    )
     assert f.message == "Rank 0 ended with status abort"
 
 

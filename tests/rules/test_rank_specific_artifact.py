@@ -1,4 +1,5 @@
 """rank_specific_artifact fires only where ranks really share a cache directory and one FX key."""
+
 from dashboard.detection.rules.rank_specific_artifact import cache_location
 from tests.rules import compile_view, findings_of
 
@@ -8,19 +9,32 @@ NFS = {"path": "/mnt/shared/inductor", "fs": "nfs4", "fsid": "0", "shared": True
 
 def local_rank(host: str, path: str = "/tmp/torchinductor_root", **facts) -> dict:
     """rank_start facts of a current agent whose cache dir is on a local filesystem."""
-    return {"host": host, "device": facts.pop("device", "cpu"), "cache_dirs": {"inductor": path},
-            "cache_fs": {"inductor": {"path": path, "fs": "ext4", "fsid": f"{host}-fsid", "shared": False}},
-            "codegen": {"cpu_capability": facts.pop("isa", "AVX512")}}
+    return {
+        "host": host,
+        "device": facts.pop("device", "cpu"),
+        "cache_dirs": {"inductor": path},
+        "cache_fs": {"inductor": {"path": path, "fs": "ext4", "fsid": f"{host}-fsid", "shared": False}},
+        "codegen": {"cpu_capability": facts.pop("isa", "AVX512")},
+    }
 
 
 def nfs_rank(host: str, isa: str) -> dict:
-    return {"host": host, "device": "cpu", "cache_dirs": {"inductor": "/shared/inductor"},
-            "cache_fs": {"inductor": NFS}, "codegen": {"cpu_capability": isa}}
+    return {
+        "host": host,
+        "device": "cpu",
+        "cache_dirs": {"inductor": "/shared/inductor"},
+        "cache_fs": {"inductor": NFS},
+        "codegen": {"cpu_capability": isa},
+    }
 
 
 def compiled(outcome: str, code_raw: str, code_norm: str | None = None, key: str = KEY) -> dict:
-    return {"cache": {"inductor": outcome, "aotautograd": outcome}, "code_raw": code_raw,
-            "code_norm": code_norm or code_raw, "detail": {"cache_keys": {"inductor": key, "aotautograd": "a" + key}}}
+    return {
+        "cache": {"inductor": outcome, "aotautograd": outcome},
+        "code_raw": code_raw,
+        "code_norm": code_norm or code_raw,
+        "detail": {"cache_keys": {"inductor": key, "aotautograd": "a" + key}},
+    }
 
 
 def on_device(fields: dict, rank: int) -> dict:
@@ -30,12 +44,23 @@ def on_device(fields: dict, rank: int) -> dict:
 
 def test_same_key_different_code_written_by_ranks_sharing_one_dir_is_a_warning():
     info = {0: local_rank("node1", device="cuda:0"), 1: local_rank("node1", device="cuda:1")}
-    view = compile_view({0: on_device(compiled("miss", "raw0", "norm"), 0), 1: on_device(compiled("miss", "raw1", "norm"), 1)},
-                        index=0, rank_info=info)
+    view = compile_view(
+        {0: on_device(compiled("miss", "raw0", "norm"), 0), 1: on_device(compiled("miss", "raw1", "norm"), 1)},
+        index=0,
+        rank_info=info,
+    )
     [f] = findings_of(view, "rank_specific_artifact")
-    assert (f.severity, f.ranks, f.subject, f.frame) == ("warning", (1,), "frame:train.py:10:forward", "train.py:10:forward")
+    assert (f.severity, f.ranks, f.subject, f.frame) == (
+        "warning",
+        (1,),
+        "frame:train.py:10:forward",
+        "train.py:10:forward",
+    )
     assert f.details["diff"] == "rank-specific text only" and f.details["key"] == KEY
-    assert f.details["shared_dir"] == "/tmp/torchinductor_root" and f.details["location"] == "/tmp/torchinductor_root on host node1"
+    assert (
+        f.details["shared_dir"] == "/tmp/torchinductor_root"
+        and f.details["location"] == "/tmp/torchinductor_root on host node1"
+    )
     assert f.details["code"]["1"] == {"raw": "raw1", "norm": "norm"}
     assert f.details["codegen"]["1"] == {"cpu_capability": "AVX512", "device": "cuda:1"}
     assert "differ only in rank-specific text" in f.message and "fx5tq2ajmnbd…" in f.message
@@ -55,7 +80,9 @@ def test_generated_code_differs_and_the_message_names_the_other_isa():
 def test_a_rank_loading_an_entry_while_isas_differ_is_critical():
     """The reproduced case: AVX512 and AVX2 ranks get one FX key; the AVX2 rank loads AVX512 code."""
     info = {0: nfs_rank("a", "AVX512"), 1: nfs_rank("b", "AVX2")}
-    view = compile_view({0: compiled("miss", "avx512-code"), 1: compiled("hit", "avx512-code")}, index=0, rank_info=info)
+    view = compile_view(
+        {0: compiled("miss", "avx512-code"), 1: compiled("hit", "avx512-code")}, index=0, rank_info=info
+    )
     [f] = findings_of(view, "rank_specific_artifact")
     assert f.severity == "critical" and f.ranks == (1,) and f.details["tie"]
     assert f.details["loaded"] == [1] and f.details["loaded_from"] == {"1": 0}
@@ -65,8 +92,9 @@ def test_a_rank_loading_an_entry_while_isas_differ_is_critical():
 
 def test_a_gpu_rank_loading_another_gpus_entry_is_critical():
     info = {r: local_rank("node1", device=f"cuda:{r}") for r in range(3)}
-    view = compile_view({r: on_device(compiled("miss" if r == 0 else "hit", "x"), r) for r in range(3)},
-                        index=0, rank_info=info)
+    view = compile_view(
+        {r: on_device(compiled("miss" if r == 0 else "hit", "x"), r) for r in range(3)}, index=0, rank_info=info
+    )
     [f] = findings_of(view, "rank_specific_artifact")
     assert f.severity == "critical" and f.ranks == (1, 2)
     assert "rank 1 runs with device=cuda:1, rank 2 runs with device=cuda:2, the others cuda:0" in f.message
@@ -81,16 +109,20 @@ def test_the_gpu_does_not_count_for_a_graph_that_does_not_name_it():
 
 def test_critical_names_the_ranks_off_the_majority():
     info = {0: nfs_rank("a", "AVX512"), 1: nfs_rank("a", "AVX512"), 2: nfs_rank("b", "AVX2")}
-    view = compile_view({0: compiled("miss", "x"), 1: compiled("hit", "y"), 2: compiled("hit", "z")},
-                        index=0, rank_info=info)
+    view = compile_view(
+        {0: compiled("miss", "x"), 1: compiled("hit", "y"), 2: compiled("hit", "z")}, index=0, rank_info=info
+    )
     [f] = findings_of(view, "rank_specific_artifact")
     assert f.severity == "critical" and f.ranks == (2,) and not f.details["tie"] and f.details["loaded"] == [1, 2]
 
 
 def test_a_load_of_exactly_another_targets_code_is_critical_whatever_the_keys():
     info = {0: nfs_rank("a", "AVX512"), 1: nfs_rank("b", "AVX2")}
-    view = compile_view({0: compiled("miss", "avx512-code", key="fxA,fxB"), 1: compiled("hit", "avx512-code", key="fxA")},
-                        index=0, rank_info=info)
+    view = compile_view(
+        {0: compiled("miss", "avx512-code", key="fxA,fxB"), 1: compiled("hit", "avx512-code", key="fxA")},
+        index=0,
+        rank_info=info,
+    )
     [f] = findings_of(view, "rank_specific_artifact")
     assert f.severity == "critical" and f.ranks == (1,) and f.details["loaded_from"] == {"1": 0}
     assert "rank 1 (cpu_capability=AVX2) loaded the code rank 0 compiled (cpu_capability=AVX512)" in f.message
@@ -98,23 +130,40 @@ def test_a_load_of_exactly_another_targets_code_is_critical_whatever_the_keys():
 
 def test_loads_among_ranks_of_one_target_are_fine():
     info = {r: nfs_rank(f"h{r}", "AVX512") for r in range(3)}
-    view = compile_view({0: compiled("miss", "x"), 1: compiled("hit", "y"), 2: compiled("hit", "y")},
-                        index=0, rank_info=info)
+    view = compile_view(
+        {0: compiled("miss", "x"), 1: compiled("hit", "y"), 2: compiled("hit", "y")}, index=0, rank_info=info
+    )
     assert findings_of(view, "rank_specific_artifact") == []
 
 
 def test_per_rank_keys_on_a_multi_gpu_node_are_harmless():
     """Shaped like the recorded 2 x H200 job: one host, default cache dir, cuda:0 / cuda:1, the same
     normalized graph, code that differs even after normalization, and an FX key per rank."""
-    old_agent = {r: {"host": "vm", "device": f"cuda:{r}", "local_rank": r,
-                     "cache_dirs": {"inductor": "/tmp/torchinductor_root"}} for r in range(2)}
+    old_agent = {
+        r: {"host": "vm", "device": f"cuda:{r}", "local_rank": r, "cache_dirs": {"inductor": "/tmp/torchinductor_root"}}
+        for r in range(2)
+    }
     reports = {
-        0: {**compiled("miss", "f04f2f72d0ef74a960ec0a2d3ffa74ab", "9dc766cb6a4e831b75107c60a670dbc9",
-                       key="fcqtahki64lkaef5l7zbt66a2u7lphobxi4yafd3ueqibjs24hbm"),
-            "graph_raw": "81e43d81a04d6866fe5586f694db99c5", "graph_norm": "bcfc564c04f824ea1eff03d2948b06be"},
-        1: {**compiled("miss", "201c7bc292516a988dd022e3d715d4a0", "8bfa35f95490d20e89e29d8b1d34f092",
-                       key="frfowhg4wszow5fyabjio6wz3iawhixr6o4hbieawjiaxutlakpn"),
-            "graph_raw": "c2f1b71f55e157990167c37da8ddc209", "graph_norm": "bcfc564c04f824ea1eff03d2948b06be"},
+        0: {
+            **compiled(
+                "miss",
+                "f04f2f72d0ef74a960ec0a2d3ffa74ab",
+                "9dc766cb6a4e831b75107c60a670dbc9",
+                key="fcqtahki64lkaef5l7zbt66a2u7lphobxi4yafd3ueqibjs24hbm",
+            ),
+            "graph_raw": "81e43d81a04d6866fe5586f694db99c5",
+            "graph_norm": "bcfc564c04f824ea1eff03d2948b06be",
+        },
+        1: {
+            **compiled(
+                "miss",
+                "201c7bc292516a988dd022e3d715d4a0",
+                "8bfa35f95490d20e89e29d8b1d34f092",
+                key="frfowhg4wszow5fyabjio6wz3iawhixr6o4hbieawjiaxutlakpn",
+            ),
+            "graph_raw": "c2f1b71f55e157990167c37da8ddc209",
+            "graph_norm": "bcfc564c04f824ea1eff03d2948b06be",
+        },
     }
     assert findings_of(compile_view(reports, index=0, rank_info=old_agent), "rank_specific_artifact") == []
     current = {r: local_rank("vm", device=f"cuda:{r}") for r in range(2)}

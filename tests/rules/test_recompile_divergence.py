@@ -36,8 +36,9 @@ def test_same_recompile_everywhere_is_fine():
 
 
 def test_another_reason_on_one_rank():
-    view = compile_view({0: {"recompile_reason": REASON}, 1: {"recompile_reason": "grad mode changed"},
-                         2: {"recompile_reason": REASON}})
+    view = compile_view(
+        {0: {"recompile_reason": REASON}, 1: {"recompile_reason": "grad mode changed"}, 2: {"recompile_reason": REASON}}
+    )
     [finding] = recompiles(view)
     assert finding.ranks == (1,)
     assert "grad mode changed" in finding.message

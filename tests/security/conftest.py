@@ -1,5 +1,6 @@
 """The adversarial suite (issue 17): a real stack (uvicorn + Celery, tests/stack.py) and two
 projects, A (the victim) and B (the attacker), each with a token and a member's session."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,8 +41,12 @@ class Victim(Side):
 def _side(stack, name: str) -> tuple[Project, str, str, str]:
     project, token = project_with_token(name)
     key = unique(f"{name}-job-77")
-    answer = requests.post(f"{stack.url}/api/v1/ingest", json=make_batch(run=key, world_size=2), headers={
-        "Authorization": f"Bearer {token}"}, timeout=10)
+    answer = requests.post(
+        f"{stack.url}/api/v1/ingest",
+        json=make_batch(run=key, world_size=2),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
     assert answer.status_code == 200, answer.text
     return project, token, member_session(project, f"{name}-member"), key
 
@@ -51,10 +56,18 @@ def victim(stack, live_db) -> Victim:
     project, token, session, key = _side(stack, "team-a")
     run = Run.objects.get(project=project, key=key)
     with transaction.atomic():
-        alert = lifecycle.record(run, Finding("critical", (1,), "rank 1 diverged", step=0, kind="grad_divergence",
-                                              subject="grad:ddp"))[0]
-    silence = silences.create(project.id, run, kind="grad_divergence", rank=1, until=timezone.now() + timedelta(hours=1),
-                              comment="known flaky node", author=None)
+        alert = lifecycle.record(
+            run, Finding("critical", (1,), "rank 1 diverged", step=0, kind="grad_divergence", subject="grad:ddp")
+        )[0]
+    silence = silences.create(
+        project.id,
+        run,
+        kind="grad_divergence",
+        rank=1,
+        until=timezone.now() + timedelta(hours=1),
+        comment="known flaky node",
+        author=None,
+    )
     return Victim(project, token, session, key, run, alert, silence)
 
 

@@ -1,6 +1,7 @@
 """A real agent (agents.transport) against the running stack while the way to it misbehaves:
 its token rotated mid-job, a proxy answering 404 and then 413 mid-job. Nothing may be lost or
 stored twice; the figures (attempts, refusals, events lost) go to the README's reliability table."""
+
 from __future__ import annotations
 
 import subprocess
@@ -17,9 +18,9 @@ from agents import protocol
 from agents.config import resolve
 from agents.spool import list_batches
 from agents.transport import Transport
+from dashboard.evidence.models import StepReport
 from dashboard.tenancy.models import ProjectToken, Run
-from ingest.models import StepReport
-from ingest.views import TOKEN_CACHE_S
+from ingest.admission import TOKEN_CACHE_S
 from tests.e2e.jobs import project_with_token
 from tests.stack import ROOT, unique
 
@@ -64,12 +65,19 @@ def test_a_token_rotated_mid_job_loses_nothing(stack, live_db, tmp_path, record_
     record_property("through", sum(step >= STEPS // 2 for step in _stored(key)))
     assert _stored(key) == list(range(STEPS // 2))  # nothing after the revocation got in
     assert agent.stats["dropped_events"] == 0 and list_batches(str(tmp_path / "spool"))
-    upload = subprocess.run([sys.executable, "-m", "agents", "upload", str(tmp_path / "spool"), "--url", stack.url,
-                             "--token", new], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    upload = subprocess.run(
+        [sys.executable, "-m", "agents", "upload", str(tmp_path / "spool"), "--url", stack.url, "--token", new],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert upload.returncode == 0, upload.stderr
     stored = _stored(key)
     record_property("events_lost", STEPS - len(set(stored)))
-    print(f"\ntoken rotation: {STEPS} steps, {len(stored)} stored ({len(set(stored))} distinct) after upload with the new token")
+    print(
+        f"\ntoken rotation: {STEPS} steps, {len(stored)} stored ({len(set(stored))} distinct) after upload with the new token"
+    )
     assert stored == list(range(STEPS))  # none lost, none twice
     assert Run.objects.filter(key=key).count() == 1
 
@@ -93,7 +101,11 @@ class Proxy:
                     proxy.refused[status] += 1
                     self._answer(status, b"<html>nginx</html>", "text/html")
                     return
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type", "content-encoding")}
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() in ("authorization", "content-type", "content-encoding")
+                }
                 request = urllib.request.Request(upstream + self.path, data=body, headers=headers, method="POST")
                 try:
                     with urllib.request.urlopen(request, timeout=10) as answer:
@@ -145,7 +157,9 @@ def test_a_proxy_answering_404_then_413_mid_job_loses_nothing(stack, live_db, tm
     stored = _stored(key)
     record_property("events_lost", STEPS - len(set(stored)))
     record_property("refused", f"{proxy.refused[404]} x 404, {proxy.refused[413]} x 413")
-    print(f"\nproxy drill: {proxy.refused[404]} answered 404, {proxy.refused[413]} answered 413, "
-          f"{proxy.forwarded} forwarded; {len(stored)} of {STEPS} steps stored ({len(set(stored))} distinct)")
+    print(
+        f"\nproxy drill: {proxy.refused[404]} answered 404, {proxy.refused[413]} answered 413, "
+        f"{proxy.forwarded} forwarded; {len(stored)} of {STEPS} steps stored ({len(set(stored))} distinct)"
+    )
     assert stored == list(range(STEPS))
     assert agent.stats["dropped_events"] == 0 and not list_batches(str(tmp_path / "spool"))

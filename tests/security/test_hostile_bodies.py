@@ -2,10 +2,10 @@
 token, or with a Content-Length past the limit, is answered from its headers, before any body;
 a body that stalls is cut at LOCKSTEP_BODY_TIMEOUT; 200 stalled connections hold little memory
 and the server keeps answering. The figures go to the README's reliability table."""
+
 from __future__ import annotations
 
 import socket
-import sys
 import time
 
 import pytest
@@ -13,7 +13,7 @@ import requests
 
 from tests.conftest import make_batch
 from tests.e2e.jobs import project_with_token
-from tests.stack import Stack, free_port, spawn
+from tests.stack import Stack, free_port, spawn, uvicorn
 
 pytestmark = [pytest.mark.e2e]
 BODY_TIMEOUT_S = 4
@@ -25,8 +25,12 @@ def server(stack_env, tmp_path_factory):
     """A uvicorn of its own, with a short body timeout (the stack's is the 30 s default)."""
     port = free_port()
     env = {**stack_env, "LOCKSTEP_BODY_TIMEOUT": str(BODY_TIMEOUT_S)}
-    proc = spawn("uvicorn-hostile", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", "127.0.0.1",
-                                     "--port", str(port), "--log-level", "warning"], env, tmp_path_factory.mktemp("hostile"))
+    proc = spawn(
+        "uvicorn-hostile",
+        uvicorn(port),
+        env,
+        tmp_path_factory.mktemp("hostile"),
+    )
     running = Stack(f"http://127.0.0.1:{port}", env, proc, proc)
     try:
         running.wait_http()
@@ -40,8 +44,11 @@ def _open(stack: Stack, token: str | None, length: int, first: bytes = b"") -> s
     host, port = stack.url.removeprefix("http://").split(":")
     conn = socket.create_connection((host, int(port)), timeout=15)
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    conn.sendall(f"POST /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
-                 f"Content-Length: {length}\r\n\r\n".encode() + first)
+    conn.sendall(
+        f"POST /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
+        f"Content-Length: {length}\r\n\r\n".encode()
+        + first
+    )
     return conn
 
 
@@ -79,11 +86,17 @@ def test_200_stalled_connections_hold_little_memory_and_the_server_keeps_answeri
     stalled = [_open(server, token, 8_000_000, b"x" * 64 * 1024) for _ in range(STALLED)]
     time.sleep(1)
     held = _rss_kib(pid) - before
-    answer = requests.post(f"{server.url}/api/v1/ingest", json=make_batch(run="hostile-ok"), timeout=10,
-                           headers={"Authorization": f"Bearer {token}"})
+    answer = requests.post(
+        f"{server.url}/api/v1/ingest",
+        json=make_batch(run="hostile-ok"),
+        timeout=10,
+        headers={"Authorization": f"Bearer {token}"},
+    )
     statuses = [_status(conn) for conn in stalled]
     record_property("stalled_rss_kib", held)
-    print(f"\n{STALLED} stalled connections: +{held / 1024:.1f} MiB RSS; a normal batch meanwhile: {answer.status_code}")
+    print(
+        f"\n{STALLED} stalled connections: +{held / 1024:.1f} MiB RSS; a normal batch meanwhile: {answer.status_code}"
+    )
     assert answer.status_code == 200
     assert set(statuses) == {408}
     assert held < 64 * 1024  # KiB: each stalled body keeps at most what arrived (64 KiB here)

@@ -1,6 +1,7 @@
-"""The API and the pages are two doors over one set of services: the same Problem reaches the
+"""The API and the pages are two doors over one set of services: the same Refusal reaches the
 caller as the API's JSON error or as a page's 404 / message, and the rules (same-project
 baselines, alert writes through the lifecycle, one silence matcher) hold on both."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,17 @@ from dashboard.detection.rules import Finding
 from dashboard.tenancy.access import principal_for
 from dashboard.tenancy.models import Project, Run
 from dashboard.web import services
-from dashboard.web.problems import Problem
+from ingest.refusals import Refusal
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def ours(project) -> tuple[Run, Run]:
-    return (Run.objects.create(project=project, key="ours-1", world_size=2),
-            Run.objects.create(project=project, key="ours-2", world_size=2))
+    return (
+        Run.objects.create(project=project, key="ours-1", world_size=2),
+        Run.objects.create(project=project, key="ours-2", world_size=2),
+    )
 
 
 @pytest.fixture
@@ -53,14 +56,14 @@ def alert_on(run: Run, ranks: tuple[int, ...] = (1,)) -> Alert:
 
 
 def test_a_problem_is_an_exception_that_carries_status_message_and_path():
-    problem = Problem(400, "baseline must be a run key", path="baseline")
+    problem = Refusal(400, "baseline must be a run key", path="baseline")
     assert isinstance(problem, Exception) and str(problem) == "baseline must be a run key"
     assert (problem.status, problem.message, problem.path) == (400, "baseline must be a run key", "baseline")
-    assert Problem(404, "no run 'x'").path is None
+    assert Refusal(404, "no run 'x'").path is None
 
 
 def test_a_missing_run_is_one_404_problem_json_on_the_api_and_a_404_page(member, browser, ours):
-    with pytest.raises(Problem) as raised:
+    with pytest.raises(Refusal) as raised:
         services.run_for(principal_for(member), "nope")
     assert (raised.value.status, raised.value.message) == (404, "no run 'nope'")
     for url in ("/api/v1/runs/nope", "/api/v1/runs/nope/alerts", "/api/v1/runs/nope/timeline"):
@@ -72,14 +75,16 @@ def test_a_missing_run_is_one_404_problem_json_on_the_api_and_a_404_page(member,
 
 def test_another_projects_run_is_the_same_404_as_a_missing_one_through_both_doors(member, browser, token, ours, theirs):
     """Nobody can probe which keys exist: another project's run answers exactly like a missing one."""
-    with pytest.raises(Problem) as raised:
+    with pytest.raises(Refusal) as raised:
         services.run_for(principal_for(member), "theirs-1")
     assert (raised.value.status, raised.value.message) == (404, "no run 'theirs-1'")
     expected = b'{"error": "no run \'theirs-1\'"}'
-    for response in (browser.get("/api/v1/runs/theirs-1"),
-                     browser.get("/api/v1/runs/theirs-1/timeline"),
-                     browser.get("/api/v1/runs/theirs-1/alerts", HTTP_AUTHORIZATION=f"Bearer {token}"),
-                     browser.get("/api/v1/compare?runs=ours-1,theirs-1")):
+    for response in (
+        browser.get("/api/v1/runs/theirs-1"),
+        browser.get("/api/v1/runs/theirs-1/timeline"),
+        browser.get("/api/v1/runs/theirs-1/alerts", HTTP_AUTHORIZATION=f"Bearer {token}"),
+        browser.get("/api/v1/compare?runs=ours-1,theirs-1"),
+    ):
         assert (response.status_code, response.content) == (404, expected)
     assert browser.get("/runs/theirs-1/").status_code == 404
     assert browser.get("/runs/theirs-1/").content.count(b"theirs-1") == 0
@@ -93,9 +98,16 @@ def test_another_projects_run_is_the_same_404_as_a_missing_one_through_both_door
 
 
 def test_an_input_problem_names_its_path_in_the_api_error(browser, ours):
-    response = browser.post("/api/v1/runs/ours-1/baseline", json.dumps({"baseline": 7}), content_type="application/json")
-    assert (response.status_code, response.content) == (400, b'{"error": "baseline must be a run key", "path": "baseline"}')
-    own = browser.post("/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "ours-1"}), content_type="application/json")
+    response = browser.post(
+        "/api/v1/runs/ours-1/baseline", json.dumps({"baseline": 7}), content_type="application/json"
+    )
+    assert (response.status_code, response.content) == (
+        400,
+        b'{"error": "baseline must be a run key", "path": "baseline"}',
+    )
+    own = browser.post(
+        "/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "ours-1"}), content_type="application/json"
+    )
     assert own.json() == {"error": "a run cannot be its own baseline", "path": "baseline"}
     assert not Baseline.objects.exists()
 
@@ -109,16 +121,21 @@ def two_projects(member, ours, theirs) -> tuple[Run, Run]:
 
 def test_api_baseline_must_be_a_run_of_the_same_project(browser, member, two_projects):
     run, other = two_projects
-    response = browser.post("/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "theirs-1"}),
-                            content_type="application/json")
+    response = browser.post(
+        "/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "theirs-1"}), content_type="application/json"
+    )
     assert response.status_code == 400
-    assert response.json() == {"error": f"baseline 'theirs-1' is not a run of project {run.project.name!r}",
-                               "path": "baseline"}
-    with pytest.raises(Problem) as raised:
+    assert response.json() == {
+        "error": f"baseline 'theirs-1' is not a run of project {run.project.name!r}",
+        "path": "baseline",
+    }
+    with pytest.raises(Refusal) as raised:
         services.choose_baseline(principal_for(member), run, "theirs-1")
     assert (raised.value.status, raised.value.path) == (400, "baseline")
     assert not Baseline.objects.exists()
-    ok = browser.post("/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "ours-2"}), content_type="application/json")
+    ok = browser.post(
+        "/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "ours-2"}), content_type="application/json"
+    )
     assert (ok.status_code, ok.json()) == (201, {"run": "ours-1", "baseline": "ours-2"})
 
 
@@ -134,8 +151,12 @@ def test_page_baseline_must_be_a_run_of_the_same_project(browser, two_projects):
 
 
 def test_a_project_token_cannot_baseline_against_another_projects_run(client, token, ours, theirs):
-    response = client.post("/api/v1/runs/ours-1/baseline", json.dumps({"baseline": "theirs-1"}),
-                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.post(
+        "/api/v1/runs/ours-1/baseline",
+        json.dumps({"baseline": "theirs-1"}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
     assert response.status_code == 404 and not Baseline.objects.exists()
 
 
@@ -160,7 +181,9 @@ def test_silence_problems_reach_the_api_as_json_and_the_page_as_a_message(browse
     page = browser.post("/silences/", {**body, "next": "/alerts/"}, follow=True).content.decode()
     assert "Silence not created: no run &#x27;theirs-1&#x27; in your projects" in page
     assert not Silence.objects.exists()
-    foreign = Silence.objects.create(project=theirs.project, comment="theirs", expires_at=timezone.now() + timedelta(hours=1))
+    foreign = Silence.objects.create(
+        project=theirs.project, comment="theirs", expires_at=timezone.now() + timedelta(hours=1)
+    )
     assert browser.post(f"/silences/{foreign.id}/expire/").status_code == 404
     foreign.refresh_from_db()
     assert foreign.expires_at > timezone.now()
@@ -172,8 +195,9 @@ def test_the_alerts_page_and_notifications_share_one_silence_matcher(browser, pr
     other_rank = Silence.objects.create(project=project, rank=2, comment="rank 2", expires_at=until)
     assert not silences.covers(other_rank, alert) and silences.mute_state(alert)["silenced"] is False
     assert "silenced until" not in browser.get("/alerts/").content.decode()
-    this_rank = Silence.objects.create(project=project, run=ours[0], kind="grad_divergence", rank=1, comment="rank 1",
-                                       expires_at=until)
+    this_rank = Silence.objects.create(
+        project=project, run=ours[0], kind="grad_divergence", rank=1, comment="rank 1", expires_at=until
+    )
     assert silences.matching(alert) == [this_rank]
     assert silences.first_covering(alert, [other_rank, this_rank]) == this_rank
     assert "silenced until" in browser.get("/alerts/").content.decode()

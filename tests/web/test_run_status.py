@@ -1,6 +1,7 @@
 """Run status derived from the rank rows (running / finished / failed / stalled): the same answer on
 the runs list, the run page and the read API, a status filter on both doors, and a runs list whose
 query count does not grow with the number of runs."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -23,8 +24,9 @@ def quiet_since() -> datetime:
     return timezone.now() - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER + 5)
 
 
-def make_run(project: Project, key: str, ranks: list[tuple[str, int | None, str]], world_size: int = 2,
-             run_seen: str = FRESH) -> Run:
+def make_run(
+    project: Project, key: str, ranks: list[tuple[str, int | None, str]], world_size: int = 2, run_seen: str = FRESH
+) -> Run:
     """A run with one Rank row per (status, exit_code, fresh|quiet); last_seen is auto_now, so quiet
     rows are moved back with update()."""
     run = Run.objects.create(project=project, key=key, world_size=world_size)
@@ -38,20 +40,25 @@ def make_run(project: Project, key: str, ranks: list[tuple[str, int | None, str]
 
 
 CASES = {
-    "running": [([("running", None, FRESH), ("running", None, FRESH)], FRESH),
-                ([("ok", 0, FRESH), ("running", None, FRESH)], FRESH),
-                ([("running", None, FRESH)], FRESH),  # rank 1 not reporting yet, the run is young
-                ([], FRESH)],
-    "finished": [([("ok", 0, FRESH), ("ok", 0, QUIET)], QUIET),
-                 ([("ok", None, QUIET), ("ok", 0, QUIET)], QUIET)],
-    "failed": [([("ok", 0, FRESH), ("error", 1, FRESH)], FRESH),
-               ([("signal", -9, FRESH), ("running", None, QUIET)], QUIET),  # failed outranks stalled
-               ([("abort", None, FRESH), ("running", None, FRESH)], FRESH),
-               ([("ok", 3, FRESH), ("ok", 0, FRESH)], FRESH)],  # said ok, exited non-zero
-    "stalled": [([("running", None, QUIET), ("running", None, FRESH)], FRESH),  # frozen rank
-                ([("ok", 0, FRESH), ("running", None, QUIET)], FRESH),  # killed rank never said goodbye
-                ([("ok", 0, FRESH)], QUIET),  # rank 1 never reported
-                ([], QUIET)],
+    "running": [
+        ([("running", None, FRESH), ("running", None, FRESH)], FRESH),
+        ([("ok", 0, FRESH), ("running", None, FRESH)], FRESH),
+        ([("running", None, FRESH)], FRESH),  # rank 1 not reporting yet, the run is young
+        ([], FRESH),
+    ],
+    "finished": [([("ok", 0, FRESH), ("ok", 0, QUIET)], QUIET), ([("ok", None, QUIET), ("ok", 0, QUIET)], QUIET)],
+    "failed": [
+        ([("ok", 0, FRESH), ("error", 1, FRESH)], FRESH),
+        ([("signal", -9, FRESH), ("running", None, QUIET)], QUIET),  # failed outranks stalled
+        ([("abort", None, FRESH), ("running", None, FRESH)], FRESH),
+        ([("ok", 3, FRESH), ("ok", 0, FRESH)], FRESH),
+    ],  # said ok, exited non-zero
+    "stalled": [
+        ([("running", None, QUIET), ("running", None, FRESH)], FRESH),  # frozen rank
+        ([("ok", 0, FRESH), ("running", None, QUIET)], FRESH),  # killed rank never said goodbye
+        ([("ok", 0, FRESH)], QUIET),  # rank 1 never reported
+        ([], QUIET),
+    ],
 }
 ALL_CASES = [(status, ranks, run_seen) for status, cases in CASES.items() for ranks, run_seen in cases]
 
@@ -79,8 +86,10 @@ def browser(project) -> Client:
 @pytest.fixture
 def one_of_each(project) -> dict[str, Run]:
     """A run in every status, keyed by it."""
-    return {status: make_run(project, f"r-{status}", ranks, run_seen=run_seen)
-            for status, [(ranks, run_seen), *_] in CASES.items()}
+    return {
+        status: make_run(project, f"r-{status}", ranks, run_seen=run_seen)
+        for status, [(ranks, run_seen), *_] in CASES.items()
+    }
 
 
 @pytest.mark.parametrize(("status", "ranks", "run_seen"), ALL_CASES)
@@ -119,8 +128,10 @@ def test_runs_page_filters_by_status(browser, one_of_each, status):
 def test_unknown_status_is_a_400_on_both_doors(api, browser, one_of_each):
     response = api.get("/api/v1/runs?status=crashed")
     assert response.status_code == 400
-    assert response.json() == {"error": "unknown status 'crashed': use one of running, finished, failed, stalled",
-                               "path": "status"}
+    assert response.json() == {
+        "error": "unknown status 'crashed': use one of running, finished, failed, stalled",
+        "path": "status",
+    }
     page = browser.get("/?status=crashed")
     assert page.status_code == 400
     assert "unknown status &#x27;crashed&#x27;" in page.content.decode() and b"r-failed" not in page.content

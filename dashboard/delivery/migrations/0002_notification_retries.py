@@ -7,20 +7,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('delivery', '0001_initial'),
-        ('detection', '0001_initial'),
+        ("delivery", "0001_initial"),
+        ("detection", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='notification',
-            name='next_attempt_at',
+            model_name="notification",
+            name="next_attempt_at",
             field=models.DateTimeField(default=django.utils.timezone.now),
         ),
         migrations.AddIndex(
-            model_name='notification',
-            index=models.Index(condition=models.Q(('state', 'pending')), fields=['next_attempt_at'], name='notification_due'),
+            model_name="notification",
+            index=models.Index(
+                condition=models.Q(("state", "pending")), fields=["next_attempt_at"], name="notification_due"
+            ),
         ),
     ]

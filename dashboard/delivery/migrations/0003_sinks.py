@@ -6,34 +6,50 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('delivery', '0002_notification_retries'),
+        ("delivery", "0002_notification_retries"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='webhook',
-            options={'verbose_name': 'alert destination'},
+            name="webhook",
+            options={"verbose_name": "alert destination"},
         ),
         migrations.AddField(
-            model_name='notification',
-            name='receipt',
+            model_name="notification",
+            name="receipt",
             field=models.JSONField(default=dict),
         ),
         migrations.AddField(
-            model_name='webhook',
-            name='kind',
-            field=models.CharField(choices=[('slack', 'Slack-compatible webhook'), ('alertmanager', 'Alertmanager (v2 API)'), ('pagerduty', 'PagerDuty Events v2'), ('json', 'JSON webhook')], default='slack', max_length=16),
+            model_name="webhook",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("slack", "Slack-compatible webhook"),
+                    ("alertmanager", "Alertmanager (v2 API)"),
+                    ("pagerduty", "PagerDuty Events v2"),
+                    ("json", "JSON webhook"),
+                ],
+                default="slack",
+                max_length=16,
+            ),
         ),
         migrations.AddField(
-            model_name='webhook',
-            name='secret',
-            field=models.CharField(blank=True, help_text="PagerDuty: the integration's routing key. JSON: an optional key to sign bodies with (X-Lockstep-Signature: sha256=HMAC). Not used by the other kinds.", max_length=500),
+            model_name="webhook",
+            name="secret",
+            field=models.CharField(
+                blank=True,
+                help_text="PagerDuty: the integration's routing key. JSON: an optional key to sign bodies with (X-Lockstep-Signature: sha256=HMAC). Not used by the other kinds.",
+                max_length=500,
+            ),
         ),
         migrations.AlterField(
-            model_name='webhook',
-            name='url',
-            field=models.URLField(blank=True, help_text='Slack / JSON: the webhook URL. Alertmanager: its base URL (alerts go to /api/v2/alerts). PagerDuty: blank for https://events.pagerduty.com/v2/enqueue.', max_length=1000),
+            model_name="webhook",
+            name="url",
+            field=models.URLField(
+                blank=True,
+                help_text="Slack / JSON: the webhook URL. Alertmanager: its base URL (alerts go to /api/v2/alerts). PagerDuty: blank for https://events.pagerduty.com/v2/enqueue.",
+                max_length=1000,
+            ),
         ),
     ]

@@ -6,24 +6,32 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('detection', '0001_initial'),
-        ('tenancy', '0002_run_key_per_project'),
+        ("detection", "0001_initial"),
+        ("tenancy", "0002_run_key_per_project"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RunTally',
+            name="RunTally",
             fields=[
-                ('run', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='tally', serialize=False, to='tenancy.run')),
-                ('recompiles', models.BigIntegerField(default=0)),
-                ('graph_breaks', models.BigIntegerField(default=0)),
-                ('compile_seconds', models.FloatField(default=0.0)),
-                ('updated_at', models.DateTimeField()),
+                (
+                    "run",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="tally",
+                        serialize=False,
+                        to="tenancy.run",
+                    ),
+                ),
+                ("recompiles", models.BigIntegerField(default=0)),
+                ("graph_breaks", models.BigIntegerField(default=0)),
+                ("compile_seconds", models.FloatField(default=0.0)),
+                ("updated_at", models.DateTimeField()),
             ],
             options={
-                'db_table': 'detection_runtally',
+                "db_table": "detection_runtally",
             },
         ),
     ]

@@ -7,13 +7,14 @@ and, unless the finding names its own, the subject the rule declares (`subjects`
 spelled once. A declared subject also lets the engine resolve the alert when a later slot of
 the same subject comes out clean.
 """
+
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import wraps
-from typing import Callable, Iterable, Iterator
 
 from dashboard.detection.consensus import Consensus, consensus
 
@@ -39,7 +40,7 @@ class CompileSlotView:
 
     frame: str
     index: int
-    reports: dict  # rank -> ingest.models.CompileEvent
+    reports: dict  # rank -> its CompileEvent (`dashboard.evidence.reads.compile_reports`)
     accountable: set[int]  # ranks whose silence means "did not compile this"
     world_size: int
     rank_info: dict = field(default_factory=dict)  # rank -> rank_start facts (cache_dirs, collective timeout)
@@ -52,7 +53,7 @@ class GradSlotView:
 
     step: int
     group: str
-    reports: dict  # rank -> dashboard.detection.evidence.GradRow
+    reports: dict  # rank -> dashboard.evidence.reads.GradRow
     consensus: Consensus | None
     world_size: int
     baseline: tuple | None = None  # the baseline run's consensus for the same step and group
@@ -81,12 +82,35 @@ class RunView:
     last_seen: dict  # rank -> seconds since the rank's last report
     ended: set[int]
     silent_after: float
-    compile_seconds: float = 0.0
-    wall_seconds: float = 0.0
     crashes: dict = field(default_factory=dict)  # rank -> how it ended badly (`runs.crash_facts`)
     progress: dict = field(default_factory=dict)  # rank -> RankProgress, ranks that sampled recently
     collective_timeout_s: float | None = None
     hang_warn_after: float = 10.0
+    lost_after: float = 12.0  # a rank left running alone this long after its peers ended is lost
+    grace: float = 20.0  # how long consequences (a lost peer, a stop by signal) wait for their root
+    now: float = 0.0  # the sweep's clock (epoch seconds), for crash times
+    compile_cost: dict | None = None  # the kept compile bill against its budget (`bills.for_sweep`)
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """What one rank's compiles of a run hold (`runs.compiled_work`)."""
+
+    graphs: int  # compiles whose graph holds ops: work that runs compiled
+    empty: int  # compiles that succeeded with an empty graph (a wrapper frame, or nothing to compile)
+    first_step: int | None  # the step of the rank's first compile
+    empty_frames: tuple[str, ...] = ()  # a few of the empty frames, for the message
+
+
+@dataclass
+class CompiledWorkView:
+    """A run's compiled work per rank, as the sweep sees it while the run goes and once after it ended:
+    a rank's compiles are known in full only once it finished the step they started in."""
+
+    run_id: int
+    work: dict  # rank -> RankWork, for the ranks with an empty compile
+    last_step: dict  # rank -> its last completed step (None before the first)
+    ended: set[int]
 
 
 @dataclass(frozen=True)
@@ -168,7 +192,9 @@ def settings_split(view: CompileSlotView) -> tuple[str, dict[str, dict[str, str]
         by_value: dict[str, list[int]] = {}
         for r in verdict.dissenters:
             by_value.setdefault(values[r], []).append(r)
-        parts += [f"{ranks_text(rs)} {'runs' if len(rs) == 1 else 'run'} with `{key}={v}`" for v, rs in by_value.items()]
+        parts += [
+            f"{ranks_text(rs)} {'runs' if len(rs) == 1 else 'run'} with `{key}={v}`" for v, rs in by_value.items()
+        ]
     return "; ".join(parts), split
 
 
@@ -181,8 +207,9 @@ def with_settings(message: str, view: CompileSlotView) -> tuple[str, dict]:
 def differing_buckets(view: GradSlotView) -> list[int]:
     """Bucket indices where some dissenting rank differs from the reference fingerprints."""
     reference = view.consensus.reference
-    return sorted({i for r in view.consensus.dissenters
-                   for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b})
+    return sorted(
+        {i for r in view.consensus.dissenters for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b}
+    )
 
 
 def cache_outcome(cache: dict, stage: str) -> str | None:

@@ -1,4 +1,5 @@
 """baseline_divergence: the run's agreed gradients differ from its baseline run's at the same step."""
+
 from __future__ import annotations
 
 from dashboard.detection import subjects

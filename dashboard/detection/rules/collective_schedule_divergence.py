@@ -1,9 +1,10 @@
 """collective_schedule_divergence: the ranks' compiled graphs issue different collective sequences,
 so they will wait on each other forever (a hang in waiting)."""
+
 from __future__ import annotations
 
-from dashboard.detection.consensus import consensus
 from dashboard.detection import subjects
+from dashboard.detection.consensus import consensus
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
@@ -24,5 +25,9 @@ def collective_schedule_divergence(view: CompileSlotView):
         frame=view.frame,
         message=f"{ranks_text(verdict.dissenters).capitalize()} compiled another collective sequence for "
         f"{view.frame}: expect a hang at the next collective",
-        details={"index": view.index, "tie": verdict.tie, "schedules": {str(r): s for r, s in sorted(schedules.items())}},
+        details={
+            "index": view.index,
+            "tie": verdict.tie,
+            "schedules": {str(r): s for r, s in sorted(schedules.items())},
+        },
     )

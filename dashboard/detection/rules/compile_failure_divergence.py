@@ -1,4 +1,5 @@
 """compile_failure_divergence: compilation failed (or fell back to eager) on some ranks only."""
+
 from __future__ import annotations
 
 from dashboard.detection import subjects
@@ -18,6 +19,10 @@ def compile_failure_divergence(view: CompileSlotView):
         step=first_step(view.reports, failed),
         frame=view.frame,
         message=f"Compiling {view.frame} failed on {ranks_text(failed)} only" + (f" ({why})" if why else ""),
-        details={"index": view.index, "status": {str(r): view.reports[r].status for r in failed},
-                 "fail_type": first.fail_type, "fail_reason": first.fail_reason},
+        details={
+            "index": view.index,
+            "status": {str(r): view.reports[r].status for r in failed},
+            "fail_type": first.fail_type,
+            "fail_reason": first.fail_reason,
+        },
     )

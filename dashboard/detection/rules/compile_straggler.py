@@ -3,6 +3,7 @@
 Warning at >= 10 s skew or >= 3x the median (with at least 1 s skew, so fast compiles stay quiet);
 critical once the skew reaches half of the collective timeout.
 """
+
 from __future__ import annotations
 
 from statistics import median
@@ -21,12 +22,19 @@ def compile_straggler(view: CompileSlotView):
     if len(times) < 2:
         return
     mid = median(times.values())
-    slow = tuple(sorted(r for r, t in times.items()
-                        if t - mid >= MIN_SKEW_S and (t - mid >= ABS_SKEW_S or t >= RATIO * max(mid, 1e-9))))
+    slow = tuple(
+        sorted(
+            r
+            for r, t in times.items()
+            if t - mid >= MIN_SKEW_S and (t - mid >= ABS_SKEW_S or t >= RATIO * max(mid, 1e-9))
+        )
+    )
     if not slow:
         return
     skew = max(times[r] for r in slow) - mid
-    timeout = min((i.get("collective_timeout_s") or float("inf") for i in view.rank_info.values()), default=float("inf"))
+    timeout = min(
+        (i.get("collective_timeout_s") or float("inf") for i in view.rank_info.values()), default=float("inf")
+    )
     critical = skew >= 0.5 * timeout
     yield Finding(
         severity="critical" if critical else "warning",
@@ -35,6 +43,10 @@ def compile_straggler(view: CompileSlotView):
         frame=view.frame,
         message=f"{ranks_text(slow).capitalize()} compiled {view.frame} {skew:.1f} s slower than the median "
         f"({mid:.1f} s)" + (f", over half the {timeout:.0f} s collective timeout" if critical else ""),
-        details={"index": view.index, "median_s": mid, "skew_s": skew,
-                 "times": {str(r): round(t, 3) for r, t in sorted(times.items())}},
+        details={
+            "index": view.index,
+            "median_s": mid,
+            "skew_s": skew,
+            "times": {str(r): round(t, 3) for r, t in sorted(times.items())},
+        },
     )

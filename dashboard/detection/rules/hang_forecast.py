@@ -7,6 +7,7 @@ run Python. Warning once the wait passes `LOCKSTEP_HANG_WARN_AFTER` (or half the
 sooner), critical at half the collective timeout; the message says what the late ranks do and how
 long until the timeout kills the job. It resolves as soon as no rank waits for another.
 """
+
 from __future__ import annotations
 
 from dashboard.detection import subjects
@@ -17,8 +18,11 @@ WAITING = ("collective", "backward")
 
 @rule("hang_forecast", RunView, subject=lambda v: subjects.HANG)
 def hang_forecast(view: RunView):
-    live = {r: p for r, p in view.progress.items()
-            if r not in view.ended and view.last_seen.get(r, float("inf")) < view.silent_after}
+    live = {
+        r: p
+        for r, p in view.progress.items()
+        if r not in view.ended and view.last_seen.get(r, float("inf")) < view.silent_after
+    }
     waiting, late = split(live)
     if not late:
         return
@@ -37,9 +41,14 @@ def hang_forecast(view: RunView):
         step=step,
         frame=compiling[0] if compiling else None,
         message=_message(waiting, late, wait, first, step, timeout, left),
-        details={"waiting": sorted(waiting), "wait_s": round(wait, 1), "collective": first.op or first.phase,
-                 "timeout_s": timeout, "left_s": round(left, 1) if left is not None else None,
-                 "late": {str(r): _facts(p) for r, p in sorted(late.items())}},
+        details={
+            "waiting": sorted(waiting),
+            "wait_s": round(wait, 1),
+            "collective": first.op or first.phase,
+            "timeout_s": timeout,
+            "left_s": round(left, 1) if left is not None else None,
+            "late": {str(r): _facts(p) for r, p in sorted(late.items())},
+        },
     )
 
 
@@ -66,17 +75,32 @@ def doing(p: RankProgress) -> str:
     return f"{p.phase}{at} for {p.phase_s:.0f} s"
 
 
-def _message(waiting: dict, late: dict, wait: float, first: RankProgress, step: int, timeout: float | None,
-             left: float | None) -> str:
-    where = f"in {first.op}" if first.phase == "collective" and first.op else "in backward (DDP's all-reduce)" \
-        if first.phase == "backward" else "in a collective"
+def _message(
+    waiting: dict, late: dict, wait: float, first: RankProgress, step: int, timeout: float | None, left: float | None
+) -> str:
+    where = (
+        f"in {first.op}"
+        if first.phase == "collective" and first.op
+        else "in backward (DDP's all-reduce)"
+        if first.phase == "backward"
+        else "in a collective"
+    )
     lates = "; ".join(f"{ranks_text([r])} is {doing(p)}" for r, p in sorted(late.items()))
-    head = f"{ranks_text(waiting).capitalize()} waited {wait:.0f} s {where} of step {step} for {ranks_text(late)}: {lates}"
+    head = (
+        f"{ranks_text(waiting).capitalize()} waited {wait:.0f} s {where} of step {step} for {ranks_text(late)}: {lates}"
+    )
     if timeout is None:
         return head + "; the collective timeout is unknown"
     return head + f"; {left:.0f} s left before the {timeout:.0f} s collective timeout kills the job"
 
 
 def _facts(p: RankProgress) -> dict:
-    return {"phase": p.phase, "for_s": round(p.phase_s, 1), "step": p.step, "where": p.where, "op": p.op,
-            "reason": p.reason, "doing": doing(p)}
+    return {
+        "phase": p.phase,
+        "for_s": round(p.phase_s, 1),
+        "step": p.step,
+        "where": p.where,
+        "op": p.op,
+        "reason": p.reason,
+        "doing": doing(p),
+    }

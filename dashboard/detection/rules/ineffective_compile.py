@@ -1,11 +1,21 @@
-"""ineffective_compile: compiled frames produce 0-op graphs or are shredded by graph breaks, so the
-model runs mostly eager while the user believes it is compiled (e.g. torch.compile(DDP(model)))."""
+"""ineffective_compile: the model runs mostly eager while the user believes it is compiled.
+
+Judged on the share of a rank's work inside compiled graphs, not on one frame: under
+torch.compile(DDP(model)) DDP's wrapper frames (the user's `model(x)` line, DDP's context managers)
+compile to empty graphs while each of the model's own modules compiles to a real graph, and that
+model is compiled. A rank fires only when none of its compiles holds an op once it has finished the
+step they started in (or ended): e.g. a model made only of torch.nn containers under
+torch.compile(DDP(model)), where Dynamo starts no frame inside torch. A frame shredded by graph
+breaks is judged on its own slot.
+"""
+
 from __future__ import annotations
 
 from collections import Counter
 
+from agents.normalize import frame_label
 from dashboard.detection import subjects
-from dashboard.detection.rules import CompileSlotView, Finding, ranks_text, rule
+from dashboard.detection.rules import CompiledWorkView, CompileSlotView, Finding, ranks_text, rule
 
 MANY_BREAKS = 8
 
@@ -21,23 +31,45 @@ def headline(reason: str) -> str:
     return (useful[-1] if useful else (lines[0] if lines else ""))[:300]
 
 
+@rule("ineffective_compile", CompiledWorkView, subject=lambda v: subjects.RUN)
+def model_runs_eager(view: CompiledWorkView):
+    eager = sorted(r for r, work in view.work.items() if work.empty and not work.graphs and _known(view, r, work))
+    if not eager:
+        return
+    frames = sorted({f for r in eager for f in view.work[r].empty_frames})
+    steps = [view.work[r].first_step for r in eager if view.work[r].first_step is not None]
+    shown = ", ".join(frame_label(f) for f in frames[:3]) + (", ..." if len(frames) > 3 else "")
+    yield Finding(
+        severity="warning",
+        ranks=tuple(eager),
+        step=min(steps, default=None),
+        frame=frames[0] if frames else None,
+        message=f"No compiled graph holds an op on {ranks_text(eager)}: every compiled frame ({shown}) is empty, "
+        "so the model runs mostly eager (torch.compile(DDP(model)) of a model made only of torch.nn modules does this: "
+        "compile the model inside DDP instead, DDP(torch.compile(model)))",
+        details={"empty_graph_ranks": eager, "empty_frames": frames[:20]},
+    )
+
+
+def _known(view: CompiledWorkView, rank: int, work) -> bool:
+    """The rank's compiles of its first compiled step are all in: it finished a later step, or ended."""
+    last = view.last_step.get(rank)
+    return rank in view.ended or (last is not None and work.first_step is not None and last > work.first_step)
+
+
 @rule("ineffective_compile", CompileSlotView)
-def ineffective_compile(view: CompileSlotView):
-    empty = {r for r, e in view.reports.items() if e.status == "ok" and op_count(e) == 0}
-    shredded = {r for r, e in view.reports.items() if ((e.detail or {}).get("graph_breaks") or 0) >= MANY_BREAKS}
-    ranks = empty | shredded
+def shredded(view: CompileSlotView):
+    ranks = {r for r, e in view.reports.items() if ((e.detail or {}).get("graph_breaks") or 0) >= MANY_BREAKS}
     if not ranks:
         return
     reasons = Counter(headline(reason) for r, reason in view.graph_breaks if r in ranks)
     top = [reason for reason, _ in reasons.most_common(3)]
-    what = "compiles to an empty graph" if empty else "is shredded by graph breaks"
     yield Finding(
         severity="warning",
-        subject=subjects.RUN,
+        subject=subjects.frame(view.frame),
         ranks=tuple(sorted(ranks)),
         frame=view.frame,
-        message=f"{view.frame} {what} on {ranks_text(ranks)}: the model runs mostly eager"
+        message=f"{view.frame} is shredded by graph breaks on {ranks_text(ranks)}: the model runs mostly eager"
         + (f". Graph breaks: {'; '.join(top)}" if top else ""),
-        details={"index": view.index, "empty_graph_ranks": sorted(empty), "shredded_ranks": sorted(shredded),
-                 "break_reasons": top},
+        details={"index": view.index, "shredded_ranks": sorted(ranks), "break_reasons": top},
     )

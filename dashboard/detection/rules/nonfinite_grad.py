@@ -1,12 +1,14 @@
-"""nonfinite_grad: NaN/Inf gradients on some ranks only."""
+"""nonfinite_grad: NaN/Inf gradients on some ranks only. Their update puts NaN into those ranks'
+weights: like grad_divergence, only agreeing weight fingerprints (or the run's end) resolve it."""
+
 from __future__ import annotations
 
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
-from dashboard.detection.rules.param_divergence import is_param
+from dashboard.detection.rules.param_divergence import is_param, weights_agree
 
 
-@rule("nonfinite_grad", GradSlotView, subject=lambda v: subjects.group(v.group))
+@rule("nonfinite_grad", GradSlotView, subject=weights_agree)
 def nonfinite_grad(view: GradSlotView):
     if is_param(view):
         return
@@ -15,6 +17,7 @@ def nonfinite_grad(view: GradSlotView):
         return
     yield Finding(
         severity="critical",
+        subject=subjects.group(view.group),
         ranks=bad,
         step=view.step,
         message=f"NaN/Inf gradients on {ranks_text(bad)} at step {view.step}",

@@ -1,4 +1,5 @@
 """param_divergence: weight fingerprints of replicas differ (reported every K steps as `param` events)."""
+
 from __future__ import annotations
 
 from dashboard.detection import subjects
@@ -8,6 +9,15 @@ from dashboard.ledger.slots import PARAM_PREFIX
 
 def is_param(view: GradSlotView) -> bool:
     return view.group.startswith(PARAM_PREFIX)
+
+
+def weights_agree(view: GradSlotView) -> list[str]:
+    """The subject a weight slot proves healthy again: every rank fingerprinted the group's weights
+    and they agree. A divergence of gradients (or NaN in some) changes the weights from then on, so
+    only this resolves it; a later clean gradient slot does not (the subject of those rules)."""
+    if not is_param(view) or view.consensus is None or view.consensus.dissenters or len(view.reports) < view.world_size:
+        return []
+    return [subjects.group(view.group.removeprefix(PARAM_PREFIX))]
 
 
 @rule("param_divergence", GradSlotView, subject=lambda v: subjects.group(v.group))

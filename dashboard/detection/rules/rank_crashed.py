@@ -4,39 +4,53 @@ alert names the exception, where it was raised, the step it ended in, and the co
 foreign or stale entry), one right after compiling at the compiler, one with no compile in its step
 at the model or the data.
 
-One alert per crashed rank, and it inhibits the rank's other alerts. A rank stopped by a signal
-while another rank crashed on its own, or went silent (killed outright), was only stopped
-because of it (torchrun stops every rank when one fails): it is named in that alert, not paged
-for itself. When every crashed rank was stopped by a signal (the scheduler, a user), the first
-one stopped carries the alert.
+A crash is a root (paged for itself) or a consequence. A rank that lost its peer (gloo's connection
+reset or closed by peer, NCCL's "remote process exited", a watchdog timeout, an aborted
+communicator) or was stopped by a signal after another rank failed only suffered: its alert is
+a warning that names the root rank (`details["consequence_of"]`), so the incident of that rank
+holds it and nobody is paged about the innocent. The root is a rank that crashed on its own, or
+a rank that went silent (killed outright: `rank_silent`). While no root is known, consequences
+wait up to the grace window (`LOCKSTEP_CONSEQUENCE_GRACE`) for one to show; after it the first of
+them carries a critical alert of its own.
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+import re
+from collections.abc import Iterator
 
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RunView, cache_key, compile_outcome, ranks_text, rule, short_key
+from dashboard.detection.rules.rank_silent import silent_ranks
 
 RECENT_S = 60.0  # a compile outside the training steps this close before the end is "right before" it
 MAX_REASON = 300  # characters of the exception message in the alert's message (all of it in details)
+
+
+LOST_PEER = re.compile(
+    r"connection (reset|closed) by peer|remote process exited|watchdog caught collective|collective operation timeout"
+    r"|communicator (was )?aborted|broken pipe|timed out waiting for|ncclRemoteError|peer (closed|disconnected)",
+    re.IGNORECASE,
+)
 
 
 def is_signal(crash: dict) -> bool:
     return crash["status"] == "signal"
 
 
-def roots(view: RunView) -> list[int]:
-    """Crashed ranks worth an alert of their own (see the module docstring)."""
-    own = sorted(r for r, c in view.crashes.items() if not is_signal(c))
-    if own or _silent(view):
-        return own
-    first = min(view.crashes, key=lambda r: (view.crashes[r]["ended_at"], r), default=None)
-    return [first] if first is not None else []
+def lost_peer(crash: dict) -> bool:
+    """The rank failed because another rank went away: what gloo and NCCL say then."""
+    return bool(LOST_PEER.search(" ".join(filter(None, (crash.get("reason"), crash.get("exc_type"))))))
 
 
-def _silent(view: RunView) -> bool:
-    """A rank that never ended and went quiet: rank_silent's case of a rank killed outright."""
-    return any(age >= view.silent_after for r, age in view.last_seen.items() if r not in view.ended)
+def is_consequence(crash: dict) -> bool:
+    return is_signal(crash) or lost_peer(crash)
+
+
+def waiting(view: RunView, consequences: list[int]) -> bool:
+    """Consequences with no root yet, still inside the grace window: say nothing yet."""
+    first = min((view.crashes[r]["ended_at"] for r in consequences), default=None)
+    return first is not None and view.now - first < view.grace
 
 
 def how_it_ended(rank: int, crash: dict) -> str:
@@ -78,47 +92,96 @@ def doing(event: dict) -> str:
         return f"while compiling frame {frame} (compile #{event['index']}, {event['status']})"
     if event["outcome"] == "hit":
         return f"right after loading cached Inductor artifact {key} of frame {frame}"
-    return f"right after compiling frame {frame}" + (f" (cache {event['outcome']}, key {key})" if event["outcome"] else "")
+    return f"right after compiling frame {frame}" + (
+        f" (cache {event['outcome']}, key {key})" if event["outcome"] else ""
+    )
 
 
 def hint(crash: dict, event: dict | None) -> str:
     if is_signal(crash):
-        return ("Stopped from outside (torchrun after another rank failed, the scheduler's time limit, or a user): "
-                "read the launcher's log.")
+        return (
+            "Stopped from outside (torchrun after another rank failed, the scheduler's time limit, or a user): "
+            "read the launcher's log."
+        )
     if event is None:
-        return ("No compile just before it: read the traceback at the named frame (model code, data, out of memory); "
-                "the other ranks wait in their next collective until the timeout or torchrun stops them.")
+        return (
+            "No compile just before it: read the traceback at the named frame (model code, data, out of memory); "
+            "the other ranks wait in their next collective until the timeout or torchrun stops them."
+        )
     if event["outcome"] == "hit":
-        return ("It crashed right after loading a cached artifact: if the cache dir is shared across node types, the "
-                "entry may be another rank's (see rank_specific_artifact on this frame). Rerun with a fresh "
-                "TORCHINDUCTOR_CACHE_DIR or TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 to confirm.")
-    return ("It crashed in or right after a fresh compile: rerun with torch.compile(backend='aot_eager') to tell a "
-            "compiler bug from a model bug, and TORCH_LOGS=output_code (or tlparse) to read the generated code.")
+        return (
+            "It crashed right after loading a cached artifact: if the cache dir is shared across node types, the "
+            "entry may be another rank's (see rank_specific_artifact on this frame). Rerun with a fresh "
+            "TORCHINDUCTOR_CACHE_DIR or TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 to confirm."
+        )
+    return (
+        "It crashed in or right after a fresh compile: rerun with torch.compile(backend='aot_eager') to tell a "
+        "compiler bug from a model bug, and TORCH_LOGS=output_code (or tlparse) to read the generated code."
+    )
 
 
 def _finding(view: RunView, rank: int, collateral: list[int]) -> Finding:
     crash = view.crashes[rank]
     step = in_progress(crash)
     event = just_before(crash, step)
-    stopped = f"; {ranks_text(collateral)} then stopped by a signal" if collateral else ""
+    after = f"; {ranks_text(collateral)} then lost it or were stopped" if collateral else ""
     return Finding(
         severity="critical",
         subject=subjects.rank(rank),
         ranks=(rank,),
         step=step,
         frame=event["frame"] if event else None,
-        message=how_it_ended(rank, crash) + (f" (step {step})" if step is not None else "")
-        + (f", {doing(event)}" if event else "") + stopped,
-        details={"status": crash["status"], "exit_code": crash["exit_code"], "reason": (crash["reason"] or "")[:4000] or None,
-                 "exc_type": crash["exc_type"], "where": crash["where"], "ended_at": crash["ended_at"],
-                 "last_step": crash["last_step"], "last_compile": event or crash["last_compile"],
-                 "stopped_after": collateral, "hint": hint(crash, event)},
+        message=how_it_ended(rank, crash)
+        + (f" (step {step})" if step is not None else "")
+        + (f", {doing(event)}" if event else "")
+        + after,
+        details={**_facts(crash, event), "stopped_after": collateral, "hint": hint(crash, event)},
     )
+
+
+def _consequence(view: RunView, rank: int, root: int) -> Finding:
+    crash = view.crashes[rank]
+    step = in_progress(crash)
+    why = "lost its connection to" if lost_peer(crash) else "was stopped after"
+    return Finding(
+        severity="warning",
+        subject=subjects.rank(rank),
+        ranks=(rank,),
+        step=step,
+        message=f"{how_it_ended(rank, crash)}: it {why} rank {root}, where the trouble started",
+        details={
+            **_facts(crash, None),
+            "consequence_of": root,
+            "hint": f"A consequence, not a cause: look at rank {root}.",
+        },
+    )
+
+
+def _facts(crash: dict, event: dict | None) -> dict:
+    return {
+        "status": crash["status"],
+        "exit_code": crash["exit_code"],
+        "reason": (crash["reason"] or "")[:4000] or None,
+        "exc_type": crash["exc_type"],
+        "where": crash["where"],
+        "ended_at": crash["ended_at"],
+        "last_step": crash["last_step"],
+        "last_compile": event or crash["last_compile"],
+    }
 
 
 @rule("rank_crashed", RunView, subject=lambda v: [subjects.rank(r) for r in v.crashes])
 def rank_crashed(view: RunView) -> Iterator[Finding]:
-    chosen = roots(view)
-    collateral = sorted(r for r in view.crashes if r not in chosen and is_signal(view.crashes[r]))
-    for rank in chosen:
-        yield _finding(view, rank, collateral)
+    own = sorted(r for r, c in view.crashes.items() if not is_consequence(c))
+    causes = own or sorted(silent_ranks(view))
+    followers = sorted(r for r in view.crashes if r not in own)
+    if not causes and (not followers or waiting(view, followers)):
+        return
+    if not causes:  # nobody else to blame after the grace window: the first to fail leads
+        first = min(followers, key=lambda r: (view.crashes[r]["ended_at"], r))
+        own, followers = [first], [r for r in followers if r != first]
+        causes = own
+    for rank in own:
+        yield _finding(view, rank, followers)
+    for rank in followers:
+        yield _consequence(view, rank, causes[0])

@@ -2,32 +2,42 @@
 rank's other alerts, and a rank that never reports a slot is silent, not divergent.
 
 Two ways to be silent: the others keep reporting (a rank hung in a driver call or frozen), or
-every other rank has ended and this one never said goodbye (killed outright, e.g. by the OOM
-killer: torchrun then stops the others, which send their rank_end, while it sends nothing)."""
+every other rank has ended and this one never said goodbye (killed outright, e.g. by SIGKILL or the
+OOM killer: torchrun then stops the others, which send their rank_end, while it sends nothing).
+The second is told fast (`LOCKSTEP_LOST_AFTER`, two heartbeats and a margin): its peers' crashes
+wait for it as their root, and the page should name the dead rank within seconds."""
+
 from __future__ import annotations
 
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RunView, rule
 
+KEEP_REPORTING = "while other ranks keep reporting"
+LEFT_ALONE = "and never ended, while every other rank did (killed outright, e.g. by SIGKILL or the OOM killer?)"
+
+
+def silent_ranks(view: RunView) -> dict[int, str]:
+    """rank -> why it counts as silent (see the module docstring)."""
+    live = {r: age for r, age in view.last_seen.items() if r not in view.ended}
+    freshest = min(live.values(), default=0.0)
+    alone = len(live) == 1 and len(view.last_seen) > 1
+    out = {}
+    for rank, age in live.items():
+        if age >= view.silent_after and age - freshest >= view.silent_after:
+            out[rank] = KEEP_REPORTING
+        elif alone and age >= min(view.lost_after, view.silent_after):
+            out[rank] = LEFT_ALONE
+    return out
+
 
 @rule("rank_silent", RunView, subject=lambda v: [subjects.rank(r) for r in v.last_seen])
 def rank_silent(view: RunView):
-    live = {r: age for r, age in view.last_seen.items() if r not in view.ended}
-    freshest = min(live.values(), default=None)
-    left_alone = len(live) == 1 and len(view.last_seen) > 1
-    for rank, age in sorted(live.items()):
-        if age < view.silent_after:
-            continue
-        if age - freshest >= view.silent_after:
-            why = "while other ranks keep reporting"
-        elif left_alone:
-            why = "and never ended, while every other rank did (killed, e.g. by the OOM killer?)"
-        else:
-            continue
+    for rank, why in sorted(silent_ranks(view).items()):
+        age = view.last_seen[rank]
         yield Finding(
             severity="critical",
             subject=subjects.rank(rank),
             ranks=(rank,),
             message=f"Rank {rank} has sent nothing for {age:.0f} s {why}",
-            details={"silent_for_s": round(age, 1)},
+            details={"silent_for_s": round(age, 1), "lost": why == LEFT_ALONE},
         )

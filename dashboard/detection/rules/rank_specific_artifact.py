@@ -14,15 +14,26 @@ harmless, each rank gets its own entry, so ranks are compared only under one key
   outputs wrong. Also critical when a loaded artifact is byte-identical to the code a rank with
   other codegen facts compiled, whatever keys were reported.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from dashboard.detection import subjects
 from dashboard.detection.consensus import Consensus, consensus
-from dashboard.detection.rules import (CompileSlotView, Finding, cache_key, compile_outcome, first_step, ranks_text, rule,
-                                       settings_split, short_key)
+from dashboard.detection.rules import (
+    CompileSlotView,
+    Finding,
+    cache_key,
+    compile_outcome,
+    first_step,
+    ranks_text,
+    rule,
+    settings_split,
+    short_key,
+)
 
 Location = tuple[str, str, str]  # ("host", host, path) or ("fs", fsid, path): equal tuples are one directory
 
@@ -129,7 +140,11 @@ def _outcome(event) -> str | None:
 def _details(view: CompileSlotView, key: str, place: Dir, ranks: list[int], facts: dict[int, dict]) -> dict:
     """Every fact the alert rests on; `diff` compares fresh compiles only (loaded code prints otherwise)."""
     return {
-        "index": view.index, "key": key, "shared_dir": place.path, "location": place.text, "sharing_ranks": ranks,
+        "index": view.index,
+        "key": key,
+        "shared_dir": place.path,
+        "location": place.text,
+        "sharing_ranks": ranks,
         "codegen": {str(r): facts[r] for r in ranks},
         "code": {str(r): {"raw": view.reports[r].code_raw, "norm": view.reports[r].code_norm} for r in ranks},
         "cache": {str(r): _outcome(view.reports[r]) for r in ranks},
@@ -144,29 +159,45 @@ def judge(view: CompileSlotView, key: str, place: Dir, ranks: list[int]) -> Iter
     loaded = [r for r in ranks if _outcome(view.reports[r]) == "hit"]
     if loaded and split.dissenters:
         yield Finding(
-            severity="critical", ranks=split.dissenters, step=first_step(view.reports, ranks), frame=view.frame,
+            severity="critical",
+            ranks=split.dissenters,
+            step=first_step(view.reports, ranks),
+            frame=view.frame,
             message=f"{view.frame} (compile #{view.index}): {ranks_text(ranks)} share Inductor cache dir {place.text} "
             f"and FX key {short_key(key)}, but {how}; {ranks_text(loaded)} loaded the artifact from the cache, so "
             f"at least one rank runs code generated for another rank's target (wrong results or crashes): {FIX}",
-            details={**_details(view, key, place, ranks, facts), "loaded": loaded,
-                     "loaded_from": _keyed(foreign_loads(view, ranks, facts)), "tie": split.tie, "hint": FIX},
+            details={
+                **_details(view, key, place, ranks, facts),
+                "loaded": loaded,
+                "loaded_from": _keyed(foreign_loads(view, ranks, facts)),
+                "tie": split.tie,
+                "hint": FIX,
+            },
         )
         return
-    written = {r: view.reports[r].code_raw for r in ranks if _outcome(view.reports[r]) == "miss" and view.reports[r].code_raw}
+    written = {
+        r: view.reports[r].code_raw for r in ranks if _outcome(view.reports[r]) == "miss" and view.reports[r].code_raw
+    }
     if len(set(written.values())) < 2:
         return
     verdict = consensus(written)
     details = _details(view, key, place, ranks, facts)
     note, split = settings_split(view)
-    what = ("differ only in rank-specific text (device index, rank)" if details["diff"] == "rank-specific text only"
-            else "differ in the generated code itself")
+    what = (
+        "differ only in rank-specific text (device index, rank)"
+        if details["diff"] == "rank-specific text only"
+        else "differ in the generated code itself"
+    )
     fix = "give each rank (or node type) its own TORCHINDUCTOR_CACHE_DIR"
     yield Finding(
-        severity="warning", ranks=verdict.dissenters, step=first_step(view.reports, verdict.dissenters),
+        severity="warning",
+        ranks=verdict.dissenters,
+        step=first_step(view.reports, verdict.dissenters),
         frame=view.frame,
         message=f"{view.frame} (compile #{view.index}): {ranks_text(written)} share Inductor cache dir {place.text} and "
         f"compiled different code under the same FX key {short_key(key)}: the texts {what}"
-        + (f"; {how}" if how else "") + (f"; {note}" if note else "")
+        + (f"; {how}" if how else "")
+        + (f"; {note}" if note else "")
         + f". Whichever rank wrote last, the others will load its code: {fix}",
         details={**details, "tie": verdict.tie, "hint": fix, **({"settings": split} if split else {})},
     )
@@ -207,12 +238,22 @@ def proven_loads(view: CompileSlotView, place: Dir, ranks: list[int]) -> Iterato
         return
     loaded = tuple(sorted(found))
     yield Finding(
-        severity="critical", ranks=loaded, step=first_step(view.reports, loaded), frame=view.frame,
+        severity="critical",
+        ranks=loaded,
+        step=first_step(view.reports, loaded),
+        frame=view.frame,
         message=f"{view.frame} (compile #{view.index}): from the shared Inductor cache dir {place.text}, "
-        + "; ".join(f"rank {r} ({_facts_text(facts[r])}) loaded the code rank {w} compiled ({_facts_text(facts[w])})"
-                    for r, w in sorted(found.items())) + f": {FIX}",
-        details={**_details(view, "", place, ranks, facts), "loaded": list(loaded), "loaded_from": _keyed(found),
-                 "hint": FIX},
+        + "; ".join(
+            f"rank {r} ({_facts_text(facts[r])}) loaded the code rank {w} compiled ({_facts_text(facts[w])})"
+            for r, w in sorted(found.items())
+        )
+        + f": {FIX}",
+        details={
+            **_details(view, "", place, ranks, facts),
+            "loaded": list(loaded),
+            "loaded_from": _keyed(found),
+            "hint": FIX,
+        },
     )
 
 

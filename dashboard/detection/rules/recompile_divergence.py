@@ -2,6 +2,7 @@
 
 A rank that went silent is not counted as "did not recompile" (that is rank_silent's business).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -33,8 +34,12 @@ def _count_finding(view: CompileSlotView, compiled: set[int], skipped: set[int])
         frame=view.frame,
         message=f"{ranks_text(minority).capitalize()} {verb} {view.frame} (compile #{view.index})"
         + (f": {first.recompile_reason}" if first.recompile_reason else ""),
-        details={"index": view.index, "compiled": sorted(compiled), "not_compiled": sorted(skipped),
-                 "reason": first.recompile_reason},
+        details={
+            "index": view.index,
+            "compiled": sorted(compiled),
+            "not_compiled": sorted(skipped),
+            "reason": first.recompile_reason,
+        },
     )
 
 

@@ -1,13 +1,12 @@
 """recompile_storm: a frame recompiles until it hits the recompile limit (then runs eager), or >= 8
-times; or compilation eats more than 20% of the wall time over 10 minutes."""
+times. (What compiling costs the run as a share of its time is `compile_cost`'s.)"""
+
 from __future__ import annotations
 
 from dashboard.detection import subjects
-from dashboard.detection.rules import CompileSlotView, Finding, RunView, first_step, ranks_text, rule
+from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 STORM_INDEX = 8
-SHARE = 0.20
-SHARE_WINDOW_S = 600.0
 
 
 def hit_limit(event) -> bool:
@@ -28,24 +27,9 @@ def recompile_storm(view: CompileSlotView):
         ranks=ranks,
         step=first_step(view.reports, ranks),
         frame=view.frame,
-        message=f"{view.frame} " + ("hit the recompile limit and falls back to eager" if limited
-                                    else f"compiled {view.index + 1} times") + f" on {ranks_text(ranks)}"
+        message=f"{view.frame} "
+        + ("hit the recompile limit and falls back to eager" if limited else f"compiled {view.index + 1} times")
+        + f" on {ranks_text(ranks)}"
         + (f"; last reason: {reasons[-1]}" if reasons else ""),
         details={"compiles": view.index + 1, "hit_limit": sorted(limited), "reasons": reasons[:5]},
-    )
-
-
-@rule("recompile_storm", RunView)
-def compile_share(view: RunView):
-    """Compile time eating more than 20% of the wall time once a run has gone for 10 minutes."""
-    if view.wall_seconds < SHARE_WINDOW_S or view.compile_seconds <= SHARE * view.wall_seconds:
-        return
-    share = view.compile_seconds / view.wall_seconds
-    yield Finding(
-        severity="warning",
-        subject=subjects.COMPILE_SHARE,
-        ranks=(),
-        message=f"Compilation took {share:.0%} of the wall time ({view.compile_seconds:.0f} s of "
-        f"{view.wall_seconds:.0f} s per rank)",
-        details={"compile_seconds": view.compile_seconds, "wall_seconds": view.wall_seconds, "share": share},
     )

@@ -5,28 +5,33 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ledger', '0001_initial'),
-        ('tenancy', '0002_run_key_per_project'),
+        ("ledger", "0001_initial"),
+        ("tenancy", "0002_run_key_per_project"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='FlightRecorderRequest',
+            name="FlightRecorderRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rank', models.PositiveIntegerField()),
-                ('alert_id', models.BigIntegerField()),
-                ('revision', models.PositiveIntegerField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('asked_at', models.DateTimeField(null=True)),
-                ('answered_at', models.DateTimeField(null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='tenancy.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("rank", models.PositiveIntegerField()),
+                ("alert_id", models.BigIntegerField()),
+                ("revision", models.PositiveIntegerField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("asked_at", models.DateTimeField(null=True)),
+                ("answered_at", models.DateTimeField(null=True)),
+                ("run", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="tenancy.run")),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('asked_at__isnull', True)), fields=['run', 'rank'], name='fr_unasked')],
-                'constraints': [models.UniqueConstraint(fields=('alert_id', 'revision', 'rank'), name='fr_request_once')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("asked_at__isnull", True)), fields=["run", "rank"], name="fr_unasked"
+                    )
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("alert_id", "revision", "rank"), name="fr_request_once")
+                ],
             },
         ),
     ]

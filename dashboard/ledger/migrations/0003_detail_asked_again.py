@@ -6,15 +6,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ledger', '0002_flightrecorderrequest'),
+        ("ledger", "0002_flightrecorderrequest"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='detailrequest',
-            name='asks',
+            model_name="detailrequest",
+            name="asks",
             field=models.PositiveSmallIntegerField(default=0),
         ),
     ]

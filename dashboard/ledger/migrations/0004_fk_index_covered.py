@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("ledger", "0003_detail_asked_again"),
         ("tenancy", "0003_rank_updates_hot"),

@@ -6,13 +6,14 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("ledger", "0004_fk_index_covered"),
     ]
 
     operations = [
         migrations.RemoveIndex(model_name="gradwatermark", name="watermark_min_max"),
-        migrations.RunSQL("ALTER TABLE ingest_gradwatermark SET (fillfactor = 50)",
-                          "ALTER TABLE ingest_gradwatermark RESET (fillfactor)"),
+        migrations.RunSQL(
+            "ALTER TABLE ingest_gradwatermark SET (fillfactor = 50)",
+            "ALTER TABLE ingest_gradwatermark RESET (fillfactor)",
+        ),
     ]

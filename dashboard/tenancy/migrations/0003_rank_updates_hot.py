@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("tenancy", "0002_run_key_per_project"),
     ]
@@ -15,8 +14,11 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="rank",
             name="run",
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name="ranks",
-                                    to="tenancy.run"),
+            field=models.ForeignKey(
+                db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name="ranks", to="tenancy.run"
+            ),
         ),
-        migrations.RunSQL("ALTER TABLE ingest_rank SET (fillfactor = 50)", "ALTER TABLE ingest_rank RESET (fillfactor)"),
+        migrations.RunSQL(
+            "ALTER TABLE ingest_rank SET (fillfactor = 50)", "ALTER TABLE ingest_rank RESET (fillfactor)"
+        ),
     ]

@@ -2,6 +2,7 @@
 
 Acknowledging and silencing are shared with the API and live in `dashboard.web.services`.
 """
+
 from __future__ import annotations
 
 from django.db.models import QuerySet
@@ -35,8 +36,12 @@ def active_silences(caller: Principal) -> QuerySet[Silence]:
 
 
 def kinds_of(caller: Principal) -> list[str]:
-    return list(Alert.objects.filter(run__project_id__in=caller.project_ids).values_list("kind", flat=True)
-                .distinct().order_by("kind"))
+    return list(
+        Alert.objects.filter(run__project_id__in=caller.project_ids)
+        .values_list("kind", flat=True)
+        .distinct()
+        .order_by("kind")
+    )
 
 
 def involving_rank(qs: QuerySet[Alert], rank: int) -> QuerySet[Alert]:

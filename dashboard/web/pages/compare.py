@@ -5,11 +5,14 @@ or directories (`align_key`): the same code keeps its key when torch moves lines
 install prefix or working directory changes the path, and in runs stored before the agent sent
 today's frame keys (`agents.normalize.canonical_frame` brings those to today's form when read).
 """
+
 from __future__ import annotations
 
 import re
 
 from agents.normalize import canonical_frame, frame_label, split_frame
+from agents.protocol import PER_LAUNCH_ENV
+from dashboard.detection import bills
 from dashboard.tenancy.models import Rank, Run
 from dashboard.web import sql
 from dashboard.web.pages import drift as drifting
@@ -19,8 +22,17 @@ from dashboard.web.pages.timeline import OUTCOME_SQL
 CURVE_BINS = 200
 CURVE_RANKS = 16  # ranks sampled for the step-time curve (index probes: CURVE_BINS x CURVE_RANKS at most)
 VERSION_RANKS = 64  # ranks whose versions are merged, so a value one rank lacks is not lost
-ENV_SECTIONS = ("versions", "settings", "config_hash", "device", "collective_timeout_s", "fp_algo", "norm_v", "env",
-                "cache_dirs")
+ENV_SECTIONS = (
+    "versions",
+    "settings",
+    "config_hash",
+    "device",
+    "collective_timeout_s",
+    "fp_algo",
+    "norm_v",
+    "env",
+    "cache_dirs",
+)
 QUALNAME = re.compile(r"[\w<>]+(?:\.[\w<>]+)+")  # Block.forward, main.<locals>.step
 UNKNOWN = "unknown"
 DEFAULT = "default"  # a compiler setting the agent did not report is at torch's default
@@ -37,13 +49,17 @@ def align_key(frame: str) -> str:
 
 # --- environment -------------------------------------------------------------------------
 
+
 def flat_info(info: dict) -> dict[str, str]:
-    """rank_start info as flat 'section.key' -> text rows (versions.torch, env.NCCL_..., ...)."""
+    """rank_start info as flat 'section.key' -> text rows (versions.torch, env.NCCL_..., ...); the
+    variables that name one launch (sent by agents before they left them out) are not the job's."""
     flat: dict[str, str] = {}
     for section in ENV_SECTIONS:
         value = info.get(section)
         if isinstance(value, dict):
-            flat.update({f"{section}.{k}": str(v) for k, v in value.items()})
+            flat.update(
+                {f"{section}.{k}": str(v) for k, v in value.items() if not (section == "env" and k in PER_LAUNCH_ENV)}
+            )
         elif value not in (None, ""):
             flat[section] = str(value)
     return flat
@@ -75,22 +91,32 @@ def missing(field: str, env: dict[str, str]) -> str:
 
 
 def environment_diff(envs: list[dict[str, str]]) -> list[dict]:
-    """One row per field: the value in every run and whether they all agree."""
+    """One row per field: the value in every run and whether they all agree. The raw config hash
+    counts as the same when every named setting agrees: agents before the canonical hash hashed
+    set-valued settings in the process's hash-seed order, so equal configs hashed apart."""
     fields = sorted(set().union(*envs), key=lambda f: (not f.startswith("versions."), f))
     rows = []
     for field in fields:
         values = [env.get(field) or missing(field, env) for env in envs]
         rows.append({"field": field, "values": values, "same": len(set(values)) == 1})
+    settings_agree = all(row["same"] for row in rows if row["field"].startswith("settings."))
+    for row in rows:
+        if row["field"] == "config_hash" and settings_agree:
+            row["same"] = True
     return rows
 
 
 def settings_diff(environment: list[dict]) -> list[dict]:
     """The compiler settings and compiler/collective environment variables that differ."""
-    return [{"key": row["field"], "values": row["values"]} for row in environment
-            if not row["same"] and row["field"].startswith(SETTING_PREFIXES)]
+    return [
+        {"key": row["field"], "values": row["values"]}
+        for row in environment
+        if not row["same"] and row["field"].startswith(SETTING_PREFIXES)
+    ]
 
 
 # --- compile summary ---------------------------------------------------------------------
+
 
 def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
     """The run's compile summary and, per aligned frame, what its compiles cost and produced (per
@@ -116,11 +142,19 @@ def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
     for frame, ranks, n, recompiles, slots, time_s, ops, guards, kernels, hits, failures, graphs in rows:
         per = max(ranks, 1)
         cells[canonical_frame(frame)] = {
-            "frame": frame, "label": frame_label(frame), "ranks": ranks, "compiles": round(n / per, 2),
-            "recompiles": round(recompiles / per, 2), "time_s": round(time_s / per, 3), "ops": ops, "guards": guards,
+            "frame": frame,
+            "label": frame_label(frame),
+            "ranks": ranks,
+            "compiles": round(n / per, 2),
+            "recompiles": round(recompiles / per, 2),
+            "time_s": round(time_s / per, 3),
+            "ops": ops,
+            "guards": guards,
             "kernels": float(kernels) if kernels is not None else None,
-            "cache_hit_rate": round(hits / n, 3) if n else None, "failures": failures,
-            "graph_breaks": round(breaks.get(frame, 0) / per, 2), "graphs": sorted({g for g in graphs or () if g}),
+            "cache_hit_rate": round(hits / n, 3) if n else None,
+            "failures": failures,
+            "graph_breaks": round(breaks.get(frame, 0) / per, 2),
+            "graphs": sorted({g for g in graphs or () if g}),
             "_totals": (n, recompiles, slots, time_s, hits, failures),
         }
     return summarize(cells, sum(breaks.values())), _by_align_key(cells)
@@ -129,12 +163,18 @@ def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
 def summarize(cells: dict[str, dict], breaks: int) -> dict:
     ranks = max((c["ranks"] for c in cells.values()), default=0)
     per = max(ranks, 1)
-    n, recompiles, graphs, time_s, hits, failures = (sum(t) for t in zip(*(c.pop("_totals") for c in cells.values()))) \
-        if cells else (0, 0, 0, 0.0, 0, 0)
+    n, recompiles, graphs, time_s, hits, failures = (
+        (sum(t) for t in zip(*(c.pop("_totals") for c in cells.values()))) if cells else (0, 0, 0, 0.0, 0, 0)
+    )
     return {
         "compile_time_s": round(time_s / per, 3),  # per rank: what each rank spent compiling
-        "graphs": graphs, "compiles": n, "recompiles": round(recompiles / per, 2), "graph_breaks": round(breaks / per, 2),
-        "cache_hit_rate": round(hits / n, 3) if n else None, "failures": failures, "ranks_reporting": ranks,
+        "graphs": graphs,
+        "compiles": n,
+        "recompiles": round(recompiles / per, 2),
+        "graph_breaks": round(breaks / per, 2),
+        "cache_hit_rate": round(hits / n, 3) if n else None,
+        "failures": failures,
+        "ranks_reporting": ranks,
     }
 
 
@@ -158,8 +198,9 @@ def frame_alignment(per_run: list[dict[str, dict]]) -> list[dict]:
         present = [c for c in cells if c]
         same = len(present) == len(cells) and len({tuple(c["graphs"]) for c in present}) == 1
         label = next(c["label"] for c in cells if c)
-        rows.append({"key": key, "label": label, "cells": cells, "aligned": len(present) == len(cells),
-                     "graph_equal": same})
+        rows.append(
+            {"key": key, "label": label, "cells": cells, "aligned": len(present) == len(cells), "graph_equal": same}
+        )
     rows.sort(key=lambda r: (r["aligned"], r["graph_equal"], r["key"]))
     return rows
 
@@ -171,6 +212,7 @@ def stored_frames(run: Run, key: str) -> list[str]:
 
 
 # --- fingerprints and step times ---------------------------------------------------------
+
 
 def first_fingerprint_difference(base: Run, other: Run) -> dict:
     """First step whose consensus gradient fingerprints differ between the runs (same group)."""
@@ -217,6 +259,40 @@ def torch_label(env: dict[str, str]) -> str:
     return env.get("versions.torch") or UNKNOWN
 
 
+def compare_costs(runs: list[Run]) -> dict:
+    """Each run's compile bill (`detection.cost`), and per aligned frame each run's GPU-seconds and the
+    cause that cost most there: what a PyTorch upgrade did to compile cost."""
+    per_run = [bills.current_bill(run) for run in runs]
+    frames: dict[str, list] = {}
+    labels: dict[str, str] = {}
+    for i, bill in enumerate(per_run):
+        for f in bill["frames"]:
+            key = align_key(f["frame"])
+            labels.setdefault(key, f["label"])
+            top = f["lines"][0]
+            frames.setdefault(key, [None] * len(runs))[i] = {
+                "gpu_seconds": f["gpu_seconds"],
+                "cause": top["cause"],
+                "reason": top["reason"],
+            }
+    rows = [{"key": k, "label": labels[k], "cells": cells} for k, cells in frames.items()]
+    rows.sort(key=lambda r: (-max((c["gpu_seconds"] for c in r["cells"] if c), default=0.0), r["key"]))
+    return {
+        "runs": [
+            {
+                "key": r.key,
+                "gpu_seconds": b["gpu_seconds"],
+                "share": b["share"],
+                "causes": b["causes"],
+                "savings": b["savings"]["gpu_seconds"],
+                "money": b["money"],
+            }
+            for r, b in zip(runs, per_run)
+        ],
+        "frames": rows,
+    }
+
+
 def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> dict:
     """The compare page and `GET /api/v1/compare` body; the first run is the reference."""
     envs = [run_environment(r) for r in runs]
@@ -224,8 +300,10 @@ def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> d
     compiles = [run_compiles(r) for r in runs]
     frames = frame_alignment([per_frame for _, per_frame in compiles])
     numeric = drifting.drift(runs, tolerance)
-    runs_json = [{"key": r.key, "name": r.name, "torch_version": torch_label(env), "world_size": r.world_size}
-                 for r, env in zip(runs, envs)]
+    runs_json = [
+        {"key": r.key, "name": r.name, "torch_version": torch_label(env), "world_size": r.world_size}
+        for r, env in zip(runs, envs)
+    ]
     return {
         "runs": runs_json,
         "verdict": verdicts.verdict(runs_json, frames, numeric),
@@ -236,4 +314,5 @@ def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> d
         "fingerprints": [first_fingerprint_difference(runs[0], other) for other in runs[1:]],
         "drift": numeric,
         "step_times": {r.key: step_curve(r) for r in runs},
+        "cost": compare_costs(runs),
     }

@@ -8,6 +8,7 @@ that rank). The relative difference at a step is |a - b| / max(|a|, |b|). The lo
 every step (one index range per run), the norm at up to NORM_STEPS evenly spread steps (one index
 probe each); the curves sent to the browser are sampled down to CURVE_BINS points.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,12 @@ def loss_series(run: Run, rank: int) -> dict[int, float]:
 def grad_norm_series(run: Run, rank: int) -> dict[int, float]:
     """One norm per step, at NORM_STEPS steps at most, evenly spread (one index probe each): group
     "ddp" (replicas agree: any row of the step), else the rank's own."""
-    groups = {g: (lo, hi) for g, lo, hi in sql.rows(
-        'SELECT "group", min(step), max(step) FROM {grad_slots} WHERE run_id = %s GROUP BY "group"', [run.id])}
+    groups = {
+        g: (lo, hi)
+        for g, lo, hi in sql.rows(
+            'SELECT "group", min(step), max(step) FROM {grad_slots} WHERE run_id = %s GROUP BY "group"', [run.id]
+        )
+    }
     group = "ddp" if "ddp" in groups else min(groups, default=None)
     lo, hi = groups.get(group, (None, None))
     if lo is None:
@@ -49,7 +54,14 @@ def grad_norm_series(run: Run, rank: int) -> dict[int, float]:
           LATERAL (SELECT norm FROM {grad_reports} WHERE run_id = %(run)s AND step = s.step AND "group" = %(group)s
                    AND norm IS NOT NULL AND (%(group)s = 'ddp' OR %(rank)s = ANY(ranks)) LIMIT 1) g
         """,
-        {"lo": lo, "hi": hi, "stride": max(1, -(-(hi - lo + 1) // NORM_STEPS)), "run": run.id, "group": group, "rank": rank},
+        {
+            "lo": lo,
+            "hi": hi,
+            "stride": max(1, -(-(hi - lo + 1) // NORM_STEPS)),
+            "run": run.id,
+            "group": group,
+            "rank": rank,
+        },
     )
     return {step: norm for step, norm in rows if math.isfinite(norm)}
 
@@ -98,14 +110,24 @@ def drift(runs: list[Run], tolerance: float) -> dict:
     series = {}
     for run in runs:
         rank = lowest_rank(run)
-        series[run.key] = ({"loss": loss_series(run, rank), "grad_norm": grad_norm_series(run, rank)}
-                           if rank is not None else {"loss": {}, "grad_norm": {}})
+        series[run.key] = (
+            {"loss": loss_series(run, rank), "grad_norm": grad_norm_series(run, rank)}
+            if rank is not None
+            else {"loss": {}, "grad_norm": {}}
+        )
     base = series[runs[0].key]
     return {
         "tolerance": tolerance,
-        "series": {key: {name: sample(sorted(values[name].items())) for name in SERIES} for key, values in series.items()},
-        "vs": [{"run": other.key, **{name: compare_series(base[name], series[other.key][name], tolerance)
-                                     for name in SERIES}} for other in runs[1:]],
+        "series": {
+            key: {name: sample(sorted(values[name].items())) for name in SERIES} for key, values in series.items()
+        },
+        "vs": [
+            {
+                "run": other.key,
+                **{name: compare_series(base[name], series[other.key][name], tolerance) for name in SERIES},
+            }
+            for other in runs[1:]
+        ],
     }
 
 

@@ -9,6 +9,7 @@ alert of that compile names (cache, failure, artifact) are the dissenters instea
 traced one graph can still differ in the Inductor code (rank_specific_artifact), so the code gets
 its own majority vs minority diff.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 
 from dashboard.detection.consensus import consensus
 from dashboard.detection.models import Alert
+from dashboard.evidence import reads
+from dashboard.evidence.models import CompileEvent, GraphBreakEvent
 from dashboard.ledger.models import CompileSlot
 from dashboard.tenancy.models import Run
 from dashboard.web import sql
 from dashboard.web.pages.compare import run_environment, stored_frames, torch_label
-from ingest.models import CompileEvent, GraphBreakEvent
 
 
 @dataclass
@@ -38,17 +40,6 @@ class CodeDiff:
     minority: list[int]  # every rank whose code differs from the majority's
     note: str = ""
     lines: list[DiffLine] = field(default_factory=list)
-
-
-def graph_texts(hashes: list[str]) -> dict[str, str]:
-    """Normalized artifact texts by hash, from ingest's content-addressed blob store when present."""
-    from django.apps import apps
-
-    try:
-        blob = apps.get_model("ingest", "Blob")
-    except LookupError:
-        return {}
-    return dict(blob.objects.filter(hash__in=hashes, text__isnull=False).values_list("hash", "text"))
 
 
 def compile_record(event: CompileEvent) -> str:
@@ -73,7 +64,7 @@ def compile_record(event: CompileEvent) -> str:
         lines.append(f"cache key {name}: {value}")
     lines.append(f"graph breaks: {detail.get('graph_breaks', 0)}")
     artifacts = sorted((name, h.get("norm")) for name, h in (detail.get("hashes") or {}).items() if h.get("norm"))
-    texts = graph_texts([h for _, h in artifacts])
+    texts = reads.graph_texts([h for _, h in artifacts])
     for name, h in artifacts:
         if h in texts:
             lines += ["", f"=== {name} (normalized) ===", *texts[h].splitlines()]
@@ -85,8 +76,13 @@ DIFF_MAX_CHARS = 400_000  # difflib is quadratic at worst: longer texts are not 
 
 def unified_diff(a: str, b: str, a_name: str, b_name: str) -> list[DiffLine]:
     if len(a) + len(b) > DIFF_MAX_CHARS:
-        return [DiffLine("note", f"{a_name} ({len(a)} characters) and {b_name} ({len(b)} characters) are too large "
-                                 f"to diff in a page (limit {DIFF_MAX_CHARS} together)")]
+        return [
+            DiffLine(
+                "note",
+                f"{a_name} ({len(a)} characters) and {b_name} ({len(b)} characters) are too large "
+                f"to diff in a page (limit {DIFF_MAX_CHARS} together)",
+            )
+        ]
     out = []
     for line in difflib.unified_diff(a.splitlines(), b.splitlines(), a_name, b_name, lineterm="", n=3):
         if line.startswith(("---", "+++")):
@@ -122,7 +118,7 @@ def reasons(run: Run, frame: str) -> list[dict]:
 
 
 def graph_breaks(run: Run, frame: str) -> list[dict]:
-    rows = (GraphBreakEvent.objects.filter(run=run, frame=frame).values_list("reason").distinct()[:100])
+    rows = GraphBreakEvent.objects.filter(run=run, frame=frame).values_list("reason").distinct()[:100]
     return [{"reason": r} for (r,) in rows]
 
 
@@ -138,11 +134,12 @@ def rank_ranges(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-def slot_diff(run: Run, slot: CompileSlot,
-              alerted: dict[int, list[int]]) -> tuple[int | None, int | None, list[DiffLine], CodeDiff | None]:
+def slot_diff(
+    run: Run, slot: CompileSlot, alerted: dict[int, list[int]]
+) -> tuple[int | None, int | None, list[DiffLine], CodeDiff | None]:
     """Majority rank vs the first dissenter of one slot (where the ranks traced one graph: the first rank
     an alert of this compile names), and the same for its Inductor code."""
-    events = {e.rank: e for e in CompileEvent.objects.filter(run=run, frame=slot.frame, index=slot.index).order_by("id")}
+    events = reads.compile_reports(run.id, slot.frame, slot.index)
     if not events:
         return None, None, [], None
     code = code_diff(events)
@@ -152,8 +149,12 @@ def slot_diff(run: Run, slot: CompileSlot,
     if majority is None or not dissenters:
         return majority, None, [], code
     minority = dissenters[0]
-    diff = unified_diff(compile_record(events[majority]), compile_record(events[minority]),
-                        f"rank {majority} (majority)", f"rank {minority} (dissenter)")
+    diff = unified_diff(
+        compile_record(events[majority]),
+        compile_record(events[minority]),
+        f"rank {majority} (majority)",
+        f"rank {minority} (dissenter)",
+    )
     return majority, minority, diff, code
 
 
@@ -165,22 +166,32 @@ def code_diff(events: dict[int, CompileEvent]) -> CodeDiff | None:
         verdict = consensus(norms)
         majority = min(r for r in norms if r not in verdict.dissenters)
         minority = verdict.dissenters[0]
-        texts = graph_texts([norms[majority], norms[minority]])
+        texts = reads.graph_texts([norms[majority], norms[minority]])
         a, b = (texts.get(norms[r], f"(normalized code {norms[r]} not uploaded yet)") for r in (majority, minority))
-        return CodeDiff(majority, list(verdict.dissenters), lines=unified_diff(
-            a, b, f"rank {majority} (majority) Inductor code", f"rank {minority} Inductor code"))
+        return CodeDiff(
+            majority,
+            list(verdict.dissenters),
+            lines=unified_diff(a, b, f"rank {majority} (majority) Inductor code", f"rank {minority} Inductor code"),
+        )
     raws = {r: e.code_raw for r, e in events.items() if e.code_raw}
     if len(set(raws.values())) > 1:
         verdict = consensus(raws)
-        return CodeDiff(min(r for r in raws if r not in verdict.dissenters), list(verdict.dissenters),
-                        note="differs only in rank-specific text (device index / rank) that normalization removes")
+        return CodeDiff(
+            min(r for r in raws if r not in verdict.dissenters),
+            list(verdict.dissenters),
+            note="differs only in rank-specific text (device index / rank) that normalization removes",
+        )
     return None
 
 
 def alerted(run: Run, frame: str) -> dict[int, list[int]]:
     """Compile index -> the ranks the newest firing alert of this frame about that compile names."""
-    found = (Alert.objects.filter(run=run, frame=frame, state=Alert.State.FIRING).exclude(ranks=[])
-             .order_by("-last_seen").values_list("details", "ranks")[:50])
+    found = (
+        Alert.objects.filter(run=run, frame=frame, state=Alert.State.FIRING)
+        .exclude(ranks=[])
+        .order_by("-last_seen")
+        .values_list("details", "ranks")[:50]
+    )
     return {d["index"]: ranks for d, ranks in reversed(list(found)) if isinstance(d.get("index"), int)}
 
 
@@ -201,8 +212,14 @@ def frame_view(run: Run, frame: str, index: int | None) -> dict:
     majority, minority, diff, code = slot_diff(run, chosen, flagged) if chosen else (None, None, [], None)
     return {
         "frame": frame,
-        "slots": [{"slot": s, "dissenters": rank_ranges(sorted(s.dissenters)),
-                   "reference": json.dumps(s.consensus.get("reference")) if s.consensus else ""} for s in found],
+        "slots": [
+            {
+                "slot": s,
+                "dissenters": rank_ranges(sorted(s.dissenters)),
+                "reference": json.dumps(s.consensus.get("reference")) if s.consensus else "",
+            }
+            for s in found
+        ],
         "chosen": chosen,
         "majority": majority,
         "minority": minority,
@@ -224,5 +241,9 @@ def aligned_events(run: Run, key: str) -> list[CompileEvent]:
 def cross_run_diff(a: Run, b: Run, key: str) -> list[DiffLine]:
     """The same frame in two runs (e.g. torch 2.11 vs 2.13), every compile of the lowest rank."""
     text = lambda run: "\n\n".join(compile_record(e) for e in aligned_events(run, key))  # noqa: E731
-    return unified_diff(text(a), text(b), f"{a.key} (torch {torch_label(run_environment(a))})",
-                        f"{b.key} (torch {torch_label(run_environment(b))})")
+    return unified_diff(
+        text(a),
+        text(b),
+        f"{a.key} (torch {torch_label(run_environment(a))})",
+        f"{b.key} (torch {torch_label(run_environment(b))})",
+    )

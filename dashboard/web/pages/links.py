@@ -6,6 +6,7 @@ parameter names), so a 1024-rank run must not have every one read; trackers run 
 every rank, and either way the first ranks carry the links. Only http(s) URLs become links: the
 text came from a training process, and `javascript:` must never reach an href.
 """
+
 from __future__ import annotations
 
 from dashboard.tenancy.models import Rank, Run
@@ -16,14 +17,22 @@ NAMES = {"wandb": "W&B", "mlflow": "MLflow"}
 
 def run_links(run: Run) -> list[dict]:
     """[{"tool", "label", "url", "href" (None unless http/https), "ranks"}], one per distinct link, in rank order."""
-    rows = (Rank.objects.filter(run=run, rank__lt=LINK_RANKS).order_by("rank")
-            .values_list("rank", "info__links"))  # only that key leaves the database
+    rows = (
+        Rank.objects.filter(run=run, rank__lt=LINK_RANKS).order_by("rank").values_list("rank", "info__links")
+    )  # only that key leaves the database
     out: dict[tuple[str, str], dict] = {}
     for rank, links in rows:
         for tool, url in _parsed(links).items():
-            entry = out.setdefault((tool, url), {"tool": tool, "label": NAMES.get(tool, tool), "url": url,
-                                                 "href": url if url.startswith(("http://", "https://")) else None,
-                                                 "ranks": []})
+            entry = out.setdefault(
+                (tool, url),
+                {
+                    "tool": tool,
+                    "label": NAMES.get(tool, tool),
+                    "url": url,
+                    "href": url if url.startswith(("http://", "https://")) else None,
+                    "ranks": [],
+                },
+            )
             entry["ranks"].append(rank)
     return list(out.values())
 

@@ -4,8 +4,9 @@ The browser never receives per-rank events: compile spans are merged per (row, t
 cache outcome), where a row is one rank up to MAX_ROWS ranks and a contiguous block of ranks
 beyond; markers are counted per (row, time bin); the heatmap holds only the (step bin, rank)
 cells where a rank dissented. The payload is bounded by rows x bins whatever the run size
-(DESIGN 5: push aggregates, never raw per-rank events).
+(push aggregates, never raw per-rank events: docs/design.md, Pages).
 """
+
 from __future__ import annotations
 
 from dashboard.tenancy.models import Run
@@ -23,7 +24,6 @@ CASE WHEN status <> 'ok' THEN 'failed'
      WHEN cache::text LIKE '%%hit%%' THEN 'hit'
      ELSE 'none' END
 """
-
 
 
 def time_bounds(run: Run) -> tuple[float, float] | None:
@@ -123,14 +123,24 @@ def timeline(run: Run, bins: int = TIME_BINS) -> dict:
     """Everything the run page draws, bounded by rows x bins whatever the ranks and steps."""
     bounds = time_bounds(run)
     group = rank_group(run.world_size)
-    body: dict = {"run": run.key, "world_size": run.world_size, "rank_group": group,
-                  "rows": -(-run.world_size // group), "heatmap": heatmap(run)}
+    body: dict = {
+        "run": run.key,
+        "world_size": run.world_size,
+        "rank_group": group,
+        "rows": -(-run.world_size // group),
+        "heatmap": heatmap(run),
+    }
     if bounds is None:
         body.update(t0=None, duration=0, spans=[], markers={"recompiles": [], "graph_breaks": []})
         return body
     t0, t1 = bounds
     width = (t1 - t0) / bins
     spans, recompiles = compile_spans(run, t0, width, group)
-    body.update(t0=t0, duration=round(t1 - t0, 3), bin_s=width, spans=spans,
-                markers={"recompiles": recompiles, "graph_breaks": graph_breaks(run, t0, width, group)})
+    body.update(
+        t0=t0,
+        duration=round(t1 - t0, 3),
+        bin_s=width,
+        spans=spans,
+        markers={"recompiles": recompiles, "graph_breaks": graph_breaks(run, t0, width, group)},
+    )
     return body

@@ -5,12 +5,19 @@ Each run after the first is held against the first. A frame got worse when its c
 by TIME_RATIO or more, or it recompiled more, broke more, needs more guards or kernels, or hit the
 cache less; frames with the most of those come first.
 """
+
 from __future__ import annotations
 
 TIME_RATIO = 1.25
 # (metric, the cell's field, True when a larger value is worse)
-METRICS = (("compile time", "time_s", True), ("recompiles", "recompiles", True), ("graph breaks", "graph_breaks", True),
-           ("guards", "guards", True), ("kernels", "kernels", True), ("cache hit rate", "cache_hit_rate", False))
+METRICS = (
+    ("compile time", "time_s", True),
+    ("recompiles", "recompiles", True),
+    ("graph breaks", "graph_breaks", True),
+    ("guards", "guards", True),
+    ("kernels", "kernels", True),
+    ("cache hit rate", "cache_hit_rate", False),
+)
 
 
 def time_ratio(base: dict, other: dict) -> float | None:
@@ -42,14 +49,29 @@ def frame_rows(frames: list[dict]) -> list[dict]:
         against = []
         for other in others:
             if base is None or other is None:
-                against.append({"status": "only in the reference" if other is None else "new", "worse": [],
-                                "time_ratio": None})
+                against.append(
+                    {"status": "only in the reference" if other is None else "new", "worse": [], "time_ratio": None}
+                )
             else:
-                against.append({"status": "compared", "worse": worse(base, other), "time_ratio": time_ratio(base, other)})
-        rows.append({"key": frame["key"], "label": frame["label"], "cells": frame["cells"], "against": against,
-                     "graph_equal": frame["graph_equal"]})
-    rows.sort(key=lambda r: (-max((len(a["worse"]) for a in r["against"]), default=0),
-                             -max((a["time_ratio"] or 0 for a in r["against"]), default=0), r["key"]))
+                against.append(
+                    {"status": "compared", "worse": worse(base, other), "time_ratio": time_ratio(base, other)}
+                )
+        rows.append(
+            {
+                "key": frame["key"],
+                "label": frame["label"],
+                "cells": frame["cells"],
+                "against": against,
+                "graph_equal": frame["graph_equal"],
+            }
+        )
+    rows.sort(
+        key=lambda r: (
+            -max((len(a["worse"]) for a in r["against"]), default=0),
+            -max((a["time_ratio"] or 0 for a in r["against"]), default=0),
+            r["key"],
+        )
+    )
     return rows
 
 
@@ -58,8 +80,10 @@ def drift_line(name: str, result: dict, tolerance: float) -> str:
         return f"{name}: no common steps"
     if result["first_over_tolerance"] is None:
         return f"{name} within tolerance {tolerance:g} through step {result['within_tolerance_through']}"
-    return (f"{name} drifts past {tolerance:g} at step {result['first_over_tolerance']} "
-            f"(largest {result['max_relative']:.3g} at step {result['max_relative_step']})")
+    return (
+        f"{name} drifts past {tolerance:g} at step {result['first_over_tolerance']} "
+        f"(largest {result['max_relative']:.3g} at step {result['max_relative_step']})"
+    )
 
 
 def verdict(runs: list[dict], frames: list[dict], drift: dict) -> dict:
@@ -69,12 +93,17 @@ def verdict(runs: list[dict], frames: list[dict], drift: dict) -> dict:
         other, base = runs[i], runs[0]
         compared = [r for r in rows if r["against"][i - 1]["status"] == "compared"]
         got_worse = [r for r in compared if r["against"][i - 1]["worse"]]
-        head = (f"{other['key']} (torch {other['torch_version']}) vs {base['key']} (torch {base['torch_version']}): "
-                f"{len(compared)} of {len(rows)} frames aligned, {len(got_worse)} got worse")
+        head = (
+            f"{other['key']} (torch {other['torch_version']}) vs {base['key']} (torch {base['torch_version']}): "
+            f"{len(compared)} of {len(rows)} frames aligned, {len(got_worse)} got worse"
+        )
         if got_worse:
             first = got_worse[0]
             head += f", first {first['label']} ({', '.join(first['against'][i - 1]['worse'])})"
         lines.append(head)
-        lines += [drift_line(name.replace("_", " "), vs[name], drift["tolerance"])
-                  for name in ("loss", "grad_norm") if vs[name]["steps_compared"]]
+        lines += [
+            drift_line(name.replace("_", " "), vs[name], drift["tolerance"])
+            for name in ("loss", "grad_norm")
+            if vs[name]["steps_compared"]
+        ]
     return {"lines": lines, "frames": rows}

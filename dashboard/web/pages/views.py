@@ -1,12 +1,13 @@
 """HTML pages: the session door over `dashboard.web.services`.
 
 Every view gets the caller (the logged-in user with their projects) and resolves runs, alerts
-and silences through the services, so pages and the API share one visibility rule. A `Problem`
-about something the caller cannot see is a 404 (pages do not confirm that it exists); problems
+and silences through the services, so pages and the API share one visibility rule. A `Refusal`
+about something the caller cannot see is a 404 (pages do not confirm that it exists); refusals
 with what the user typed come back as a message on the page the form was on. Aggregation
 happens in SQL (timeline.py, compare.py, frames.py) and user text reaches the browser only
 through Django's autoescaping or JSON read with textContent.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -22,15 +23,16 @@ from django.views.decorators.http import require_POST
 
 from dashboard.detection import silences
 from dashboard.detection.models import Baseline
+from dashboard.evidence.models import CompileEvent, GraphBreakEvent, StepReport
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import RUN_STATUSES, Project, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
-from dashboard.web.pages import alerting, compare as comparing, frames
+from dashboard.web.pages import alerting, frames
+from dashboard.web.pages import compare as comparing
 from dashboard.web.pages.links import run_links
-from dashboard.web.problems import Problem
-from ingest.models import CompileEvent, GraphBreakEvent, StepReport
+from ingest.refusals import Refusal
 
 ALERTS_ON_RUN_PAGE = 100
 RUNS_LISTED = 200
@@ -40,22 +42,23 @@ View = Callable[..., HttpResponse]
 
 
 def page(view: View) -> View:
-    """Login required; the view gets the caller. A 403/404 Problem is a 404 page."""
+    """Login required; the view gets the caller. A 403/404 Refusal is a 404 page."""
 
     @login_required
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
         try:
             return view(request, access.principal_for(request.user), *args, **kwargs)
-        except Problem as problem:
-            if problem.status not in (403, 404):
+        except Refusal as refusal:
+            if refusal.status not in (403, 404):
                 raise
-            raise Http404(problem.message) from None
+            raise Http404(refusal.message) from None
 
     return wrapper
 
 
 # --- runs --------------------------------------------------------------------------------
+
 
 def _filtered(runs: QuerySet[Run], params: Mapping[str, str]) -> QuerySet[Run]:
     """Runs list filters: text, project, torch version and health (on `runs_list` annotations);
@@ -79,12 +82,15 @@ def _filtered(runs: QuerySet[Run], params: Mapping[str, str]) -> QuerySet[Run]:
 @page
 def runs(request: HttpRequest, caller: Principal) -> HttpResponse:
     """An unknown status is a 400 whose message sits above the filters, so the user can choose again."""
-    context = {"projects": Project.objects.filter(id__in=caller.project_ids).order_by("name"),
-               "filters": request.GET, "statuses": RUN_STATUSES}
+    context = {
+        "projects": Project.objects.filter(id__in=caller.project_ids).order_by("name"),
+        "filters": request.GET,
+        "statuses": RUN_STATUSES,
+    }
     try:
         listed = services.runs_list(caller, request.GET.get("status", "").strip())
-    except Problem as problem:
-        messages.error(request, problem.message)
+    except Refusal as refusal:
+        messages.error(request, refusal.message)
         return render(request, "dashboard/runs.html", {**context, "runs": []}, status=400)
     return render(request, "dashboard/runs.html", {**context, "runs": _filtered(listed, request.GET)[:RUNS_LISTED]})
 
@@ -93,10 +99,14 @@ def run_headline_counts(run: Run) -> dict:
     """The run page's headline counts (compiles, recompiles, failures, graph breaks, frames, grad
     slots and those with dissent), one aggregate query per table."""
     compiles = CompileEvent.objects.filter(run=run).aggregate(
-        compiles=Count("id"), recompiles=Count("id", filter=Q(index__gt=0)), failures=Count("id", filter=~Q(status="ok")))
+        compiles=Count("id"),
+        recompiles=Count("id", filter=Q(index__gt=0)),
+        failures=Count("id", filter=~Q(status="ok")),
+    )
     slots = run.gradslot_set.aggregate(grad_slots=Count("id"), dissenting_slots=Count("id", filter=~Q(dissenters=[])))
     return {
-        **compiles, **slots,
+        **compiles,
+        **slots,
         "graph_breaks": GraphBreakEvent.objects.filter(run=run).count(),
         "frames": run.compileslot_set.values("frame").distinct().count(),
     }
@@ -105,22 +115,31 @@ def run_headline_counts(run: Run) -> dict:
 @page
 def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
     found = services.run_with_alert_counts(caller, key)  # annotated: the status badge costs no query
-    frames_with_dissent = (found.compileslot_set.exclude(dissenters=[]).values_list("frame", flat=True)
-                           .distinct().order_by("frame")[:50])
+    frames_with_dissent = (
+        found.compileslot_set.exclude(dissenters=[]).values_list("frame", flat=True).distinct().order_by("frame")[:50]
+    )
     alerts = list(found.alerts.select_related("acked_by", "run")[:ALERTS_ON_RUN_PAGE])
-    return render(request, "dashboard/run.html", {
-        "run": found,
-        "flight": flight_recorder_view(alerts),
-        "ranks": found.ranks.values("rank", "host", "status", "last_step", "last_seen"),  # not `info`: 1024 JSON docs
-        "alerts": alerts,
-        "summary": run_headline_counts(found),
-        "links": run_links(found),
-        "frames": found.compileslot_set.values_list("frame", flat=True).distinct().order_by("frame")[:200],
-        "dissent_frames": set(frames_with_dissent),
-        "baseline": Baseline.objects.select_related("baseline").filter(run=found).first(),
-        "baseline_choices": services.baseline_candidates(caller, found).order_by("-started_at")
-        .values_list("key", flat=True)[:50],
-    })
+    return render(
+        request,
+        "dashboard/run.html",
+        {
+            "run": found,
+            "flight": flight_recorder_view(alerts),
+            "ranks": found.ranks.values(
+                "rank", "host", "status", "last_step", "last_seen"
+            ),  # not `info`: 1024 JSON docs
+            "alerts": alerts,
+            "incidents": services.run_incidents(caller, key)[:ALERTS_ON_RUN_PAGE],
+            "summary": run_headline_counts(found),
+            "links": run_links(found),
+            "frames": found.compileslot_set.values_list("frame", flat=True).distinct().order_by("frame")[:200],
+            "dissent_frames": set(frames_with_dissent),
+            "baseline": Baseline.objects.select_related("baseline").filter(run=found).first(),
+            "baseline_choices": services.baseline_candidates(caller, found)
+            .order_by("-started_at")
+            .values_list("key", flat=True)[:50],
+        },
+    )
 
 
 def flight_recorder_view(alerts) -> dict | None:
@@ -131,8 +150,10 @@ def flight_recorder_view(alerts) -> dict | None:
             ranks = fr.get("ranks") or {}
             compiles = fr.get("compiles") or {}
             missing = set((fr.get("mismatch") or {}).get("missing_ranks") or [])
-            rows = [{"rank": int(r), **facts, "compiles": compiles.get(r) or {}, "missing": int(r) in missing}
-                    for r, facts in sorted(ranks.items(), key=lambda kv: int(kv[0]))]
+            rows = [
+                {"rank": int(r), **facts, "compiles": compiles.get(r) or {}, "missing": int(r) in missing}
+                for r, facts in sorted(ranks.items(), key=lambda kv: int(kv[0]))
+            ]
             return {"alert": alert, "summary": fr, "rows": rows}
     return None
 
@@ -144,10 +165,12 @@ def run_baseline(request: HttpRequest, caller: Principal, key: str) -> HttpRespo
     found = services.run_for(caller, key)
     try:
         link = services.choose_baseline(caller, found, request.POST.get("baseline", ""))
-    except Problem:
+    except Refusal:
         messages.error(request, BASELINE_REFUSED)
     else:
-        messages.success(request, f"{link.baseline.key} is now the baseline of {found.key}; differences show up as alerts.")
+        messages.success(
+            request, f"{link.baseline.key} is now the baseline of {found.key}; differences show up as alerts."
+        )
     return redirect("run", key=found.key)
 
 
@@ -155,13 +178,19 @@ def run_baseline(request: HttpRequest, caller: Principal, key: str) -> HttpRespo
 def rank(request: HttpRequest, caller: Principal, key: str, rank: int) -> HttpResponse:
     found = services.run_for(caller, key)
     rank_row = get_object_or_404(found.ranks, rank=rank)
-    return render(request, "dashboard/rank.html", {
-        "run": found, "rank": rank_row, "versions": comparing.flat_info(rank_row.info),
-        "compiles": CompileEvent.objects.filter(run=found, rank=rank).order_by("-ts")[:200],
-        "breaks": GraphBreakEvent.objects.filter(run=found, rank=rank).order_by("-ts")[:100],
-        "steps": StepReport.objects.filter(run=found, rank=rank).order_by("-step")[:50],
-        "alerts": alerting.involving_rank(found.alerts.select_related("acked_by", "run"), rank)[:100],
-    })
+    return render(
+        request,
+        "dashboard/rank.html",
+        {
+            "run": found,
+            "rank": rank_row,
+            "versions": comparing.flat_info(rank_row.info),
+            "compiles": CompileEvent.objects.filter(run=found, rank=rank).order_by("-ts")[:200],
+            "breaks": GraphBreakEvent.objects.filter(run=found, rank=rank).order_by("-ts")[:100],
+            "steps": StepReport.objects.filter(run=found, rank=rank).order_by("-step")[:50],
+            "alerts": alerting.involving_rank(found.alerts.select_related("acked_by", "run"), rank)[:100],
+        },
+    )
 
 
 @page
@@ -176,6 +205,7 @@ def frame(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
 
 # --- alerts ------------------------------------------------------------------------------
 
+
 @page
 def alerts(request: HttpRequest, caller: Principal) -> HttpResponse:
     filters = {k: request.GET.get(k, "") for k in ("run", "kind", "severity", "state", "acked")}
@@ -184,11 +214,19 @@ def alerts(request: HttpRequest, caller: Principal) -> HttpResponse:
     shown = list(alerting.alerts_for(caller, filters)[:500])
     webhooks = services.webhook_deliveries(shown)
     rows = [(a, silences.first_covering(a, active), webhooks.get(a.id, {}).get("failed", 0)) for a in shown]
-    return render(request, "dashboard/alerts.html", {
-        "rows": rows, "filters": filters, "silences": active, "kinds": alerting.kinds_of(caller),
-        "form": SilenceForm(initial={"run": filters["run"], "kind": filters["kind"]}),
-        "projects": Project.objects.filter(id__in=caller.project_ids).order_by("name"),
-    })
+    return render(
+        request,
+        "dashboard/alerts.html",
+        {
+            "incidents": services.visible_incidents(caller, filters["run"], filters["state"]),
+            "rows": rows,
+            "filters": filters,
+            "silences": active,
+            "kinds": alerting.kinds_of(caller),
+            "form": SilenceForm(initial={"run": filters["run"], "kind": filters["kind"]}),
+            "projects": Project.objects.filter(id__in=caller.project_ids).order_by("name"),
+        },
+    )
 
 
 def _back(request: HttpRequest) -> HttpResponse:
@@ -206,6 +244,13 @@ def alert_ack(request: HttpRequest, caller: Principal, alert_id: int) -> HttpRes
 
 @page
 @require_POST
+def incident_ack(request: HttpRequest, caller: Principal, incident_id: int) -> HttpResponse:
+    services.acknowledge_incident(caller, incident_id)
+    return _back(request)
+
+
+@page
+@require_POST
 def alert_unack(request: HttpRequest, caller: Principal, alert_id: int) -> HttpResponse:
     services.unacknowledge(caller, alert_id)
     return _back(request)
@@ -216,12 +261,14 @@ def alert_unack(request: HttpRequest, caller: Principal, alert_id: int) -> HttpR
 def silence_create(request: HttpRequest, caller: Principal) -> HttpResponse:
     form = SilenceForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Silence not created: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+        messages.error(
+            request, "Silence not created: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+        )
         return _back(request)
     try:
         services.create_silence(caller, form.cleaned_data)
-    except Problem as problem:
-        messages.error(request, f"Silence not created: {problem.message}")
+    except Refusal as refusal:
+        messages.error(request, f"Silence not created: {refusal.message}")
     else:
         messages.success(request, "Silence created.")
     return _back(request)
@@ -236,27 +283,41 @@ def silence_expire(request: HttpRequest, caller: Principal, silence_id: int) -> 
 
 # --- compare -----------------------------------------------------------------------------
 
+
 def _compared_runs(request: HttpRequest, caller: Principal) -> list[Run]:
     """From `?runs=a,b` (links) or `?run=a&run=b` (the runs list checkboxes)."""
     keys = [k for k in request.GET.get("runs", "").split(",") if k] or request.GET.getlist("run")
-    return services.runs_for(caller, keys[:services.MAX_COMPARED])
+    return services.runs_for(caller, keys[: services.MAX_COMPARED])
 
 
 @page
 def compare(request: HttpRequest, caller: Principal) -> HttpResponse:
     chosen = _compared_runs(request, caller)
     if len(chosen) < 2:
-        return render(request, "dashboard/compare.html", {
-            "choose": True, "runs": caller.runs().order_by("-started_at")[:RUNS_LISTED], "chosen": chosen})
+        return render(
+            request,
+            "dashboard/compare.html",
+            {"choose": True, "runs": caller.runs().order_by("-started_at")[:RUNS_LISTED], "chosen": chosen},
+        )
     body = comparing.compare(chosen, services.compare_tolerance(request.GET.get("tol")))
     fields = ("compile_time_s", "graphs", "compiles", "recompiles", "graph_breaks", "cache_hit_rate", "failures")
     summary_rows = [(f, [s[f] for s in body["compile_summary"]]) for f in fields]
-    return render(request, "dashboard/compare.html", {
-        "choose": False, "chosen": chosen, "body": body, "summary_rows": summary_rows,
-        "keys": ",".join(r.key for r in chosen), "fp": zip(chosen[1:], body["fingerprints"]),
-        "curves": body["step_times"], "drift": body["drift"],
-        "drift_vs": zip(chosen[1:], body["drift"]["vs"]), "tol": request.GET.get("tol") or body["drift"]["tolerance"],
-    })
+    return render(
+        request,
+        "dashboard/compare.html",
+        {
+            "choose": False,
+            "chosen": chosen,
+            "body": body,
+            "summary_rows": summary_rows,
+            "keys": ",".join(r.key for r in chosen),
+            "fp": zip(chosen[1:], body["fingerprints"]),
+            "curves": body["step_times"],
+            "drift": body["drift"],
+            "drift_vs": zip(chosen[1:], body["drift"]["vs"]),
+            "tol": request.GET.get("tol") or body["drift"]["tolerance"],
+        },
+    )
 
 
 @page
@@ -266,8 +327,15 @@ def compare_frame(request: HttpRequest, caller: Principal) -> HttpResponse:
         raise Http404("choose two runs")
     base, other = chosen[0], chosen[1]
     key = request.GET.get("frame", "")
-    return render(request, "dashboard/compare_frame.html", {
-        "base": base, "other": other, "key": key, "diff": frames.cross_run_diff(base, other, key),
-        "labels": [comparing.torch_label(comparing.run_environment(r)) for r in (base, other)],
-        "keys": ",".join(r.key for r in chosen),
-    })
+    return render(
+        request,
+        "dashboard/compare_frame.html",
+        {
+            "base": base,
+            "other": other,
+            "key": key,
+            "diff": frames.cross_run_diff(base, other, key),
+            "labels": [comparing.torch_label(comparing.run_environment(r)) for r in (base, other)],
+            "keys": ",".join(r.key for r in chosen),
+        },
+    )

@@ -1,7 +1,8 @@
 """`manage.py createtoken <project>`: new project token on the last line of stdout."""
+
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import validate_slug
-from django.core.exceptions import ValidationError
 
 from dashboard.tenancy.models import Project, ProjectToken
 
@@ -17,7 +18,7 @@ class Command(BaseCommand):
             validate_slug(project)
         except ValidationError:
             raise CommandError(f"project name {project!r} must use only letters, digits, '-' and '_'") from None
-        found, created = Project.objects.get_or_create(name=project)
+        found, created = Project.named(project)
         if created:
             self.stderr.write(f"created project {found.name}")
         self.stdout.write(ProjectToken.issue(found))

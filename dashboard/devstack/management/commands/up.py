@@ -3,10 +3,12 @@
 Starts (or reuses) the database and Redis (embedded ones when DATABASE_URL / REDIS_URL are
 unset), migrates, ensures a demo login and project, runs uvicorn and a Celery worker, then
 launches real torchrun CPU jobs with the agent that provoke every divergence the CPU can, and
-prints each alert as it fires. Ctrl-C stops it all; the data folder is reused on the next start.
+prints each alert as it fires and as it resolves. Ctrl-C stops it all; the data folder is reused on the next start.
 """
+
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -23,9 +25,11 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from dashboard.detection.models import Alert, Baseline
+from dashboard.detection import baseline
+from dashboard.detection.models import Alert
 from dashboard.devstack import embedded
-from dashboard.devstack.processes import kill_tree, stop_groups
+from dashboard.devstack.processes import kill_tree, server_command, stop_groups, worker_command
+from dashboard.devstack.stream import AlertStream
 from dashboard.tenancy.models import Project, ProjectToken, Run
 
 DEMO_USER, DEMO_PASSWORD = "demo", "lockstep-demo"
@@ -50,48 +54,157 @@ class DemoJob:
 def demo_jobs(data: str) -> list[DemoJob]:
     warm, cold, shared = (f"{data}/demo-cache-{name}" for name in ("warm", "cold", "shared"))
     return [
-        DemoJob("reference", "a clean run of the job, kept as the baseline of the next one", "demo/ddp_job.py",
-                ["--steps", "20", "--sleep", "0.1"]),
-        DemoJob("divergence", "rank 1 recompiles alone (a 17-row batch at step 5), rank 2's gradient is nudged at step 12",
-                "demo/ddp_job.py", ["--steps", "30", "--sleep", "0.3", "--shape-rank", "1", "--shape-step", "5",
-                                    "--perturb-rank", "2", "--perturb-step", "12"], baseline="reference"),
-        DemoJob("compile-trouble", "rank 1 traces another graph, rank 2 gets NaN, a recompile storm, rank 0 compiles slowly",
-                "demo/scenarios.py", ["--steps", "10", "--branch-rank", "1", "--nan-rank", "2", "--nan-step", "4",
-                                      "--storm", "--slow-rank", "0", "--slow-seconds", "4"]),
-        DemoJob("cold-cache", "rank 1 starts with a cold Inductor cache, the others with a warm one",
-                "demo/per_rank_env.py", ["demo/ddp_job.py", "--steps", "6"],
-                env={"PER_RANK_ENV": json.dumps({"0": {"TORCHINDUCTOR_CACHE_DIR": warm},
-                                                 "1": {"TORCHINDUCTOR_CACHE_DIR": cold},
-                                                 "2": {"TORCHINDUCTOR_CACHE_DIR": warm}})},
-                before=[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port",
-                        "29400", "demo/ddp_job.py", "--steps", "1"], before_env={"TORCHINDUCTOR_CACHE_DIR": warm},
-                via_agent_cli=False),
-        DemoJob("shared-cache", "ranks share one cache directory but rank 1 runs other Inductor settings; "
-                "rank 2 folds an extra all_reduce into a compiled graph",
-                "demo/per_rank_env.py", ["demo/scenarios.py", "--steps", "6", "--collective-rank", "2"],
-                env={"TORCHINDUCTOR_CACHE_DIR": shared,
-                     "PER_RANK_ENV": json.dumps({"1": {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}})},
-                via_agent_cli=False),
-        DemoJob("killed-rank", "rank 1's compiler fails, rank 0's weights are nudged, rank 2 is SIGKILLed at step 8",
-                "demo/scenarios.py", ["--steps", "30", "--sleep", "0.2", "--fail-rank", "1", "--nudge-weight-rank", "0",
-                                      "--nudge-weight-step", "4", "--kill-rank", "2", "--kill-step", "8"],
-                env={"LOCKSTEP_PARAM_EVERY": "4"}),
-        DemoJob("hung-rank", "torch.compile(DDP(model)) compiles empty graphs; rank 2 freezes at step 5",
-                "demo/scenarios.py", ["--steps", "200", "--sleep", "0.2", "--compile-ddp", "--freeze-rank", "2",
-                                      "--freeze-step", "5"], max_seconds=60),
+        DemoJob(
+            "reference",
+            "a clean run of the job, kept as the baseline of the next one",
+            "demo/ddp_job.py",
+            ["--steps", "20", "--sleep", "0.1"],
+        ),
+        DemoJob(
+            "divergence",
+            "rank 1 recompiles alone (a 17-row batch at step 5), rank 2's gradient is nudged at step 12",
+            "demo/ddp_job.py",
+            [
+                "--steps",
+                "30",
+                "--sleep",
+                "0.3",
+                "--shape-rank",
+                "1",
+                "--shape-step",
+                "5",
+                "--perturb-rank",
+                "2",
+                "--perturb-step",
+                "12",
+            ],
+            baseline="reference",
+        ),
+        DemoJob(
+            "compile-trouble",
+            "rank 1 traces another graph, rank 2 gets NaN, a recompile storm, rank 0 compiles slowly",
+            "demo/scenarios.py",
+            [
+                "--steps",
+                "10",
+                "--branch-rank",
+                "1",
+                "--nan-rank",
+                "2",
+                "--nan-step",
+                "4",
+                "--storm",
+                "--slow-rank",
+                "0",
+                "--slow-seconds",
+                "4",
+            ],
+        ),
+        DemoJob(
+            "cold-cache",
+            "rank 1 starts with a cold Inductor cache, the others with a warm one",
+            "demo/per_rank_env.py",
+            ["demo/ddp_job.py", "--steps", "6"],
+            env={
+                "PER_RANK_ENV": json.dumps(
+                    {
+                        "0": {"TORCHINDUCTOR_CACHE_DIR": warm},
+                        "1": {"TORCHINDUCTOR_CACHE_DIR": cold},
+                        "2": {"TORCHINDUCTOR_CACHE_DIR": warm},
+                    }
+                )
+            },
+            before=[
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "1",
+                "--master-port",
+                "29400",
+                "demo/ddp_job.py",
+                "--steps",
+                "1",
+            ],
+            before_env={"TORCHINDUCTOR_CACHE_DIR": warm},
+            via_agent_cli=False,
+        ),
+        DemoJob(
+            "shared-cache",
+            "ranks share one cache directory but rank 1 runs other Inductor settings; "
+            "rank 2 folds an extra all_reduce into a compiled graph",
+            "demo/per_rank_env.py",
+            ["demo/scenarios.py", "--steps", "6", "--collective-rank", "2"],
+            env={
+                "TORCHINDUCTOR_CACHE_DIR": shared,
+                "PER_RANK_ENV": json.dumps({"1": {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}}),
+            },
+            via_agent_cli=False,
+        ),
+        DemoJob(
+            "killed-rank",
+            "rank 1's compiler fails, rank 0's weights are nudged, rank 2 is SIGKILLed at step 8",
+            "demo/scenarios.py",
+            [
+                "--steps",
+                "30",
+                "--sleep",
+                "0.2",
+                "--fail-rank",
+                "1",
+                "--nudge-weight-rank",
+                "0",
+                "--nudge-weight-step",
+                "4",
+                "--kill-rank",
+                "2",
+                "--kill-step",
+                "8",
+            ],
+            env={"LOCKSTEP_PARAM_EVERY": "4"},
+        ),
+        DemoJob(
+            "hung-rank",
+            "torch.compile(DDP(model)) compiles empty graphs; rank 2 freezes at step 5",
+            "demo/scenarios.py",
+            ["--steps", "200", "--sleep", "0.2", "--compile-ddp", "--freeze-rank", "2", "--freeze-step", "5"],
+            max_seconds=60,
+        ),
     ]
 
 
 def demo_login(with_user: bool) -> str:
-    """The demo project's token, and (`with_user`: only in the embedded database of the data folder)
-    the superuser demo / lockstep-demo, a public password: never in a database of someone's own."""
-    project, _ = Project.objects.get_or_create(name="demo")
+    """The demo project's token, and (`with_user`: only with the demo, in the embedded database of the
+    data folder, on a loopback address) the user demo / lockstep-demo, a public password: a member of
+    the demo project and nothing more (no admin), never in a database of someone's own."""
+    project, _ = Project.named("demo")
     if with_user:
         user = User.objects.filter(username=DEMO_USER).first()
         if user is None:
-            user = User.objects.create_user(DEMO_USER, password=DEMO_PASSWORD, is_staff=True, is_superuser=True)
+            user = User.objects.create_user(DEMO_USER, password=DEMO_PASSWORD)
         project.members.add(user)
     return ProjectToken.issue(project)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `--host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def refuse_demo_password() -> bool:
+    """On an address others reach, the public demo password must open nothing: a demo user left by an
+    earlier loopback start gets an unusable password. Whether there was one to refuse."""
+    user = User.objects.filter(username=DEMO_USER).first()
+    if user is None or not user.check_password(DEMO_PASSWORD):
+        return False
+    user.set_unusable_password()
+    user.save(update_fields=["password"])
+    return True
 
 
 class Command(BaseCommand):
@@ -113,21 +226,35 @@ class Command(BaseCommand):
             signal.signal(signum, lambda *_: self.stopping.set())
         self.say(f"data folder {settings.DATA_DIR}; database and Redis ready")
         call_command("migrate", interactive=False, verbosity=0)
-        token = demo_login(settings.LOCKSTEP_EMBEDDED)
+        token, demo_user = self.logins(host, no_demo)
         # The children's environment: ours, the services' URLs, and a quicker rank_silent for the demo.
-        env = {"LOCKSTEP_SILENT_AFTER": "15", **os.environ, "DATABASE_URL": settings.DATABASE_URL,
-               "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
+        env = {
+            "LOCKSTEP_SILENT_AFTER": "15",
+            **os.environ,
+            "DATABASE_URL": settings.DATABASE_URL,
+            "REDIS_URL": settings.REDIS_URL,
+            "PYTHONUNBUFFERED": "1",
+        }
         self.url = f"http://{host}:{port}"
         try:
             services = [
-                self.start("server", [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--host", host,
-                                      "--port", str(port), "--log-level", "warning"], env),
-                self.start("worker", [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency",
-                                      "1", "--loglevel", "warning"], env),  # beat's file: CELERY_BEAT_SCHEDULE_FILENAME
+                self.start(
+                    "server",
+                    server_command(host, port),
+                    env,
+                ),
+                self.start(
+                    "worker",
+                    worker_command(),
+                    env,
+                ),  # beat's file: CELERY_BEAT_SCHEDULE_FILENAME
             ]
             self.wait_listening(host, port, services[0])
-            login = f"login: {DEMO_USER} / {DEMO_PASSWORD}" if settings.LOCKSTEP_EMBEDDED else \
-                "no demo login in the database DATABASE_URL names (manage.py createsuperuser adds yours)"
+            login = (
+                f"login: {DEMO_USER} / {DEMO_PASSWORD}"
+                if demo_user
+                else "no demo login (--no-demo, an address others reach, or a database of your own): manage.py createsuperuser adds yours"
+            )
             self.say(f"Lockstep is up: {self.url}/   {login}")
             self.say(f"ingest token for project 'demo': {token}")
             if not no_demo:
@@ -139,14 +266,24 @@ class Command(BaseCommand):
             self.stop_children()
             self.stop_embedded()
 
+    def logins(self, host: str, no_demo: bool) -> tuple[str, bool]:
+        """The demo project's token, and whether the public demo login exists: only with the demo, in
+        the embedded database, on a loopback address; on any other address its password is refused."""
+        demo_user = settings.LOCKSTEP_EMBEDDED and not no_demo and is_loopback(host)
+        token = demo_login(demo_user)
+        if not is_loopback(host) and refuse_demo_password():
+            self.say(f"the demo user's public password is refused on {host} (set one: manage.py changepassword demo)")
+        return token, demo_user
+
     def say(self, text: str) -> None:
         self.stdout.write(f"[lockstep] {text}")
         self.stdout.flush()
 
     def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
         log = open(settings.DATA_DIR / f"{name}.log", "ab")
-        child = subprocess.Popen(args, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            args, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.children.append(child)
         return child
 
@@ -162,14 +299,14 @@ class Command(BaseCommand):
                 self.stopping.wait(0.2)
 
     def watch(self, services: list[subprocess.Popen]) -> None:
-        """Print every alert of the demo project as it fires; stop if a service dies."""
-        seen: set[tuple[int, int]] = set(Alert.objects.values_list("id", "revision"))
+        """Print every alert of the demo project as it fires and as it resolves (`stream.AlertStream`);
+        stop if a service dies."""
+        alerts = Alert.objects.select_related("run").filter(run__project__name="demo").order_by("id")
+        printer = AlertStream()
+        printer.known(alerts)
         while all(service.poll() is None for service in services):
-            for alert in Alert.objects.select_related("run").filter(run__project__name="demo").order_by("id"):
-                if (alert.id, alert.revision) not in seen:
-                    seen.add((alert.id, alert.revision))
-                    ranks = ",".join(map(str, alert.ranks)) or "-"
-                    self.say(f"ALERT {alert.state:<8} {alert.kind:<31} run {alert.run.key} ranks {ranks}: {alert.message[:160]}")
+            for text in printer.lines(alerts.all()):
+                self.say(text)
             if self.stopping.wait(1):
                 self.say("stopping")
                 return
@@ -187,15 +324,37 @@ class Command(BaseCommand):
             self.say(f"demo job '{job.name}': {job.what}  ->  {self.url}/runs/{key}/")
             if job.baseline:
                 self.link_baseline(key, f"demo-{job.baseline}-{stamp}")
-            job_env = dict(env, LOCKSTEP_URL=self.url, LOCKSTEP_TOKEN=token, LOCKSTEP_RUN=key,
-                           LOCKSTEP_RUN_NAME=f"demo {job.name}", LOCKSTEP_SPOOL_DIR=f"{data}/spool",
-                           LOCKSTEP_HEARTBEAT="1", OMP_NUM_THREADS="1", **job.env)
+            job_env = dict(
+                env,
+                LOCKSTEP_URL=self.url,
+                LOCKSTEP_TOKEN=token,
+                LOCKSTEP_RUN=key,
+                LOCKSTEP_RUN_NAME=f"demo {job.name}",
+                LOCKSTEP_SPOOL_DIR=f"{data}/spool",
+                LOCKSTEP_HEARTBEAT="1",
+                OMP_NUM_THREADS="1",
+                **job.env,
+            )
             if job.before:
-                subprocess.run(job.before, cwd=settings.BASE_DIR, env={**job_env, **job.before_env, "LOCKSTEP_DISABLE": "1"},
-                               capture_output=True)
+                subprocess.run(
+                    job.before,
+                    cwd=settings.BASE_DIR,
+                    env={**job_env, **job.before_env, "LOCKSTEP_DISABLE": "1"},
+                    capture_output=True,
+                )
             agent = ["-m", "agents", "run"] if job.via_agent_cli else []
-            args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
-                    str(29500 + os.getpid() % 1000), *agent, job.script, *job.args]
+            args = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(ranks),
+                "--master-port",
+                str(29500 + os.getpid() % 1000),
+                *agent,
+                job.script,
+                *job.args,
+            ]
             child = self.start(f"demo-{job.name}", args, job_env)
             try:
                 child.wait(job.max_seconds)
@@ -206,11 +365,12 @@ class Command(BaseCommand):
 
     def link_baseline(self, key: str, baseline_key: str) -> None:
         """Mark the earlier run as the baseline of this one (the run row appears with its first batch)."""
+
         def link() -> None:
             for _ in range(120):
                 run, base = Run.objects.filter(key=key).first(), Run.objects.filter(key=baseline_key).first()
                 if run and base:
-                    Baseline.objects.get_or_create(run=run, defaults={"baseline": base})
+                    baseline.suggest(run, base)
                     return
                 time.sleep(0.5)
 

@@ -26,9 +26,46 @@
     if (alert.step !== null) li.append(span("step", `step ${alert.step}`));
     li.append(span("message", alert.message));
     if (alert.acked_by) li.append(span("acked", `acked by ${alert.acked_by}`));
+    if (alert.resolve_reason) li.append(span("resolved-by", alert.resolve_reason + (alert.resolved_by ? ` (${alert.resolved_by})` : "")));
     const none = list.querySelector("li.none");
     if (none) none.remove();
     if (existing) existing.replaceWith(li); else list.prepend(li);
+  }
+
+  // Incidents: one line per cause, its root first, the alerts it set off folded under it.
+  const incidents = document.getElementById("incidents");
+  function renderIncident(incident) {
+    if (!incidents || !incident.root) return;
+    const root = incident.root;
+    const li = document.createElement("li");
+    li.className = `incident ${incident.severity} ${incident.state}${incident.acked_by ? " acked" : ""}`;
+    li.dataset.id = incident.id;
+    li.dataset.rootKind = root.kind;
+    li.append(span("state", incident.state), span("kind", root.kind),
+              span("ranks", `root: rank${root.ranks.length === 1 ? "" : "s"} ${root.ranks.join(", ")}`));
+    if (root.step !== null) li.append(span("step", `step ${root.step}`));
+    li.append(span("message", root.message));
+    if (incident.acked_by) li.append(span("acked", `acked by ${incident.acked_by}`));
+    const rest = incident.consequences || [];
+    if (rest.length) {
+      const details = document.createElement("details");
+      details.className = "consequences";
+      const summary = document.createElement("summary");
+      summary.textContent = `${rest.length} consequence${rest.length === 1 ? "" : "s"}`;
+      const ul = document.createElement("ul");
+      for (const c of rest) {
+        const item = document.createElement("li");
+        item.className = `consequence ${c.severity} ${c.state}`;
+        item.append(span("kind", c.kind), span("ranks", ` ranks ${c.ranks.join(", ")} `), span("message", c.message));
+        ul.append(item);
+      }
+      details.append(summary, ul);
+      li.append(details);
+    }
+    const existing = incidents.querySelector(`li[data-id="${incident.id}"]`);
+    const none = incidents.querySelector("li.none");
+    if (none) none.remove();
+    if (existing) existing.replaceWith(li); else incidents.prepend(li);
   }
 
   // Per-rank strip from the aggregated progress message (at most 64 ranks, holders first).
@@ -82,6 +119,7 @@
     ws.onmessage = (event) => {
       const msg = JSON.parse(event.data);
       if (msg.type === "alert") render(msg.alert);
+      if (msg.type === "incident") renderIncident(msg.incident);
       if (msg.type === "progress") renderStrip(msg.strip);
       if (msg.type === "alert" || msg.type === "progress") refreshSoon();
     };

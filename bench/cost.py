@@ -1,0 +1,245 @@
+"""P-cost: server time of the compile bill API, GET /api/v1/runs/KEY/cost, for one run of 1024 ranks x
+10k steps (target <= 300 ms).
+
+    python -m bench cost [--ranks 1024] [--steps 10000] [--rebuild] [-n 15]
+
+Uses its own database (`lockstep_bench_cost` on the DATABASE_URL server), fills it once with SQL
+(generate_series), then times the view in-process (middleware, auth, queries, the bill, JSON) with
+the test client: median and p90 of N calls after one warm-up, answered from the kept bill (what
+readers get once a bill is computed), and of N/3 calls that compute it anew from the raw events. The run's compile history is a heavy
+one: 8 frames compiled by every rank before step 0, every rank recompiling 2 of them at 4 steps
+(another batch shape), 16 ranks recompiling one more every 500 steps, rank 517 a straggler; cache
+outcomes mixed (every 5th rank-frame misses); 4 graph breaks per rank; and the progress samples the
+agents send: one per rank per 5 s heartbeat over the run's 3,000 s, plus the waits in a collective
+the other ranks report every 0.5 s while a recompile holds them up (the "measured" steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from bench.common import configure_in_process, timed_get
+
+BENCH_DB = "lockstep_bench_cost"
+STEP_S = 0.3
+HEARTBEAT_S = 5.0
+ALL_RANK_RECOMPILES = (2000, 4000, 6000, 8000)
+FEW_RANKS = 16
+
+
+def populate(key: str, ranks: int, steps: int) -> None:
+    from django.db import connection, transaction
+
+    from dashboard.tenancy.models import Project, Run
+
+    project, _ = Project.objects.get_or_create(name="bench")
+    Run.objects.filter(key=key).delete()
+    run = Run.objects.create(
+        project=project,
+        key=key,
+        name=f"bench {ranks}x{steps}",
+        world_size=ranks,
+        torch_version="2.13.0+cpu",
+        last_step=steps - 1,
+    )
+    t0 = time.time() - steps * STEP_S - 600
+    params = {
+        "run": run.id,
+        "ranks": ranks,
+        "steps": steps,
+        "t0": t0,
+        "step_s": STEP_S,
+        "hb": HEARTBEAT_S,
+        "all": list(ALL_RANK_RECOMPILES),
+        "few": FEW_RANKS,
+    }
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
+        if cur.fetchone()[0]:
+            cur.execute(
+                "SELECT lockstep_raw_partition(t, current_date) FROM unnest(ARRAY['evidence_compileevent',"
+                " 'evidence_graphbreakevent', 'evidence_stepreport', 'evidence_gradreport', 'evidence_eventlog']) t"
+            )
+        cur.execute(
+            """
+            INSERT INTO tenancy_rank (run_id, rank, host, pid, info, status, last_step, last_seen)
+            SELECT %(run)s, r, 'node' || (r / 8), 1000 + r,
+                   jsonb_build_object('ts', %(t0)s, 'versions', jsonb_build_object('torch', '2.13.0+cpu')),
+                   'ok', %(steps)s - 1, now()
+            FROM generate_series(0, %(ranks)s - 1) r
+            """,
+            params,
+        )
+        compile_sql = """
+            INSERT INTO evidence_compileevent (run_id, rank, frame, index, compile_id, step, status, recompile_reason,
+                                             graph_raw, graph_norm, code_raw, code_norm, compile_time, cache, detail, ts)
+            SELECT %(run)s, r, 'model.py:' || f || ':block' || f, i, f || '/' || i, {step}, 'ok', {reason},
+                   'aa', 'aa', 'cc', 'cc', {seconds},
+                   jsonb_build_object('inductor', CASE WHEN (r + f + i) %% 5 = 0 THEN 'miss' ELSE 'hit' END),
+                   jsonb_build_object('cache_keys', jsonb_build_object('inductor', 'fx' || f || '-' || i)),
+                   to_timestamp({ts})
+            FROM {source}
+        """
+        cur.execute(
+            compile_sql.format(  # first compiles, before step 0
+                step="NULL",
+                reason="NULL",
+                seconds="4.0 + (r %% 7) * 0.3 + CASE WHEN r = 517 THEN 20 ELSE 0 END",
+                ts="%(t0)s + 60 + f * 10",
+                source="generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, (SELECT 0 AS i) z",
+            ),
+            params,
+        )
+        cur.execute(
+            compile_sql.format(  # every rank recompiles frames 0 and 1 at a few steps
+                step="s",
+                reason="'0/0: tensor ''x'' size mismatch at index 0. expected 16, actual ' || (16 + i)",
+                seconds="2.0 + (r %% 5) * 0.2",
+                ts="%(t0)s + 300 + s * %(step_s)s",
+                source="generate_series(0, %(ranks)s - 1) r, generate_series(0, 1) f, "
+                "unnest(%(all)s::int[]) WITH ORDINALITY AS x(s, i)",
+            ),
+            params,
+        )
+        cur.execute(
+            compile_sql.format(  # a few ranks recompile frame 3 every 500 steps
+                step="s",
+                reason="'0/0: L[''n''] == ' || i",
+                seconds="8.0",
+                ts="%(t0)s + 300 + s * %(step_s)s",
+                source="generate_series(0, %(few)s - 1) r, (SELECT 3 AS f) g, "
+                "generate_series(250, %(steps)s - 1, 500) WITH ORDINALITY AS x(s, i)",
+            ),
+            params,
+        )
+        cur.execute(
+            """
+            INSERT INTO evidence_graphbreakevent (run_id, rank, frame, reason, step, ts)
+            SELECT %(run)s, r, 'model.py:1:block1', 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
+            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b
+            """,
+            params,
+        )
+        cur.execute(  # heartbeat samples: one per rank every HEARTBEAT_S
+            """
+            INSERT INTO evidence_eventlog (run_id, rank, t, body, ts)
+            SELECT %(run)s, r, 'progress',
+                   jsonb_build_object('t', 'progress', 'phase', 'step', 'phase_s', 0.01,
+                                      'step', (k * %(hb)s / %(step_s)s)::bigint, 'ts', %(t0)s + 300 + k * %(hb)s),
+                   to_timestamp(%(t0)s + 300 + k * %(hb)s)
+            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, (%(steps)s * %(step_s)s / %(hb)s)::int - 1) k
+            """,
+            params,
+        )
+        cur.execute(  # the waits of the ranks that did not recompile, sampled every 0.5 s past 5 s (measured): 7.5 s
+            """
+            INSERT INTO evidence_eventlog (run_id, rank, t, body, ts)
+            SELECT %(run)s, r, 'progress',
+                   jsonb_build_object('t', 'progress', 'phase', 'collective', 'phase_s', 5.0 + w * 0.5, 'step', s,
+                                      'op', 'all_reduce', 'ts', %(t0)s + 300 + s * %(step_s)s + w * 0.5),
+                   to_timestamp(%(t0)s + 300 + s * %(step_s)s + w * 0.5)
+            FROM generate_series(%(few)s, %(ranks)s - 1) r, generate_series(250, %(steps)s - 1, 500) s,
+                 generate_series(0, 5) w
+            """,
+            params,
+        )
+        cur.execute(
+            """
+            INSERT INTO evidence_eventlog (run_id, rank, t, body, ts)
+            SELECT %(run)s, r, 'rank_end', jsonb_build_object('t', 'rank_end', 'ts', %(t0)s + 600 + %(steps)s * %(step_s)s),
+                   to_timestamp(%(t0)s + 600 + %(steps)s * %(step_s)s)
+            FROM generate_series(0, %(ranks)s - 1) r
+            """,
+            params,
+        )
+    with connection.cursor() as cur:
+        for table in ("tenancy_rank", "evidence_compileevent", "evidence_graphbreakevent", "evidence_eventlog"):
+            cur.execute(f"ANALYZE {table}")
+
+
+def timed_computed(client, url: str, key: str, n: int) -> list[float]:
+    """Milliseconds of `n` GETs with no kept bill: the bill computed from the raw events each time."""
+    from dashboard.detection.models import RunCost
+
+    samples = []
+    for _ in range(n):
+        RunCost.objects.filter(run__key=key).delete()
+        start = time.perf_counter()
+        assert client.get(url).status_code == 200
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def counts(key: str) -> tuple[int, int]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT (SELECT count(*) FROM evidence_compileevent c WHERE c.run_id = r.id),"
+            " (SELECT count(*) FROM evidence_eventlog e WHERE e.run_id = r.id AND e.t = 'progress')"
+            " FROM tenancy_run r WHERE r.key = %s",
+            [key],
+        )
+        return cur.fetchone()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("-n", type=int, default=15)
+    parser.add_argument("--rebuild", action="store_true", help="regenerate the run even if it exists")
+    args = parser.parse_args(argv)
+    configure_in_process(BENCH_DB)
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from dashboard.tenancy.models import Project, Run
+
+    key = f"bench-cost-{args.ranks}x{args.steps}"
+    if args.rebuild or not Run.objects.filter(key=key).exists():
+        start = time.perf_counter()
+        populate(key, args.ranks, args.steps)
+        print(f"populated {key} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    user, _ = User.objects.get_or_create(username="bench")
+    Project.objects.get(name="bench").members.add(user)
+    client = Client()
+    client.force_login(user)
+    compiles, samples = counts(key)
+    url = f"/api/v1/runs/{key}/cost"
+    kept = timed_get(client, url, args.n)
+    computed = sorted(timed_computed(client, url, key, max(3, args.n // 3)))
+    bill = client.get(url).json()
+    rows = [("kept bill (what readers get)", kept), ("computed anew", computed)]
+    lines = [
+        "| GET /api/v1/runs/KEY/cost | ranks x steps | compile events | progress samples | median ms | p90 ms "
+        "| max ms | target | ok |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, timings in rows:
+        median, p90 = statistics.median(timings), timings[min(len(timings) - 1, int(len(timings) * 0.9))]
+        lines.append(
+            f"| {name} | {args.ranks} x {args.steps} | {compiles:,} | {samples:,} | {median:.1f} | {p90:.1f} "
+            f"| {timings[-1]:.1f} | 300 | {'yes' if median <= 300 else 'NO'} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    print(
+        f"bill: {bill['gpu_seconds'] / 3600:.1f} GPU-hours, {bill['basis']['measured_units']} steps measured, "
+        f"{bill['basis']['assumed_units']} assumed, {len(bill['lines'])} lines; top: {bill['top']['label']} "
+        f"{bill['top']['cause']} ({bill['top']['reason']}); load average {os.getloadavg()[0]:.1f}"
+    )
+    from bench.results import record
+
+    record(
+        "cost", table, "python -m bench cost", note=f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    return 0 if statistics.median(kept) <= 300 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

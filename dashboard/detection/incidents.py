@@ -1,0 +1,240 @@
+"""Incidents: alerts grouped by cause, and the only code that writes incidents.
+
+An on-call engineer wants one page per cause, naming the rank where the trouble started. Rules
+find symptoms, one alert each; this module decides which symptoms share a cause:
+
+- An alert that says whose fault it is (`details["consequence_of"]`: a peer that lost its
+  connection to a dead rank, a rank stopped by torchrun because another failed) joins the
+  incident of that rank.
+- A frame's follow-ups (the cache miss of a lone recompile, its compile cost, its storm) join an
+  open incident that already holds an alert about the same frame and the same or more ranks.
+- Otherwise an alert joins the open incident of the same ranks (the dissenters: a rank that
+  recompiled alone, then straggles, then holds other gradients is one story), or opens one.
+
+Inside an incident the root is the most causal alert (`ROOT_ORDER`: a rank that died before the
+peers that lost it, a recompile before its cache miss), the earliest first among equals. The
+incident fires while any of its alerts fires, is as severe as the worst of them, and its
+`revision` moves when the page should change (opened, grew, re-rooted, escalated, resolved,
+acknowledged): delivery pages from that outbox, never from alerts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from dashboard.detection.models import Alert, Incident
+from dashboard.tenancy.models import Run
+
+# Most causal first. A kind missing here ranks after all of them.
+ROOT_ORDER = (
+    "rank_crashed",
+    "rank_silent",
+    "compile_failure_divergence",
+    "graph_divergence",
+    "recompile_divergence",
+    "collective_schedule_divergence",
+    "rank_specific_artifact",
+    "compile_straggler",
+    "nonfinite_grad",
+    "grad_divergence",
+    "param_divergence",
+    "cache_divergence",
+    "hang_forecast",
+    "recompile_storm",
+    "compile_cost",
+    "ineffective_compile",
+    "baseline_divergence",
+)
+FRAME_FOLLOWERS = frozenset(
+    {"cache_divergence", "compile_cost", "recompile_storm", "compile_straggler", "hang_forecast"}
+)
+_SEVERITY = {"warning": 1, "critical": 2}
+RECOUNT_S = 30.0  # a page's counts are refreshed at most this often
+
+
+def consequence_of(alert: Alert) -> int | None:
+    """The rank whose failure this alert is a consequence of, where its rule knows one."""
+    rank = (alert.details or {}).get("consequence_of")
+    return rank if isinstance(rank, int) else None
+
+
+def cause_ranks(alert: Alert) -> tuple[int, ...]:
+    rank = consequence_of(alert)
+    return (rank,) if rank is not None else tuple(sorted(alert.ranks))
+
+
+def cause_of(alert: Alert) -> str:
+    """The grouping key of the incident an alert opens."""
+    ranks = cause_ranks(alert)
+    return "ranks:" + ",".join(map(str, ranks)) if ranks else f"{alert.kind}:{alert.subject}"
+
+
+def precedence(alert: Alert) -> tuple[int, int, float, int]:
+    """Sort key of root candidates: a consequence never leads while another alert can."""
+    kind = ROOT_ORDER.index(alert.kind) if alert.kind in ROOT_ORDER else len(ROOT_ORDER)
+    return (consequence_of(alert) is not None, kind, alert.first_seen.timestamp(), alert.id)
+
+
+def place(run: Run, alert_ids: Iterable[int]) -> list[int]:
+    """Put changed alerts into incidents (in the caller's transaction); ids of incidents whose page changed."""
+    assert transaction.get_connection().in_atomic_block
+    alerts = list(Alert.objects.filter(id__in=set(alert_ids)).order_by("first_seen", "id"))
+    if not alerts:
+        return []
+    open_ones = list(Incident.objects.select_for_update().filter(run=run, state=Incident.State.FIRING).order_by("id"))
+    members = _members(open_ones)
+    grew: set[int] = set()
+    touched: dict[int, Incident] = {}
+    for alert in alerts:
+        incident = _home(alert, open_ones, members, run.world_size)
+        if incident is None:
+            continue
+        if alert.incident_id != incident.id:
+            alert.incident = incident
+            alert.save(update_fields=["incident"])
+            members.setdefault(incident.id, []).append(alert)
+            grew.add(incident.id)
+        touched[incident.id] = incident
+    return [i.id for i in touched.values() if refresh(i, grew=i.id in grew)]
+
+
+def _home(alert: Alert, open_ones: list[Incident], members: dict[int, list[Alert]], world: int) -> Incident | None:
+    """The incident an alert belongs to: its own while that fires, else a matching open one, else a
+    new one (only for a firing alert: a resolved one that never paged opens nothing)."""
+    own = next((i for i in open_ones if i.id == alert.incident_id), None)
+    if own is not None:
+        return own
+    firing = alert.state == Alert.State.FIRING
+    if alert.incident_id is not None:  # its incident had resolved: reopen it for a new episode
+        if not firing:
+            return None
+        reopened = Incident.objects.select_for_update().get(id=alert.incident_id)
+        open_ones.append(reopened)
+        members[reopened.id] = list(reopened.alerts.all())
+        return reopened
+    if not firing:
+        return None
+    match = _match(alert, open_ones, members, world)
+    if match is None:
+        match = Incident.objects.create(run_id=alert.run_id, cause=cause_of(alert), severity=alert.severity, root=alert)
+        open_ones.append(match)
+        members[match.id] = []
+    return match
+
+
+def _match(alert: Alert, open_ones: list[Incident], members: dict[int, list[Alert]], world: int) -> Incident | None:
+    ranks = set(cause_ranks(alert))
+    if alert.frame and alert.kind in FRAME_FOLLOWERS and consequence_of(alert) is None:
+        for incident in open_ones:
+            if any(
+                m.frame == alert.frame and (not ranks or ranks <= set(m.ranks) or set(m.ranks) <= ranks)
+                for m in members.get(incident.id, [])
+            ):
+                return incident
+    key = cause_of(alert)
+    exact = next((i for i in open_ones if i.cause == key), None)
+    if exact is not None or not ranks:
+        return exact
+    # a subset of a minority's ranks: the same dissenters, fewer of them (never every rank: a run-wide
+    # finding such as ineffective_compile must not swallow a rank that dies later)
+    return next((i for i in open_ones if ranks <= _ranks_of(i.cause) and len(_ranks_of(i.cause)) < world), None)
+
+
+def _ranks_of(cause: str) -> set[int]:
+    if not cause.startswith("ranks:"):
+        return set()
+    return {int(r) for r in cause.removeprefix("ranks:").split(",") if r}
+
+
+def _members(incidents: list[Incident]) -> dict[int, list[Alert]]:
+    out: dict[int, list[Alert]] = {i.id: [] for i in incidents}
+    for alert in Alert.objects.filter(incident__in=incidents):
+        out[alert.incident_id].append(alert)
+    return out
+
+
+def refresh(incident: Incident, grew: bool = False) -> bool:
+    """Recompute root, severity and state from the incident's alerts; True (and a new revision) when
+    the page changes."""
+    alerts = list(incident.alerts.all())
+    if not alerts:
+        return False
+    firing = [a for a in alerts if a.state == Alert.State.FIRING]
+    root = min(alerts, key=precedence)
+    severity = max((a.severity for a in alerts), key=lambda s: _SEVERITY.get(s, 0))  # never de-escalates
+    state = Incident.State.FIRING if firing else Incident.State.RESOLVED
+    changed = grew or root.id != incident.root_id or severity != incident.severity or state != incident.state
+    if not changed:
+        return False
+    if state != incident.state:
+        incident.resolved_at = timezone.now() if state == Incident.State.RESOLVED else None
+        if state == Incident.State.RESOLVED and not closed_by_run_end(root):
+            incident.acked_by, incident.acked_at = None, None  # an ack lasts until the trouble is over
+    incident.root, incident.severity, incident.state = root, severity, state
+    incident.revision += 1
+    incident.save()
+    return True
+
+
+def refresh_of(alerts: Iterable[Alert]) -> list[int]:
+    """Refresh the incidents of alerts that changed outside `place` (resolved by hand, at run end)."""
+    ids = {a.incident_id for a in alerts if a.incident_id}
+    incidents = Incident.objects.select_for_update().filter(id__in=ids).order_by("id")
+    return [i.id for i in incidents if refresh(i)]
+
+
+def recount(alerts: Iterable[Alert]) -> None:
+    """Alerts that fired again without news (their counts grew): their incidents' pages carry counts,
+    so a new revision, at most every `RECOUNT_S` per incident (delivery rate-limits such updates too)."""
+    ids = {a.incident_id for a in alerts if a.incident_id}
+    stale = timezone.now() - timedelta(seconds=RECOUNT_S)
+    Incident.objects.filter(id__in=ids, state=Incident.State.FIRING, last_change__lt=stale).update(
+        revision=F("revision") + 1, last_change=timezone.now()
+    )
+
+
+def acknowledge(incident: Incident, user) -> Incident:
+    """Someone is on it: a new revision, so PagerDuty and Alertmanager hear of it too."""
+    incident.acked_by, incident.acked_at = user, timezone.now()
+    incident.revision += 1
+    incident.save(update_fields=["acked_by", "acked_at", "revision", "last_change"])
+    return incident
+
+
+def unacknowledge(incident: Incident) -> Incident:
+    incident.acked_by, incident.acked_at = None, None
+    incident.revision += 1
+    incident.save(update_fields=["acked_by", "acked_at", "revision", "last_change"])
+    return incident
+
+
+def mark_notified(incident: Incident) -> None:
+    """Delivery paged this revision (`revision` ahead of `notified_revision` is pending)."""
+    incident.notified_revision = incident.revision
+    incident.save(update_fields=["notified_revision"])
+
+
+RUN_ENDED = "run ended"  # lifecycle's resolve reason for alerts the end of their run closed
+
+
+def closed_by_run_end(root: Alert | None) -> bool:
+    """The run ended before any evidence said the ranks agree again (or a person closed it)."""
+    return root is not None and root.state == Alert.State.RESOLVED and root.resolve_reason == RUN_ENDED
+
+
+def unhandled(incident: Incident) -> bool:
+    """What `lockstep check` fails on: open, or closed only because the run ended (a diverged rank
+    must not clear itself when the job stops), and nobody acknowledged it."""
+    return incident.acked_by_id is None and (
+        incident.state == Incident.State.FIRING or closed_by_run_end(incident.root)
+    )
+
+
+def open_roots(run: Run) -> list[Incident]:
+    """The run's unhandled incidents (`unhandled`)."""
+    return [i for i in Incident.objects.filter(run=run).select_related("root") if unhandled(i)]

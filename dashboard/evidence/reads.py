@@ -1,0 +1,258 @@
+"""What detection and the pages read of the raw evidence, one function per question.
+
+The readers ask here instead of querying the tables themselves, so the tables' shape (partition
+key, JSON bodies, which index serves which question) stays this app's business; rows come back
+as plain values, or as model instances where a reader shows many of their fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
+
+from dashboard.evidence.models import Blob, CompileEvent, EventLog, FlightRecord, GradReport, GraphBreakEvent
+
+# --- one slot's reports ------------------------------------------------------------------
+
+
+def compile_reports(run_id: int, frame: str, index: int) -> dict[int, CompileEvent]:
+    """rank -> its report of the frame's index-th compile (a rank reported twice: the later report)."""
+    events = CompileEvent.objects.filter(run_id=run_id, frame=frame, index=index).order_by("id")
+    return {e.rank: e for e in events}
+
+
+@dataclass(frozen=True)
+class GradRow:
+    """What the rules read of one rank's report: plain values, not ORM objects (1024 per slot)."""
+
+    fps: tuple[int, ...]
+    nonfinite: int
+    norm: float | None
+
+
+def grad_reports(run_id: int, step: int, group: str) -> dict[int, GradRow]:
+    """rank -> its report (a rank reported twice: the later report)."""
+    rows = (
+        GradReport.objects.filter(run_id=run_id, step=step, group=group)
+        .order_by("id")
+        .values_list("ranks", "fps", "nonfinite", "norm")
+    )
+    return {rank: GradRow(tuple(fps), nonfinite, norm) for ranks, fps, nonfinite, norm in rows for rank in ranks}
+
+
+def break_reasons(run_id: int, frame: str, limit: int = 200) -> list[tuple[int, str]]:
+    """(rank, reason) of the frame's graph breaks."""
+    return list(GraphBreakEvent.objects.filter(run_id=run_id, frame=frame).values_list("rank", "reason")[:limit])
+
+
+# --- a run's compiles --------------------------------------------------------------------
+
+
+def compile_totals(run_id: int) -> tuple[float, int]:
+    """(seconds compiling, compiles past a frame's first) of the run: one aggregate."""
+    row = CompileEvent.objects.filter(run_id=run_id).aggregate(
+        s=Sum("compile_time"), n=Count("id", filter=Q(index__gt=0))
+    )
+    return row["s"] or 0.0, row["n"] or 0
+
+
+def break_count(run_id: int) -> int:
+    return GraphBreakEvent.objects.filter(run_id=run_id).count()
+
+
+def breaks_by_frame(run_id: int) -> dict[str, int]:
+    rows = GraphBreakEvent.objects.filter(run_id=run_id).order_by().values("frame").annotate(n=Count("id"))
+    return {row["frame"]: row["n"] for row in rows}
+
+
+def compile_facts(run_id: int) -> list[tuple]:
+    """The run's compiles as (rank, frame, index, step, status, seconds, recompile reason, fail type,
+    cache outcome, cache key, end as unix seconds), the cache outcome and key taken out of their
+    JSON by PostgreSQL (one plain statement: at 1,024 ranks the ORM's per-row conversions cost
+    more than the query)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            SELECT rank, frame, index, step, status, coalesce(compile_time, 0), recompile_reason, fail_type,
+                   coalesce(cache->>'inductor', cache->>'aotautograd'),
+                   coalesce(detail->'cache_keys'->>'inductor', detail->'cache_keys'->>'aotautograd', ''),
+                   extract(epoch FROM ts)::float8
+            FROM {CompileEvent._meta.db_table} WHERE run_id = %s
+            """,
+            [run_id],
+        )
+        return cur.fetchall()
+
+
+def keys_compiled(run_ids: QuerySet | Iterable[int], keys: set[str]) -> set[str]:
+    """Of the cache `keys`, those a successful compile of these runs had."""
+    keyed = Coalesce(KT("detail__cache_keys__inductor"), KT("detail__cache_keys__aotautograd"))
+    return set(
+        CompileEvent.objects.filter(run_id__in=run_ids, status="ok")
+        .annotate(ckey=keyed)
+        .filter(ckey__in=sorted(keys))
+        .values_list("ckey", flat=True)
+        .distinct()
+    )
+
+
+def miss_seconds(run_ids: QuerySet | Iterable[int], frames: set[str]) -> dict[str, float]:
+    """Per frame, the mean compile time of its cache misses in these runs."""
+    rows = (
+        CompileEvent.objects.filter(run_id__in=run_ids, frame__in=sorted(frames), status="ok")
+        .annotate(out=Coalesce(KT("cache__inductor"), KT("cache__aotautograd")))
+        .filter(out__contains="miss")
+        .order_by()
+        .values("frame")
+        .annotate(mean=Avg("compile_time"))
+        .values_list("frame", "mean")
+    )
+    return {frame: mean for frame, mean in rows if mean is not None}
+
+
+def last_compiles(run_id: int, ranks: list[int]) -> dict[int, dict]:
+    """Each rank's last compile (by its own clock): what the rank did just before it ended, as
+    {frame, index, step, status, cache, detail, ts}."""
+    events = (
+        CompileEvent.objects.filter(run_id=run_id, rank__in=ranks)
+        .order_by("rank", "-ts", "-id")
+        .distinct("rank")
+        .values("rank", "frame", "index", "step", "status", "cache", "detail", "ts")
+    )
+    return {e.pop("rank"): e for e in events}
+
+
+def empty_graph_ranks(run_id: int) -> dict[int, dict]:
+    """rank -> {graphs, empty, first_step} of the ranks whose compiles succeeded with empty graphs
+    only (none holds an op): one aggregate, which returns no row for a run that compiles real graphs."""
+    has_ops = Q(detail__counts__graph_op_count__gt=0)
+    rows = (
+        CompileEvent.objects.filter(run_id=run_id)
+        .values("rank")
+        .annotate(graphs=Count("id", filter=has_ops), empty=Count("id", filter=_EMPTY), first_step=Min("step"))
+        .filter(graphs=0, empty__gt=0)
+    )
+    return {row["rank"]: row for row in rows}
+
+
+_EMPTY = Q(status="ok", detail__counts__graph_op_count=0)
+
+
+def empty_graph_frames(run_id: int, ranks: list[int], limit: int) -> list[tuple[int, str]]:
+    """(rank, frame) of these ranks' empty graphs, by rank and frame, at most `limit`."""
+    found = (
+        CompileEvent.objects.filter(_EMPTY, run_id=run_id, rank__in=ranks)
+        .order_by("rank", "frame")
+        .values_list("rank", "frame")
+        .distinct()
+    )
+    return list(found[:limit])
+
+
+def compile_finished(run_id: int, rank: int, since: datetime, until: datetime) -> dict | None:
+    """The rank's last compile that ended (its clock) within [since, until]."""
+    return (
+        CompileEvent.objects.filter(run_id=run_id, rank=rank, ts__gte=since, ts__lte=until)
+        .order_by("-ts", "-id")
+        .values("frame", "index", "compile_id", "status", "compile_time", "recompile_reason")
+        .first()
+    )
+
+
+def graph_texts(hashes: list[str]) -> dict[str, str]:
+    """Normalized artifact texts by hash, of those stored."""
+    return dict(Blob.objects.filter(hash__in=hashes, text__isnull=False).values_list("hash", "text"))
+
+
+# --- the event log -----------------------------------------------------------------------
+
+
+def latest_progress(run_id: int, since: datetime) -> list[tuple[int, dict, datetime]]:
+    """(rank, body, received) of each rank's newest progress sample received since `since`."""
+    return list(
+        EventLog.objects.filter(run_id=run_id, t="progress", received__gte=since)
+        .order_by("rank", "-received", "-id")
+        .distinct("rank")
+        .values_list("rank", "body", "received")
+    )
+
+
+COLLECTIVE_WAITS = f"""
+    SELECT rank, (body ->> 'step')::bigint, max((body ->> 'phase_s')::float8)
+    FROM {EventLog._meta.db_table}
+    WHERE run_id = %s AND t = 'progress' AND (body -> 'phase') = '"collective"'::jsonb
+      AND (body -> 'step') = ANY(%s::text[]::jsonb[])
+    GROUP BY 1, 2
+"""
+"""The longest collective wait per (rank, step) of a run's progress samples at the given steps.
+
+Served by the partial index `eventlog_collective_step` (run_id, body -> 'step') WHERE t = 'progress'
+AND body -> 'phase' = '"collective"': its expressions and predicate are written here as the index
+has them, so the planner matches it (tests/evidence/test_indexes.py), instead of filtering every
+progress sample of the run. Index scans are off for the statement: PostgreSQL has no statistics of
+JSON keys and guesses a few hundred rows where a run of 1,024 ranks has a hundred thousand, and an
+index scan then visits heap pages in index (step) order, again and again, where a bitmap scan of the
+same index visits each page once (twice as fast on the cost bench)."""
+
+
+def collective_waits(run_id: int, steps: list[int]) -> dict[tuple[int, int], float]:
+    """(rank, step) -> the longest wait in a collective its progress samples saw in that step."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT current_setting('enable_indexscan'), set_config('enable_indexscan', 'off', true)")
+        (before, _) = cur.fetchone()
+        cur.execute(COLLECTIVE_WAITS, [run_id, [str(step) for step in steps]])
+        rows = cur.fetchall()
+        cur.execute("SELECT set_config('enable_indexscan', %s, true)", [before])  # an outer transaction goes on
+    return {(rank, step): longest or 0.0 for rank, step, longest in rows}
+
+
+def last_ends(run_id: int, ranks: list[int]) -> dict[int, dict]:
+    """Each rank's latest rank_end event body, where ingest kept one."""
+    rows = (
+        EventLog.objects.filter(run_id=run_id, t="rank_end", rank__in=ranks)
+        .order_by("rank", "-ts", "-id")
+        .distinct("rank")
+        .values_list("rank", "body")
+    )
+    return dict(rows)
+
+
+def last_end_ts(run_id: int) -> float | None:
+    """The agents' clock at the run's last rank_end."""
+    return (
+        EventLog.objects.filter(run_id=run_id, t="rank_end")
+        .order_by()
+        .aggregate(last=Max(Cast(KT("body__ts"), FloatField())))["last"]
+    )
+
+
+def detail_answers(run_id: int, rank: int, step: int) -> list[dict]:
+    """The bodies of the rank's `detail` answers for the step."""
+    return list(
+        EventLog.objects.filter(run_id=run_id, rank=rank, t="detail", body__step=step).values_list("body", flat=True)
+    )
+
+
+def compile_start(run_id: int, rank: int, since: datetime, until: datetime) -> dict | None:
+    """The body of the rank's last compile_start received within [since, until]."""
+    return (
+        EventLog.objects.filter(run_id=run_id, rank=rank, t="compile_start", received__gte=since, received__lte=until)
+        .order_by("-received", "-id")
+        .values_list("body", flat=True)
+        .first()
+    )
+
+
+# --- Flight Recorder dumps ---------------------------------------------------------------
+
+
+def latest_flight_record(run_id: int, rank: int, since: datetime) -> FlightRecord | None:
+    return (
+        FlightRecord.objects.filter(run_id=run_id, rank=rank, received__gte=since).order_by("-received", "-id").first()
+    )

@@ -1,0 +1,64 @@
+"""Raw data retention: whole partitions older than LOCKSTEP_RAW_RETENTION_DAYS are dropped.
+
+Dropping a partition is O(1) and leaves no dead tuples, unlike DELETE. What stays is O(slots):
+runs, ranks, and the settled slots (consensus + dissenters, dashboard.ledger.models) that detection
+keeps once raw per-rank rows are gone. The (session, seq) dedupe records expire with the raw
+rows: an agent never resends a batch that old (its spool is drained long before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from dashboard.evidence import blobs, partitions
+from dashboard.evidence.models import IngestBatch
+
+PREPARE_DAYS = 7  # partitions made ahead, so ingest finds them ready
+
+
+@dataclass
+class Pruned:
+    """What one prune removed (`manage.py prune_raw` prints it)."""
+
+    partitions: list[str] = field(default_factory=list)
+    batches: int = 0
+    blobs: int = 0
+
+
+def prune(days: float | None = None, now: datetime | None = None) -> Pruned:
+    """Drop raw partitions that end before now - days; create the next days' partitions."""
+    now = now or timezone.now()
+    days = settings.LOCKSTEP_RAW_RETENTION_DAYS if days is None else days
+    cutoff = now - timedelta(days=days)
+    pruned = Pruned()
+    for table in partitions.RAW_TABLES:
+        for name, day in partitions.existing(table):
+            if _end_of(day) <= cutoff and partitions.drop(name):
+                pruned.partitions.append(name)
+    pruned.batches = _expire_batches(cutoff)
+    pruned.blobs = blobs.prune(now, timedelta(days=days))
+    partitions.ensure_around(now, ahead=PREPARE_DAYS)
+    return pruned
+
+
+BATCH_CHUNK = 5000  # dedupe records deleted per statement: short row locks, short WAL bursts
+
+
+def _expire_batches(cutoff: datetime) -> int:
+    """Delete the (session, seq) records older than `cutoff`, a chunk per statement."""
+    expired = 0
+    while True:
+        chunk = list(IngestBatch.objects.filter(received_at__lt=cutoff).values_list("pk", flat=True)[:BATCH_CHUNK])
+        if not chunk:
+            return expired
+        IngestBatch.objects.filter(pk__in=chunk).delete()
+        expired += len(chunk)
+
+
+def _end_of(day: date) -> datetime:
+    """A daily partition holds [day 00:00 UTC, next day 00:00 UTC)."""
+    return datetime.combine(day + timedelta(days=1), time(), UTC)

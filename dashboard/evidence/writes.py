@@ -1,0 +1,182 @@
+"""The one writer of the raw per-rank rows and the batch claims: ingest decides what a group of
+batches commits (`ingest.writers`), this module puts it into evidence's tables.
+
+Rows go by binary COPY (`binary_copy`); the (session, seq) claim is a fragment of ingest's claim
+statement, built here from this app's table, as tenancy and the ledger build theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+import msgspec
+from psycopg.types.json import Jsonb
+
+from agents import protocol
+from dashboard.evidence.binary_copy import (
+    GRAD_COLUMNS,
+    HEADER,
+    TRAILER,
+    GradEvents,
+    copy_rows,
+    copy_stream,
+    grad_copy,
+    when,
+)
+from dashboard.evidence.models import CompileEvent, EventLog, GradReport, GraphBreakEvent, IngestBatch, StepReport
+from dashboard.tenancy.models import Run
+
+BATCH = IngestBatch._meta.db_table
+
+
+def claim_cte(batches: str, run: str = "%(run)s") -> str:
+    """`claim AS (...)`: insert each row of CTE `batches` (session, seq, digest, rank, events) as the
+    run's batch unless its (session, seq) was claimed before; returns the ranks it claimed."""
+    return f"""claim AS (
+              INSERT INTO {BATCH} (session, seq, digest, run_id, rank, events, received_at)
+              SELECT session, seq, digest, {run}::bigint, rank, events, now() FROM {batches}
+              ON CONFLICT (session, seq, run_id) DO NOTHING RETURNING rank
+            )"""
+
+
+def claimed_digest(run: Run, session: str, seq: int) -> str:
+    """The digest a claimed batch was received with (a resend matches it, a conflict does not)."""
+    return IngestBatch.objects.values_list("digest", flat=True).get(session=session, seq=seq, run=run)
+
+
+def write_grads(reports: list[tuple[int, int, GradEvents]], now: datetime) -> None:
+    """One COPY of the grad rows of several batches: (run id, rank, its grad events) each."""
+    parts = grad_copy(reports, now)
+    if parts:
+        copy_stream(GradReport._meta.db_table, GRAD_COLUMNS, [b"".join([HEADER, *parts, TRAILER])])
+
+
+def write_events(run: Run, rank: int, by_type: Mapping[type, list], now: datetime) -> None:
+    """A batch's other events, a COPY per kind; kinds without a table of their own go to the log."""
+    for kind, events in by_type.items():
+        WRITERS.get(kind, _write_log)(run, rank, events, now)
+
+
+def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> None:
+    def row(e: protocol.Compile):
+        dynamo = e.hashes.get("dynamo")
+        code = e.hashes.get("inductor")
+        detail = {
+            "times": e.times,
+            "counts": e.counts,
+            "cache_keys": e.cache_keys,
+            "graph_breaks": e.graph_breaks,
+            "hashes": msgspec.to_builtins(e.hashes),
+        }
+        return (
+            run.id,
+            rank,
+            e.frame,
+            e.index,
+            e.compile_id,
+            e.step,
+            e.status,
+            e.fail_type,
+            e.fail_reason,
+            e.recompile_reason,
+            dynamo.raw if dynamo else "",
+            dynamo.norm if dynamo else "",
+            code.raw if code else "",
+            code.norm if code else "",
+            e.times.get("entire_frame_compile_time_s"),
+            Jsonb(e.cache),
+            Jsonb(detail),
+            when(e.ts, now),
+            now,
+        )
+
+    copy_rows(
+        CompileEvent._meta.db_table,
+        (
+            ("run_id", "int8"),
+            ("rank", "int4"),
+            ("frame", "text"),
+            ("index", "int4"),
+            ("compile_id", "text"),
+            ("step", "int8"),
+            ("status", "text"),
+            ("fail_type", "text"),
+            ("fail_reason", "text"),
+            ("recompile_reason", "text"),
+            ("graph_raw", "text"),
+            ("graph_norm", "text"),
+            ("code_raw", "text"),
+            ("code_norm", "text"),
+            ("compile_time", "float8"),
+            ("cache", "jsonb"),
+            ("detail", "jsonb"),
+            ("ts", "timestamptz"),
+            ("received", "timestamptz"),
+        ),
+        map(row, events),
+    )
+
+
+def _write_steps(run: Run, rank: int, events: list[protocol.Step], now: datetime) -> None:
+    copy_rows(
+        StepReport._meta.db_table,
+        (
+            ("run_id", "int8"),
+            ("rank", "int4"),
+            ("step", "int8"),
+            ("loss", "float8"),
+            ("step_time", "float8"),
+            ("ts", "timestamptz"),
+            ("received", "timestamptz"),
+        ),
+        ((run.id, rank, e.step, e.loss, e.step_time, when(e.ts, now), now) for e in events),
+    )
+
+
+def _write_breaks(run: Run, rank: int, events: list[protocol.GraphBreak], now: datetime) -> None:
+    copy_rows(
+        GraphBreakEvent._meta.db_table,
+        (
+            ("run_id", "int8"),
+            ("rank", "int4"),
+            ("frame", "text"),
+            ("reason", "text"),
+            ("step", "int8"),
+            ("ts", "timestamptz"),
+            ("received", "timestamptz"),
+        ),
+        ((run.id, rank, e.frame, e.reason, e.step, when(e.ts, now), now) for e in events),
+    )
+
+
+def _write_log(run: Run, rank: int, events: list[protocol.Event], now: datetime) -> None:
+    copy_rows(
+        EventLog._meta.db_table,
+        (
+            ("run_id", "int8"),
+            ("rank", "int4"),
+            ("t", "text"),
+            ("body", "jsonb"),
+            ("ts", "timestamptz"),
+            ("received", "timestamptz"),
+        ),
+        (
+            (run.id, rank, type(e).__struct_config__.tag, Jsonb(msgspec.to_builtins(e)), when(e.ts, now), now)
+            for e in events
+        ),
+    )
+
+
+def _skip(run: Run, rank: int, events: list, now: datetime) -> None:
+    """Facts already folded into the rank row (start, heartbeat). A rank_end is kept verbatim as well:
+    the row holds its status, the log its exception (type, message, frame) for rank_crashed."""
+
+
+WRITERS = {
+    protocol.Compile: _write_compiles,
+    protocol.Step: _write_steps,
+    protocol.GraphBreak: _write_breaks,
+    protocol.RankStart: _skip,
+    protocol.Heartbeat: _skip,
+}

@@ -1,0 +1,266 @@
+"""The agents' door: `POST /api/v1/ingest`, `/api/v1/ingest/bulk`, `/api/v1/blobs` and
+`/api/v1/flight-recorder`, one ASGI application on the event loop, mounted by path ahead of
+Django (dashboard/asgi.py); every other path goes on to Django's handler.
+
+Why: at the agents' real cadence (a batch of 1 to 8 steps every 0.5 s per rank) the server's
+cost is per request. Through Django's request handling a 2-step batch cost 1.3 ms of server CPU
+on the 2-core machine, most of it in the request object, the middleware, a thread per request
+waiting for its group commit and a Redis round trip of its own (docs/bench-ingest.md). Here a
+request is parsed, checked and decoded on the loop, waits for its group as a future
+(`groupcommit.LoopCommitter`: one writer thread per process), and is answered from the loop.
+
+Every request takes the same steps, whichever endpoint:
+
+1. the header policy's host check (400) and the method (405; `ingest.headerpolicy`);
+2. shedding: while the oldest batch waiting for its group is past SHED_AFTER_S, or the queue is
+   full, a 503 + Retry-After at once, the body unread (`ingest.backpressure`);
+3. the declared length (413), the token (401) and the content type (415), the body unread
+   (`ingest.admission`; a token not in the cache is looked up on a thread);
+4. the body, within LOCKSTEP_BODY_TIMEOUT (408; `BodyDeadlines`), kept up to LOCKSTEP_MAX_BODY + 1
+   bytes and inflated within LOCKSTEP_MAX_BODY (413);
+5. batches are decoded (on a thread past DECODE_ON_LOOP_MAX) and written by the group committer;
+   blobs and flight records are counted against the rate limit and stored on a thread.
+
+Every answer is JSON with the policy's headers; a refusal is `{"error", "path"?}` with its status
+(`admission.refusal`), 429 and 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import msgspec
+from django.conf import settings
+from django.core.exceptions import RequestAborted
+from django.db import connections
+
+from agents import protocol
+from dashboard.tenancy.models import Project
+from ingest import admission, backpressure, blobs, flight, groupcommit, metrics, validation, writers
+from ingest.headerpolicy import HeaderPolicy, Headers
+from ingest.refusals import Refusal
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+T = TypeVar("T")
+
+ENDPOINTS = {  # path -> the endpoint's name in /metrics
+    "/api/v1/ingest": "ingest",
+    "/api/v1/ingest/bulk": "bulk",
+    "/api/v1/blobs": "blobs",
+    "/api/v1/flight-recorder": "flight_recorder",
+}
+DECODE_ON_LOOP_MAX = 256 * 1024  # larger bodies are decoded on a thread, so one relay's big batch never stalls the loop
+DEADLINE_TICK_S = 0.1  # how often body reads are checked against LOCKSTEP_BODY_TIMEOUT (so at most this much late)
+
+
+class Door:
+    """The HTTP application: the agents' endpoints here, every other path to `app` (Django's).
+    `threads` runs what touches the database outside the group commit (token lookups that miss
+    the cache, blob and flight-record uploads) and large decodes; `writer` is the group
+    committer's thread (tests pass executors that run on the caller's thread)."""
+
+    def __init__(self, app: ASGIApp, threads: Executor | None = None, writer: Executor | None = None) -> None:
+        self.app = app
+        self.threads = threads or ThreadPoolExecutor(
+            settings.LOCKSTEP_INGEST_THREADS, thread_name_prefix="lockstep-door"
+        )
+        self.committer = groupcommit.LoopCommitter(writer)
+        self.deadlines = BodyDeadlines()
+        self.policy = HeaderPolicy()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = (
+            ENDPOINTS.get(scope["path"].removeprefix(scope.get("root_path", ""))) if scope["type"] == "http" else None
+        )
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        try:
+            status, content, extra = await self._answer(endpoint, scope, headers, receive)
+        except RequestAborted:
+            return
+        if status != 200:
+            metrics.REQUESTS.labels(endpoint, "rejected", str(status)).inc()
+        metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(content)),
+                    *extra,
+                    *self.policy.headers(scope, headers),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": content})
+
+    async def _answer(
+        self, endpoint: str, scope: Scope, headers: dict[str, str], receive: Receive
+    ) -> tuple[int, bytes, Headers]:
+        """(status, JSON body, headers of a refusal) for one request."""
+        if not self.policy.host_allowed(scope, headers):
+            return 400, msgspec.json.encode({"error": "invalid Host header"}), []
+        if scope["method"] != "POST":
+            return 405, msgspec.json.encode({"error": f"method {scope['method']} not allowed"}), [(b"allow", b"POST")]
+        if self.committer.oldest_wait() > backpressure.SHED_AFTER_S or self.committer.full():
+            # this one would wait past its shedding point, into its agent's timeout: refused at once, its body unread
+            return _refused(Refusal(503, "server overloaded; retry later"))
+        try:
+            asked = time.monotonic()
+            project = await self._admitted(headers)
+            looked_up = time.monotonic() - asked
+            raw = await self._body(receive)
+            # the server's own wait (a token lookup's) counts as load; the upload does not
+            arrived = time.monotonic() - looked_up
+            if endpoint == "blobs":
+                reply: msgspec.Struct = await self.off_loop(_blobs, project, raw, headers)
+            elif endpoint == "flight_recorder":
+                reply = await self.off_loop(_flight_record, project, raw, headers)
+            else:
+                bulk = endpoint == "bulk"
+                answer = await self.committer.store(await self._job(project, raw, headers, bulk), arrived)
+                if isinstance(answer, Exception):
+                    raise answer
+                reply = admission.reply_content(answer, bulk)
+        except admission.REFUSED as exc:
+            return _refused(exc)
+        if endpoint in ("blobs", "flight_recorder"):
+            metrics.REQUESTS.labels(endpoint, "accepted", "200").inc()  # batches are counted by `groupcommit`
+        return 200, msgspec.json.encode(reply), []
+
+    async def _admitted(self, headers: Mapping[str, str]) -> Project:
+        """The request's project, from its headers alone: the declared length, then `admission.admit`."""
+        declared = admission.declared_length(headers)
+        if declared is None:
+            raise Refusal(400, "invalid Content-Length")
+        if declared > settings.LOCKSTEP_MAX_BODY:
+            raise Refusal(413, f"body exceeds {settings.LOCKSTEP_MAX_BODY} bytes")
+        project = admission.admit(headers, query=False)
+        if project is admission.UNDECIDED:
+            project = await self.off_loop(admission.admit, headers)
+        return project
+
+    async def _body(self, receive: Receive) -> bytes:
+        try:
+            return await self.deadlines.read(receive)
+        except TimeoutError:  # a slow body holds a connection, never a thread
+            raise Refusal(408, f"body not received within {settings.LOCKSTEP_BODY_TIMEOUT:g} s") from None
+
+    async def _job(self, project: Project, raw: bytes, headers: Mapping[str, str], bulk: bool) -> writers.Job:
+        """The request's validated batches: decoded on the loop, or on a thread when the body is large."""
+        if len(raw) <= DECODE_ON_LOOP_MAX:
+            return admission.job_of(project, admission.body_of(raw, headers), bulk)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.threads, lambda: admission.job_of(project, admission.body_of(raw, headers), bulk)
+        )
+
+    async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        """`work` on a door thread, its database connection tidied afterwards (`groupcommit.outside_request`)."""
+        return await asyncio.get_running_loop().run_in_executor(self.threads, groupcommit.outside_request, work, *args)
+
+    def shutdown(self) -> None:
+        """Close every thread's database connections, then stop the threads (tests)."""
+        self.committer.shutdown()
+        if not isinstance(self.threads, ThreadPoolExecutor):
+            return
+        count = self.threads._max_workers
+        barrier = threading.Barrier(count)
+
+        def close() -> None:
+            try:
+                barrier.wait(5)  # one job per thread: each closes its own connections
+            except threading.BrokenBarrierError:
+                pass
+            connections.close_all()
+
+        for future in [self.threads.submit(close) for _ in range(count)]:
+            future.result()
+        self.threads.shutdown(wait=True)
+
+
+def _blobs(project: Project, raw: bytes, headers: Mapping[str, str]) -> protocol.BlobReply:
+    """On a door thread: an upload of graph texts the server asked for (`ingest.blobs`)."""
+    admission.limit(project, 1)
+    checked = blobs.verify(validation.decode_blobs(admission.body_of(raw, headers)))
+    return blobs.store(checked, project.id)
+
+
+def _flight_record(project: Project, raw: bytes, headers: Mapping[str, str]) -> protocol.FlightRecordReply:
+    """On a door thread: a rank's Flight Recorder dump (`ingest.flight`)."""
+    admission.limit(project, 1)
+    return flight.store(project, admission.body_of(raw, headers))
+
+
+def _refused(exc: Exception) -> tuple[int, bytes, Headers]:
+    status, body, retry_after = admission.refusal(exc)
+    extra = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else []
+    return status, msgspec.json.encode(body), extra
+
+
+async def receive_body(receive: Receive) -> bytes:
+    """The body, keeping LOCKSTEP_MAX_BODY + 1 bytes at most (enough to answer 413) and draining
+    the rest; RequestAborted when the client goes away."""
+    keep = settings.LOCKSTEP_MAX_BODY + 1
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestAborted()
+        chunk = message.get("body", b"")
+        if size < keep and chunk:
+            chunks.append(chunk[: keep - size])
+            size += len(chunks[-1])
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class BodyDeadlines:
+    """The body reads of one process, each cancelled once it outlasts LOCKSTEP_BODY_TIMEOUT, by one
+    timer that ticks while reads are pending. Why not `asyncio.timeout` per request: it cost 11 us
+    a request (a timer armed and disarmed each time), about 2% of a 2-step batch's server CPU, and
+    an agent's body nearly always arrives with its headers, so the read never waits at all."""
+
+    def __init__(self) -> None:
+        self.reading: dict[
+            asyncio.Task, float
+        ] = {}  # task -> its deadline; a task past it is taken out, then cancelled
+        self.ticking = False
+
+    async def read(self, receive: Receive) -> bytes:
+        """`receive_body`, or TimeoutError once LOCKSTEP_BODY_TIMEOUT has passed (up to DEADLINE_TICK_S late)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.reading[task] = time.monotonic() + settings.LOCKSTEP_BODY_TIMEOUT
+        if not self.ticking:
+            self.ticking = True
+            asyncio.get_running_loop().call_later(DEADLINE_TICK_S, self._tick)
+        try:
+            return await receive_body(receive)
+        except asyncio.CancelledError:
+            if task not in self.reading and task.uncancel() == 0:  # our cancel, and nobody else's: a timeout
+                raise TimeoutError from None
+            raise
+        finally:
+            self.reading.pop(task, None)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for task in [t for t, deadline in self.reading.items() if deadline <= now]:
+            del self.reading[task]
+            task.cancel()
+        self.ticking = bool(self.reading)
+        if self.ticking:
+            asyncio.get_running_loop().call_later(DEADLINE_TICK_S, self._tick)

@@ -1,0 +1,16 @@
+"""The agent adds no line to a job's output at default verbosity: the same 2-rank torchrun job with
+and without it prints the same stderr (the DDP scan at attach once printed torch's
+`FutureWarning: torch.distributed.reduce_op is deprecated` on every rank)."""
+
+from __future__ import annotations
+
+from tests.agents import tiny_jobs
+
+
+def test_the_agent_adds_no_line_to_the_jobs_stderr(tmp_path):
+    bare = tiny_jobs.start(tmp_path / "bare", "quiet-bare", agent=False)
+    watched = tiny_jobs.start(tmp_path / "watched", "quiet-watched")
+    bare_err, watched_err = tiny_jobs.finish(bare), tiny_jobs.finish(watched)
+    added = [line for line in watched_err.splitlines() if line not in set(bare_err.splitlines())]
+    assert added == [], watched_err
+    assert list((tmp_path / "watched").iterdir())  # the agent did run and record the job

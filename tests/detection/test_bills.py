@@ -1,0 +1,51 @@
+"""Which bill a reader gets (`bills.current_bill`): the kept one while no compile reached the run since
+and it is younger than REFRESH_S, however often other events arrive; a new one once a compile arrived
+(after MIN_AGE_S) or the kept one is older than REFRESH_S. On the real H200 recording."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from dashboard.detection import bills
+from dashboard.detection.models import RunCost
+from dashboard.tenancy.models import Run
+from tests.agents.test_fixtures_ingest import _unpack, _upload
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run(post, tmp_path, project) -> Run:
+    _upload(post, _unpack("ddp_h200_spool.tgz", tmp_path / "h200"))
+    return Run.objects.get(key="h200-ddp-nccl")
+
+
+def _read(run: Run, at) -> str:
+    run.refresh_from_db()
+    return bills.current_bill(run, at)["computed_at"]
+
+
+def test_a_reader_gets_the_kept_bill_until_a_compile_arrives_or_it_is_older_than_refresh(run):
+    kept_at = run.last_seen + timedelta(seconds=1)
+    kept = bills.fresh_bill(run, kept_at)
+    assert kept["gpu_seconds"] > 0
+
+    later = kept_at + timedelta(seconds=bills.MIN_AGE_S + 5)
+    Run.objects.filter(id=run.id).update(last_seen=later)  # progress, no compile: still the kept bill
+    assert _read(run, later) == kept_at.isoformat()
+
+    RunCost.objects.filter(run=run).update(compile_seconds=kept["compile_seconds"] - 1.0)  # a compile since
+    assert _read(run, later) == later.isoformat()  # computed anew, and kept
+    assert RunCost.objects.get(run=run).compile_seconds == pytest.approx(kept["compile_seconds"])
+
+    stale = later + timedelta(seconds=bills.REFRESH_S + 1)
+    Run.objects.filter(id=run.id).update(last_seen=stale)
+    assert _read(run, stale) == stale.isoformat()  # older than REFRESH_S: computed anew
+
+
+def test_a_run_nothing_reached_since_keeps_its_bill_however_old(run):
+    kept_at = run.last_seen + timedelta(seconds=1)
+    bills.fresh_bill(run, kept_at)
+    assert _read(run, kept_at + timedelta(days=3)) == kept_at.isoformat()

@@ -1,0 +1,145 @@
+"""Slots settle into consensus and alerts through the real writers and PostgreSQL (in-process)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from dashboard.detection import settle
+from dashboard.detection.models import Alert
+from dashboard.ledger import slots
+from dashboard.ledger.models import CompileSlot, GradSlot
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db
+
+REASON = "size mismatch at index 0. expected 16, actual 17"
+
+
+def grad(step, fps):
+    return {"t": "grad", "step": step, "fps": fps}
+
+
+def send(post, rank, seq, events, world_size=3):
+    response = post(make_batch(rank=rank, seq=seq, events=events, world_size=world_size))
+    assert response.status_code == 200, response.content
+
+
+def test_grad_slot_settles_with_the_dissenter(post):
+    for rank in range(3):
+        send(post, rank, 0, [grad(0, [1, 2]), grad(1, [3, 4] if rank != 1 else [3, 5])])
+    for slot in GradSlot.objects.order_by("step"):
+        assert slot.reported == 3
+        settle.settle_grad(slot.id)
+    clean, bad = GradSlot.objects.order_by("step")
+    assert clean.dissenters == [] and bad.dissenters == [1]
+    alert = Alert.objects.get()
+    assert (alert.kind, alert.ranks, alert.step, alert.details["buckets"]) == ("grad_divergence", [1], 1, [1])
+
+
+def test_settling_twice_is_a_no_op(post):
+    for rank in range(3):
+        send(post, rank, 0, [grad(0, [1 if rank else 2])])
+    slot = GradSlot.objects.get()
+    assert len(settle.settle_grad(slot.id)) == 1
+    assert settle.settle_grad(slot.id) == []
+    assert Alert.objects.get().count == 1
+
+
+def test_one_desync_over_many_steps_is_one_alert(post):
+    for rank in range(3):
+        send(post, rank, 0, [grad(s, [s + (rank == 2)]) for s in range(4)])
+    fresh = [a for slot in GradSlot.objects.order_by("step") for a in settle.settle_grad(slot.id)]
+    alert = Alert.objects.get()
+    assert len(fresh) == 1  # notified once; later steps only count
+    assert (alert.step, alert.count, alert.ranks) == (0, 4, [2])
+
+
+def test_local_groups_are_never_compared(post):
+    for rank in range(3):
+        send(post, rank, 0, [{"t": "grad", "step": 0, "group": "local", "fps": [rank]}])
+    assert GradSlot.objects.count() == 0
+
+
+def test_recompile_on_one_rank_settles_after_the_timeout(post, settings):
+    compile0 = {"t": "compile", "frame": "train.py:1:forward", "index": 0, "step": 0}
+    for rank in range(3):
+        send(post, rank, 0, [compile0, grad(0, [1])])
+    send(post, 1, 1, [{**compile0, "index": 1, "step": 4, "recompile_reason": REASON}])
+    slot = CompileSlot.objects.get(index=1)
+    settle.settle_compile(slot.id)  # ranks 0 and 2 are still before step 4: not judged yet
+    assert CompileSlot.objects.get(index=1).pending and not Alert.objects.exists()
+    for rank in (0, 2):
+        send(post, rank, 1, [grad(s, [1]) for s in range(1, 6)])
+    slot = CompileSlot.objects.get(index=1)
+    assert slot.reported == 1
+    assert slot.id not in slots.overdue(CompileSlot)
+    later = timezone.now() + timedelta(seconds=settings.LOCKSTEP_SETTLE_TIMEOUT + 1)
+    assert slot.id in slots.overdue(CompileSlot, now=later)
+    settle.settle_compile(slot.id)
+    alert = Alert.objects.get(kind="recompile_divergence")
+    assert (alert.ranks, alert.step, alert.frame) == ([1], 4, "train.py:1:forward")
+    assert REASON in alert.message
+
+
+def test_late_report_reopens_the_slot(post):
+    send(post, 0, 0, [grad(0, [1])])
+    slot = GradSlot.objects.get()
+    settle.settle_grad(slot.id)
+    slot.refresh_from_db()
+    assert not slot.pending
+    send(post, 1, 0, [grad(0, [2])])
+    slot.refresh_from_db()
+    assert slot.pending
+    settle.settle_grad(slot.id)
+    assert Alert.objects.get().ranks == [1]
+
+
+def test_weight_fingerprints_settle_as_param_slots(post):
+    for rank in range(3):
+        send(
+            post,
+            rank,
+            0,
+            [
+                {"t": "param", "step": 50, "fps": [1, 2 if rank != 0 else 3]},
+                {"t": "param", "step": 0, "group": "local", "fps": [rank]},
+            ],
+        )
+    [slot] = GradSlot.objects.all()
+    assert (slot.group, slot.step, slot.reported) == ("param:ddp", 50, 3)
+    settle.settle_grad(slot.id)
+    alert = Alert.objects.get()
+    assert (alert.kind, alert.ranks, alert.step) == ("param_divergence", [0], 50)
+
+
+def test_grad_divergence_asks_for_and_names_the_parameters(post):
+    layout = {
+        "t": "rank_start",
+        "params": ["ddp:net.0.weight", "ddp:net.0.bias", "ddp:net.2.weight", "local:head.w"],
+        "buckets": [[0, 1], [2], [3]],
+    }
+    for rank in range(3):
+        send(post, rank, 0, ([layout] if rank == 0 else []) + [grad(2, [5, 6 if rank == 1 else 7])])
+    settle.settle_grad(GradSlot.objects.get().id)
+    alert = Alert.objects.get()
+    assert alert.details["buckets"] == [1]
+    assert alert.details["bucket_params"] == {"1": ["net.2.weight"]}  # from rank 0's layout, before any answer
+    asked = [post(make_batch(rank=r, seq=1, events=[{"t": "heartbeat"}])).json()["detail"] for r in range(3)]
+    assert asked == [[2], [2], []]  # the dissenter and the reference rank, nobody else
+    assert post(make_batch(rank=1, seq=2, events=[{"t": "heartbeat"}])).json()["detail"] == []  # asked once
+    params = {"net.0.weight": 11, "net.0.bias": 12, "net.2.weight": 13}
+    for rank, seq in ((0, 2), (1, 3)):
+        mine = dict(params, **({"net.2.weight": 99} if rank == 1 else {}))
+        assert (
+            post(make_batch(rank=rank, seq=seq, events=[{"t": "detail", "step": 2, "params": mine}])).status_code == 200
+        )
+    from dashboard.detection import detail
+
+    assert detail.explain(alert.id)
+    alert.refresh_from_db()
+    assert alert.details["params"] == ["net.2.weight"]
+    assert alert.message.endswith("parameters: net.2.weight")
+    assert not detail.explain(alert.id)  # explained once

@@ -1,0 +1,118 @@
+"""Group commit (ingest.groupcommit, writers.store_group): requests share a transaction, each keeps its own answer."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.db import DataError, connection
+
+from agents import protocol
+from dashboard.evidence.models import GradReport, IngestBatch
+from ingest import backpressure, validation, writers
+from ingest.refusals import Refusal
+from tests.conftest import make_batch
+
+
+def job(project, bulk: bool = False, **batches) -> writers.Job:
+    """A request of one batch (or, bulk, of several: `batches` as make_batch keyword sets)."""
+    bodies = [json.dumps(make_batch(**kw)).encode() for kw in batches.values()]
+    return writers.Job(project, [(validation.decode(b), writers.digest(b)) for b in bodies], bulk)
+
+
+def grad(step: int, fps: list[int]) -> list[dict]:
+    return [{"t": "grad", "step": step, "fps": fps}]
+
+
+@pytest.mark.django_db
+def test_a_group_answers_each_request_on_its_own(project):
+    writers.store_group([job(project, a=dict(rank=2, events=grad(0, [7])))])
+    before = GradReport.objects.count()
+    outcomes = writers.store_group(
+        [
+            job(project, a=dict(rank=0, events=grad(0, [1]))),
+            job(project, a=dict(rank=2, events=grad(0, [9]))),  # rank 2's seq 0 again, other content: 409
+            job(project, a=dict(run="run-b", rank=1, events=grad(0, [2]))),
+            job(project, a=dict(rank=2, events=grad(0, [7]))),  # an exact resend: a duplicate
+            job(
+                project, a=dict(rank=1, world_size=5, session="other-session", events=grad(0, [3]))
+            ),  # run-a has 3 ranks: 400
+        ]
+    )
+    assert [o[0].accepted for o in (outcomes[0], outcomes[2])] == [1, 1]
+    assert isinstance(outcomes[1], Refusal) and (outcomes[1].status, outcomes[1].path) == (409, "seq")
+    assert outcomes[3][0].duplicate is True
+    assert isinstance(outcomes[4], Refusal) and (outcomes[4].status, outcomes[4].path) == (400, "run.world_size")
+    assert GradReport.objects.count() == before + 2
+    assert set(IngestBatch.objects.values_list("session", flat=True)) == {
+        "sess-run-a-0",
+        "sess-run-a-2",
+        "sess-run-b-1",
+    }
+
+
+@pytest.mark.django_db
+def test_a_bulk_request_in_a_group_is_refused_whole_with_its_path(project):
+    outcomes = writers.store_group(
+        [
+            job(project, a=dict(rank=0)),
+            job(project, bulk=True, a=dict(rank=1), b=dict(rank=2, world_size=4, session="changed-session")),
+        ]
+    )
+    assert outcomes[0][0].accepted == 1
+    assert isinstance(outcomes[1], Refusal) and outcomes[1].path == "batches[1].run.world_size"
+    assert list(IngestBatch.objects.values_list("rank", flat=True)) == [0]
+
+
+@pytest.fixture
+def refuses_session():
+    """A trigger that makes PostgreSQL refuse one session's batch record with a data error (22003),
+    as it would a value out of range: a batch no resend can cure, in a group with good ones."""
+    with connection.cursor() as cur:
+        cur.execute("""CREATE FUNCTION refuse_session() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.session = 'poison-session' THEN
+              RAISE EXCEPTION 'value out of range (provoked)' USING ERRCODE = '22003'; END IF; RETURN NEW; END $$""")
+        cur.execute(
+            f"CREATE TRIGGER refuse_session BEFORE INSERT ON {IngestBatch._meta.db_table} "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_session()"
+        )
+    yield
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TRIGGER IF EXISTS refuse_session ON {IngestBatch._meta.db_table}")
+        cur.execute("DROP FUNCTION IF EXISTS refuse_session()")
+
+
+@pytest.mark.django_db
+def test_a_batch_the_database_refuses_does_not_take_its_neighbours_down(project, refuses_session):
+    outcomes = writers.store_group(
+        [
+            job(project, a=dict(rank=0)),
+            job(project, a=dict(rank=1, session="poison-session")),
+            job(project, a=dict(rank=2)),
+        ]
+    )
+    assert isinstance(outcomes[1], DataError)
+    assert [outcomes[0][0].accepted, outcomes[2][0].accepted] == [1, 1]
+    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 2]
+
+
+@pytest.mark.django_db
+def test_the_door_answers_the_refused_batch_422_and_stores_the_rest(post, refuses_session):
+    assert post(make_batch(rank=1, session="poison-session")).status_code == 422
+    assert post(make_batch(rank=0)).status_code == 200
+    assert list(IngestBatch.objects.values_list("rank", flat=True)) == [0]
+
+
+def test_the_flush_interval_doubles_with_the_load_and_goes_away_when_it_falls(monkeypatch):
+    load = backpressure._Load()
+    monkeypatch.setattr(backpressure, "_load", load)
+    assert backpressure.flush_interval() is protocol.msgspec.UNSET
+    load.average, load.at = 0.2, time.monotonic()
+    assert backpressure.flush_interval() is protocol.msgspec.UNSET
+    load.average = 0.9  # 3.6x the target: two doublings of the agent's 0.5 s
+    assert backpressure.flush_interval() == 2.0 and backpressure.retry_after() == 2
+    load.average = 1000.0
+    assert backpressure.flush_interval() == backpressure.MAX_INTERVAL_S
+    load.at = time.monotonic() - 30 * backpressure.TAU_S  # nothing observed for a minute: not loaded
+    assert backpressure.flush_interval() is protocol.msgspec.UNSET

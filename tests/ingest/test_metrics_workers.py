@@ -1,0 +1,78 @@
+"""`uvicorn --workers 2` as the docs start it, PROMETHEUS_MULTIPROC_DIR unset: /metrics sums both
+workers on every scrape (a counter never jumps back), and a fresh start of the server starts from zero."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from dashboard.tenancy.models import Project, ProjectToken
+from tests.conftest import make_batch
+from tests.stack import Stack, free_port, spawn, unique, uvicorn
+
+ACCEPTED = 'lockstep_ingest_requests_total{endpoint="ingest",outcome="accepted",status="200"}'
+
+
+def _server(env: dict, logdir) -> Stack:
+    port = free_port()
+    proc = spawn(
+        f"uvicorn-{port}",
+        uvicorn(port, "--workers", "2"),
+        env,
+        logdir,
+    )
+    server = Stack(f"http://127.0.0.1:{port}", env, proc, proc)
+    server.wait_http(90)
+    return server
+
+
+def _post(url: str, token: str, body: dict) -> int:
+    return requests.post(
+        url + "/api/v1/ingest",
+        data=gzip.compress(json.dumps(body).encode()),
+        timeout=60,
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",
+            "Connection": "close",
+        },
+    ).status_code
+
+
+def _accepted(url: str) -> float:
+    text = requests.get(url + "/metrics", timeout=60).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(ACCEPTED + " "))
+
+
+def test_two_workers_count_together_and_a_fresh_start_counts_from_zero(stack_env, live_db, tmp_path):
+    token = ProjectToken.issue(Project.objects.create(name=unique("metrics-workers")))
+    env = {k: v for k, v in stack_env.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(LOCKSTEP_DATA_DIR=str(tmp_path / "data"), LOCKSTEP_METRICS_PUBLIC="1", LOCKSTEP_RATE_LIMIT="0")
+    run = unique("mw")
+    batches = [
+        make_batch(run=run, rank=r, world_size=4, seq=s, session=f"s-{run}-{r}") for r in range(4) for s in range(6)
+    ]
+    server = _server(env, tmp_path)
+    try:
+        with ThreadPoolExecutor(6) as pool:  # at once, on fresh connections: both workers take some
+            assert list(pool.map(lambda b: _post(server.url, token, b), batches)) == [200] * len(batches)
+        scrapes = [_accepted(server.url) for _ in range(8)]
+        folders = list((tmp_path / "data" / "prometheus").iterdir())
+        assert len(folders) == 1
+        workers = {p.name.rsplit("_", 1)[1] for p in folders[0].glob("counter_*.db")}
+    finally:
+        server.server.stop()
+    assert scrapes == [len(batches)] * 8, scrapes
+    assert len(workers) == 2, workers  # both workers counted into the one folder
+
+    again = _server(env, tmp_path)  # a fresh start: the stopped server's counts are gone, not summed in
+    try:
+        assert _post(again.url, token, make_batch(run=unique("mw"), rank=0, world_size=1)) == 200
+        assert [_accepted(again.url) for _ in range(4)] == [1.0] * 4
+        assert [p.name for p in (tmp_path / "data" / "prometheus").iterdir()] != [folders[0].name]
+    finally:
+        again.server.stop()

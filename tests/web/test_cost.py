@@ -1,0 +1,108 @@
+"""Where the compile bill shows: GET /api/v1/runs/KEY/cost (404 for runs the caller cannot see), the run
+page's panel (static JS, no inline script), the compare page side by side per aligned frame, the
+project's cost page (members only), and the /metrics counter by project and cause, which never goes
+down. The runs are the real recordings in tests/fixtures."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import User
+from prometheus_client.parser import text_string_to_metric_families
+
+from dashboard.tenancy.models import Project, ProjectToken
+from tests.agents.test_fixtures_ingest import _unpack, _upload
+
+pytestmark = pytest.mark.django_db
+H200, V211, V213 = "h200-ddp-nccl", "compare-211", "compare-213"
+
+
+@pytest.fixture
+def h200(post, tmp_path, project):
+    project.gpu_hour_price = Decimal("3.50")
+    project.save()
+    _upload(post, _unpack("ddp_h200_spool.tgz", tmp_path / "h200"))
+
+
+@pytest.fixture
+def versions(post, tmp_path):
+    for name in ("compare_211_spool.tgz", "compare_213_spool.tgz"):
+        _upload(post, _unpack(name, tmp_path / name))
+
+
+@pytest.fixture
+def member(client, project):
+    user = User.objects.create_user("bill-reader")
+    project.members.add(user)
+    client.force_login(user)
+    return user
+
+
+def test_cost_api_is_the_bill_with_money_and_404_elsewhere(client, token, h200):
+    response = client.get(f"/api/v1/runs/{H200}/cost", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200
+    bill = response.json()
+    assert bill["run"] == H200 and bill["gpu_seconds"] == pytest.approx(2 * 2.687761 + 2 * 1.547599, abs=1e-3)
+    assert bill["price_per_gpu_hour"] == 3.5 and bill["money"] == round(bill["gpu_seconds"] / 3600 * 3.5, 2)
+    assert bill["top"]["remedy"] and bill["lines"][0]["remedy"]
+    other = ProjectToken.issue(Project.objects.create(name="someone-else"))
+    assert client.get(f"/api/v1/runs/{H200}/cost", HTTP_AUTHORIZATION=f"Bearer {other}").status_code == 404
+    assert client.get("/api/v1/runs/nope/cost", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404
+    assert client.get(f"/api/v1/runs/{H200}/cost").status_code == 401
+
+
+def test_run_page_has_the_panel_fed_by_a_static_script(client, member, h200):
+    html = client.get(f"/runs/{H200}/").content.decode()
+    assert 'id="cost"' in html and f'data-url="/api/v1/runs/{H200}/cost"' in html
+    assert "lockstep/cost.js" in html and "/projects/" in html
+    assert "<script>" not in html  # every script is a static file (a Content-Security-Policy forbids inline ones)
+
+
+def test_compare_shows_each_runs_bill_per_aligned_frame(client, token, member, versions):
+    body = client.get(f"/api/v1/compare?runs={V211},{V213}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    cost = body["cost"]
+    assert [r["key"] for r in cost["runs"]] == [V211, V213]
+    forward = next(row for row in cost["frames"] if row["key"] == "compare_job.py:forward")
+    assert all(forward["cells"]) and forward["cells"][1]["gpu_seconds"] < forward["cells"][0]["gpu_seconds"]
+    page = client.get(f"/compare/?runs={V211},{V213}").content.decode()
+    assert 'id="compile-cost"' in page and "compare_job.py:46 Net.forward" in page
+
+
+def test_project_page_lists_the_costliest_frames_to_members_only(client, project, versions):
+    url = f"/projects/{project.name}/cost/"
+    assert client.get(url).status_code == 302  # login first
+    stranger = User.objects.create_user("stranger")
+    client.force_login(stranger)
+    assert client.get(url).status_code == 404
+    project.members.add(stranger)
+    html = client.get(url).content.decode()
+    assert 'id="cost-7d"' in html and 'id="cost-30d"' in html
+    assert html.index("compare_job.py:46 Net.forward") < html.index(
+        "compare_job.py:50 loss_fn"
+    )  # 50-70 s compiles first
+    assert "TORCHINDUCTOR_CACHE_DIR" in html and "compare-213" in html
+
+
+def counter(client, project: str, cause: str) -> float:
+    text = client.get("/metrics").content.decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "lockstep_compile_gpu_seconds_total" and s.labels == {"project": project, "cause": cause}:
+                return s.value
+    raise AssertionError(f"no sample for {project} {cause}")
+
+
+def test_metrics_counter_sums_kept_bills_and_never_goes_down(client, settings, project, h200):
+    from dashboard.detection import bills
+    from dashboard.tenancy.models import Run
+
+    settings.LOCKSTEP_METRICS_PUBLIC = True
+    assert counter(client, project.name, "recompile") == 0
+    kept = [bills.fresh_bill(Run.objects.get(key=H200))]
+    expected = kept[0]["causes"]["recompile"]
+    assert expected == pytest.approx(2 * 1.547599, abs=1e-3)
+    assert counter(client, project.name, "recompile") == pytest.approx(expected, abs=1e-2)
+    h200 = Run.objects.get(key=H200)
+    bills.store(h200, {**kept[0], "causes": {**kept[0]["causes"], "recompile": 0.0}})  # a later look files it elsewhere
+    assert counter(client, project.name, "recompile") == pytest.approx(expected, abs=1e-2)
