@@ -182,39 +182,47 @@ class Agent:
     def close(
         self, timeout: float = 10, status: str | None = None, exit_code: int | None = None, reason: str | None = None
     ) -> None:
-        """Flush fingerprints, send rank_end last, deliver or spool everything within `timeout`."""
+        """Flush fingerprints, send rank_end last, deliver or spool everything within `timeout`.
+
+        Re-entered from the SIGTERM handler while an exit or an exception is closing (torchrun stops
+        the others right after a rank fails), it sends the rank_end the interrupted close had not
+        sent yet and waits for delivery, so the process never dies with its goodbye unsent."""
         with _lock:
-            if self._closed:
-                return
-            self._closed = True
-            if status is not None:
-                self._end = (status, exit_code, reason)
-            try:
-                from agents.capture import uninstall
-
-                uninstall(self.capture)
-                if self.progress:
-                    self.progress.stop()
-                self.grads.uninstall()
-                self.grads.drain(block=True)
-            except Exception:
-                pass
-            from agents import protocol
-
-            st, code, why = self._end
-            crash = self._crash if st == "error" else None
-            self.transport.put(
-                protocol.RankEnd(
-                    ts=time.time(),
-                    status=st,
-                    exit_code=code,
-                    reason=why[:16_384] if why else None,
-                    exc_type=crash.exc_type[:512] if crash else None,
-                    where=crash.where[:512] if crash and crash.where else None,
-                )
-            )
-            self._ended = True
+            if not self._closed:
+                self._closed = True
+                if status is not None:
+                    self._end = (status, exit_code, reason)
+                self._stop_capture()
+            if not self._ended:
+                self._ended = True
+                self.transport.put(self._rank_end())
         self.transport.close(timeout)
+
+    def _stop_capture(self) -> None:
+        try:
+            from agents.capture import uninstall
+
+            uninstall(self.capture)
+            if self.progress:
+                self.progress.stop()
+            self.grads.uninstall()
+            self.grads.drain(block=True)
+        except Exception:
+            pass
+
+    def _rank_end(self) -> protocol.RankEnd:
+        from agents import protocol
+
+        st, code, why = self._end
+        crash = self._crash if st == "error" else None
+        return protocol.RankEnd(
+            ts=time.time(),
+            status=st,
+            exit_code=code,
+            reason=why[:16_384] if why else None,
+            exc_type=crash.exc_type[:512] if crash else None,
+            where=crash.where[:512] if crash and crash.where else None,
+        )
 
 
 def _install_process_hooks(agent: Agent) -> None:

@@ -63,6 +63,29 @@ def test_run_reports_script_failure_in_rank_end(tmp_path):
     assert events[-1].exc_type == "ValueError" and events[-1].where.endswith("boom.py:3 <module>")
 
 
+def test_sigterm_while_closing_after_an_error_still_sends_rank_end(tmp_path):
+    """torchrun stops the surviving ranks right after one fails: a rank whose gloo call just raised
+    "Connection reset by peer" gets SIGTERM while its excepthook is closing the agent. The handler
+    re-enters close; the rank_end (naming the error) must be written before the signal ends it."""
+    script = tmp_path / "reset.py"
+    script.write_text(
+        "import os, signal, time, agents\n"
+        "agent = agents.attach()\n"
+        "drain = agent.grads.drain\n"
+        "def stopped_while_draining(block=True):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n"
+        "    return drain(block=block)\n"
+        "agent.grads.drain = stopped_while_draining\n"
+        "raise ConnectionError('Connection reset by peer')\n"
+    )
+    rc, out = _run([sys.executable, "-m", "agents", "run", str(script)], _env(tmp_path))
+    assert rc == -signal.SIGTERM, out
+    ends = [e for e in events_of(read_spool(str(tmp_path / "spool"))[0]) if isinstance(e, protocol.RankEnd)]
+    assert len(ends) == 1, ends
+    assert (ends[0].status, ends[0].exc_type) == ("error", "ConnectionError") and "reset by peer" in ends[0].reason
+
+
 def test_rank_start_says_where_the_cache_is_and_what_code_it_builds(tmp_path):
     """rank_start carries the cache dir's real location and the CPU ISA that shapes generated code
     (ATEN_CPU_CAPABILITY: the setting Inductor's cache keys leave out)."""

@@ -20,6 +20,16 @@ def test_rank_that_never_ended_while_all_others_did():
     assert findings_of(run_view({0: 40.0}, silent_after=20), "rank_silent") == []  # nobody to compare with
 
 
+def test_killed_rank_named_when_a_stopped_peer_died_before_its_goodbye():
+    """Rank 2 killed, rank 1 ended (stopped by torchrun), rank 0 stopped too but its rank_end never came:
+    the lost rank is the one silent since before anybody ended; rank 0 talked until after that."""
+    view = run_view({0: 22.0, 1: 23.0, 2: 25.0}, ended={1}, silent_after=20)
+    [f] = findings_of(view, "rank_silent")
+    assert f.ranks == (2,) and "never ended" in f.message and f.details["lost"]
+    still_going = run_view({0: 2.0, 1: 13.0, 2: 15.0}, ended={1}, silent_after=20)
+    assert findings_of(still_going, "rank_silent") == []  # rank 0 still reports: not over yet
+
+
 def test_ended_ranks_are_not_silent():
     assert findings_of(run_view({0: 1.0, 1: 95.0}, ended={1}), "rank_silent") == []
 

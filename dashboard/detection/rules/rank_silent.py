@@ -20,14 +20,27 @@ def silent_ranks(view: RunView) -> dict[int, str]:
     """rank -> why it counts as silent (see the module docstring)."""
     live = {r: age for r, age in view.last_seen.items() if r not in view.ended}
     freshest = min(live.values(), default=0.0)
-    alone = len(live) == 1 and len(view.last_seen) > 1
     out = {}
     for rank, age in live.items():
         if age >= view.silent_after and age - freshest >= view.silent_after:
             out[rank] = KEEP_REPORTING
-        elif alone and age >= min(view.lost_after, view.silent_after):
+        elif rank in left_behind(view, live):
             out[rank] = LEFT_ALONE
     return out
+
+
+def left_behind(view: RunView, live: dict[int, float]) -> set[int]:
+    """Ranks that never ended in a job that is over: all of them stale while others ended. Alone, the
+    rank is lost; with company (a stopped rank can die before its goodbye is out), the lost ones are
+    those silent since before the first rank ended: the others were still talking when the job was
+    stopped around them."""
+    ended_ages = [age for r, age in view.last_seen.items() if r in view.ended]
+    stale = min(view.lost_after, view.silent_after)
+    if not ended_ages or not live or min(live.values()) < stale:
+        return set()
+    if len(live) == 1:
+        return set(live)
+    return {r for r, age in live.items() if age > max(ended_ages)}
 
 
 @rule("rank_silent", RunView, subject=lambda v: [subjects.rank(r) for r in v.last_seen])
