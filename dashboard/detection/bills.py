@@ -1,16 +1,18 @@
-"""Kept compile bills (`RunCost`): computed by the periodic check while a run is active, and by whoever
-reads a run's bill (API, pages) when the kept one is stale; summed for /metrics and the project's
-cost page, which so never recompute a run's bill from its raw events.
+"""Kept compile bills (`RunCost`): computed by the periodic check while a run is active and once more
+at its end, summed for /metrics and the project's cost page, which so never recompute a run's bill
+from its raw events.
 
 The sweep recomputes a kept bill when the run's compile seconds changed since (new compiles) or it
 is older than REFRESH_S (waits measured since), at most every MIN_AGE_S while compiles keep arriving
-(1,024 ranks' compiles of one frame arrive over seconds). A reader gets the kept bill when nothing
-reached the run since it was computed, it is younger than MIN_AGE_S, or it is younger than
-REFRESH_S and no compile reached the run since (what else changes, the measured waits, is what the
-sweep refreshes every REFRESH_S, so a reader of an active run sees what the budget rule sees); else
-it is computed anew from the run's compile events and the progress samples that report a wait in a collective at the
-steps that compiled (a partial index of the evidence app's, `eventlog_collective_step`): at 1,024
-ranks x 10k steps a few hundred ms against a few tens for the kept bill (bench/cost.py).
+(1,024 ranks' compiles of one frame arrive over seconds), and bills an ended run once more on its
+last look. A reader (API, pages) gets the kept bill: current when nothing reached the run since it
+was computed, it is younger than MIN_AGE_S, or it is younger than REFRESH_S and no compile reached
+the run since; else marked `stale` while the sweep still looks at the run (it refreshes it within
+seconds). Only a run no sweep billed (an uploaded spool read before the sweep's next pass, a run
+whose last look was missed) is computed by its reader, from its compile events and the progress
+samples that report a wait in a collective at the steps that compiled (a partial index of the
+evidence app's, `eventlog_collective_step`): at 1,024 ranks x 10k steps a few hundred ms against a
+few tens for the kept bill (bench/cost.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dashboard.tenancy.models import Project, Run
 
 MIN_AGE_S = 10.0
 REFRESH_S = 60.0
+SWEPT_S = 30.0  # runs.END_LOOK: a run that reported this recently is looked at by the sweep
 FRAMES_KEPT = 50
 
 
@@ -75,15 +78,20 @@ def fresh_bill(run: Run, now: datetime | None = None) -> dict:
     now = now or timezone.now()
     bill = cost.bill_of(run, now)
     store(run, bill, now)
-    return {**bill, "computed_at": now.isoformat()}
+    return {**bill, "computed_at": now.isoformat(), "stale": False}
 
 
 def current_bill(run: Run, now: datetime | None = None) -> dict:
-    """The kept bill while it is current (`is_current`), else `fresh_bill`."""
+    """The kept bill while it is current (`is_current`) or while the sweep still looks at the run (it
+    reported within SWEPT_S: the sweep refreshes the bill within MIN_AGE_S of new compiles, and bills an
+    ended run once more, `final_bill`), marked `stale` in that case; else `fresh_bill`. Readers so never
+    pay for a big run's bill while it trains, only for a run no sweep billed."""
     now = now or timezone.now()
     row = RunCost.objects.filter(run=run).values_list("bill", "computed_at", "compile_seconds").first()
-    if row and row[0] and is_current(run, row[1], row[2], now):
-        return {**row[0], "computed_at": row[1].isoformat()}
+    if row and row[0]:
+        current = is_current(run, row[1], row[2], now)
+        if current or (now - run.last_seen).total_seconds() < SWEPT_S:
+            return {**row[0], "computed_at": row[1].isoformat(), "stale": not current}
     return fresh_bill(run, now)
 
 
@@ -94,6 +102,14 @@ def is_current(run: Run, computed_at: datetime, compile_seconds: float, now: dat
     if computed_at >= run.last_seen or age < MIN_AGE_S:
         return True
     return age < REFRESH_S and abs(tally.compile_totals(run).seconds - compile_seconds) <= 1e-3
+
+
+def final_bill(run: Run, now: datetime | None = None) -> None:
+    """The last look at an ended run: bill it once more if anything reached it since its kept bill."""
+    now = now or timezone.now()
+    computed_at = RunCost.objects.filter(run=run).values_list("computed_at", flat=True).first()
+    if (computed_at is None or computed_at < run.last_seen) and tally.compile_totals(run).seconds > 0:
+        fresh_bill(run, now)
 
 
 def for_sweep(run: Run, compile_seconds: float, wall_s: float, now: datetime | None = None) -> dict | None:

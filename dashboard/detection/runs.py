@@ -29,7 +29,7 @@ from dashboard.tenancy.models import LOST, Rank, Run, has_ended, mark_lost, rank
 
 ACTIVE_WINDOW = timedelta(hours=1)
 CRASH_WINDOW = timedelta(minutes=10)
-END_LOOK = timedelta(seconds=30)  # how long after its last report an ended run's compiled work is judged once more
+END_LOOK = timedelta(seconds=bills.SWEPT_S)  # how long after its last report an ended run is judged once more
 EMPTY_FRAMES_SHOWN = 20
 STRIP_RANKS = 64  # ranks in one progress message: those holding the others up come first
 
@@ -208,7 +208,8 @@ def just_ended() -> list[Run]:
 
 def check_ended(run: Run) -> list[int]:
     """The last look at a run that ended: its compiled work (the other periodic rules are about live
-    ranks); an alert it raises keeps the run in `active_runs` until the run's end resolves it."""
+    ranks) and its bill; an alert it raises keeps the run in `active_runs` until the run's end resolves it."""
+    bills.final_bill(run)
     with transaction.atomic():
         work = compiled_work(run)
         eager = evaluate(work)

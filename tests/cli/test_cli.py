@@ -1,8 +1,9 @@
 """The `lockstep` command line as a person and a CI job use it: the real CLI as a subprocess against
 the real stack (uvicorn + Celery worker), with real 2-rank torchrun jobs ingested through the agent.
 
-One team (a project, its token, a user with a password). A clean job is the reference; in a second
-job rank 1 alone recompiles at step SHAPE_STEP (one extra row) while `lockstep alerts --follow`
+One team (a project, its token, a user with a password). A clean 2-rank DDP job recorded on an H200
+with torch 2.11 (`realism-ddp-compile-warm-private` of `tests/fixtures/realism_clean.tgz`, uploaded with
+`python -m agents upload`) is the reference; in a live job rank 1 alone recompiles at step SHAPE_STEP (one extra row) while `lockstep alerts --follow`
 watches it live: `check` goes from 0 to 1 with the incident rooted at the critical `recompile_divergence`
 of rank 1 (it stays firing: no later compile of that frame comes out clean) and back to 0 once a person
 acknowledges it (acking the root acks the incident).
@@ -15,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ from tests.stack import ROOT, free_port, unique
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 PASSWORD = "cli-test-pw"
+REFERENCE = "realism-ddp-compile-warm-private"  # the recording's run key
+FIXTURES = ROOT / "tests" / "fixtures"
 # The odd batch comes well after the run appears (compiles first): the feed is open by then. The job
 # runs until the live checks are done (its stop file), however slow the machine is that day.
 STEPS, SHAPE_STEP = 400, 10
@@ -52,11 +56,17 @@ def team(stack, django_db_blocker, tmp_path_factory) -> Team:
         token = ProjectToken.issue(project)
         user = User.objects.create_user(unique("alice"), password=PASSWORD)
         project.members.add(user)
-    key = unique("cli-ref")
     spool = tmp_path_factory.mktemp("ref-spool")
-    with running(torchrun(stack, token, key, "demo/ddp_job.py", ["--steps", "4"], spool, ranks=2)) as job:
-        finish(job)
-    return Team(project, token, user.username, key)
+    with tarfile.open(FIXTURES / "realism_clean.tgz") as tar:
+        tar.extractall(spool, [m for m in tar.getmembers() if m.name.startswith(REFERENCE + "/")], filter="data")
+    uploaded = subprocess.run(
+        [sys.executable, "-m", "agents", "upload", "--url", stack.url, "--token", token, str(spool / REFERENCE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert uploaded.returncode == 0, uploaded.stderr
+    return Team(project, token, user.username, REFERENCE)
 
 
 def lockstep(
@@ -223,7 +233,7 @@ def test_runs_alerts_and_compare_tables_and_json(stack, team, tmp_path):
     table = lockstep(stack, tmp_path, "runs", token=team.token).stdout.splitlines()
     assert table[0].split()[:3] == ["RUN", "PROJECT", "STATUS"]
     [ref_row] = [line.split() for line in table if line.split()[0] == team.reference]
-    assert ref_row[1:5] == [team.project.name, "finished", "2", "2.13.0+cpu"]
+    assert ref_row[1:5] == [team.project.name, "finished", "2", "2.11.0+cu130"]
 
     alerts = lockstep(stack, tmp_path, "alerts", team.reference, "--json", token=team.token)
     assert json.loads(alerts.stdout) == api(stack, team.token, f"/runs/{team.reference}/alerts").json()

@@ -1,6 +1,8 @@
 """Which bill a reader gets (`bills.current_bill`): the kept one while no compile reached the run since
-and it is younger than REFRESH_S, however often other events arrive; a new one once a compile arrived
-(after MIN_AGE_S) or the kept one is older than REFRESH_S. On the real H200 recording."""
+and it is younger than REFRESH_S, however often other events arrive; once a compile arrived (after
+MIN_AGE_S) or it is older than REFRESH_S, the kept one marked stale while the sweep still looks at the
+run, a new one after. An ended run's last sweep bills it once more (`final_bill`). On the real H200
+recording."""
 
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ def _read(run: Run, at) -> str:
     return bills.current_bill(run, at)["computed_at"]
 
 
+def _stale(run: Run, at) -> bool:
+    run.refresh_from_db()
+    return bills.current_bill(run, at)["stale"]
+
+
 def test_a_reader_gets_the_kept_bill_until_a_compile_arrives_or_it_is_older_than_refresh(run):
     kept_at = run.last_seen + timedelta(seconds=1)
     kept = bills.fresh_bill(run, kept_at)
@@ -37,12 +44,25 @@ def test_a_reader_gets_the_kept_bill_until_a_compile_arrives_or_it_is_older_than
     assert _read(run, later) == kept_at.isoformat()
 
     RunCost.objects.filter(run=run).update(compile_seconds=kept["compile_seconds"] - 1.0)  # a compile since
-    assert _read(run, later) == later.isoformat()  # computed anew, and kept
+    assert _read(run, later) == kept_at.isoformat() and _stale(run, later)  # the sweep is on it
+    unswept = later + timedelta(seconds=bills.SWEPT_S + 1)
+    assert _read(run, unswept) == unswept.isoformat()  # nobody sweeps it any more: computed anew, and kept
     assert RunCost.objects.get(run=run).compile_seconds == pytest.approx(kept["compile_seconds"])
+    assert not _stale(run, unswept)
 
-    stale = later + timedelta(seconds=bills.REFRESH_S + 1)
+    stale = unswept + timedelta(seconds=bills.REFRESH_S + 1)
     Run.objects.filter(id=run.id).update(last_seen=stale)
-    assert _read(run, stale) == stale.isoformat()  # older than REFRESH_S: computed anew
+    assert _read(run, stale) == unswept.isoformat() and _stale(run, stale)
+    assert _read(run, stale + timedelta(seconds=bills.SWEPT_S)) == (stale + timedelta(seconds=bills.SWEPT_S)).isoformat()
+
+
+def test_an_ended_runs_last_look_bills_it_once_more(run):
+    kept_at = run.last_seen - timedelta(seconds=5)  # computed before the run's last events arrived
+    bills.fresh_bill(run, kept_at)
+    bills.final_bill(run, run.last_seen + timedelta(seconds=2))
+    assert RunCost.objects.get(run=run).computed_at == run.last_seen + timedelta(seconds=2)
+    bills.final_bill(run, run.last_seen + timedelta(seconds=4))  # current now: left as it is
+    assert RunCost.objects.get(run=run).computed_at == run.last_seen + timedelta(seconds=2)
 
 
 def test_a_run_nothing_reached_since_keeps_its_bill_however_old(run):

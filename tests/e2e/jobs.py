@@ -20,6 +20,8 @@ from dashboard.devstack.processes import descendants, kill_tree
 from dashboard.tenancy.models import Project, ProjectToken
 from tests.stack import ROOT, free_port, unique
 
+WRAPPER = ROOT / "demo" / "per_rank_env.py"  # runs a script under per-rank environment settings (PER_RANK_ENV)
+
 
 def torchrun(
     stack,

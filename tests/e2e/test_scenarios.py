@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import uuid
 
@@ -14,19 +12,9 @@ import pytest
 import requests
 
 from dashboard.devstack.processes import descendants, survivors
-from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with_token, running, torchrun, wait_for_run
-from tests.stack import ROOT
+from tests.e2e.jobs import api, finish, running, torchrun, wait_for_run
 
-WRAPPER = ROOT / "demo" / "per_rank_env.py"
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
-
-
-@pytest.fixture
-def team(stack):
-    project, token = project_with_token(f"sc-{uuid.uuid4().hex[:6]}")
-    feed = alert_feed(stack, member_session(project, f"u-{uuid.uuid4().hex[:6]}"))
-    yield token, feed
-    feed.ws.close()
 
 
 def test_branch_nan_storm_and_straggler(stack, team, tmp_path):
@@ -162,77 +150,6 @@ def test_baseline_divergence_between_two_real_runs(stack, team, tmp_path):
     stored = {a["kind"]: a for a in api(stack, token, f"/runs/{cand}/alerts").json()["alerts"]}
     named = stored["baseline_divergence"]["details"]["bucket_params"]
     assert named and all(names for names in named.values())  # the differing buckets' parameters, by name
-
-
-def test_cold_cache_on_one_rank(stack, team, tmp_path):
-    token, feed = team
-    warm = tmp_path / "warm-cache"
-    cold = tmp_path / "cold-cache"
-    # Fill one cache directory by running the same job on one rank, then give it to ranks 0 and 2.
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "demo/ddp_job.py", "--steps", "1"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-        env={
-            **stack.env,
-            "TORCHINDUCTOR_CACHE_DIR": str(warm),
-            "OMP_NUM_THREADS": "1",
-            "TORCHINDUCTOR_COMPILE_THREADS": "1",
-        },
-    )  # in-process compiles, as the job's (no worker pool)
-    key = f"sc-cache-{uuid.uuid4().hex[:6]}"
-    per_rank = {
-        "0": {"TORCHINDUCTOR_CACHE_DIR": str(warm)},
-        "1": {"TORCHINDUCTOR_CACHE_DIR": str(cold)},
-        "2": {"TORCHINDUCTOR_CACHE_DIR": str(warm)},
-    }
-    with running(
-        torchrun(
-            stack,
-            token,
-            key,
-            str(WRAPPER),
-            ["demo/ddp_job.py", "--steps", "4"],
-            tmp_path / "spool",
-            extra_env={"PER_RANK_ENV": json.dumps(per_rank)},
-            via_agent_cli=False,
-        )
-    ) as job:
-        finish(job)
-    alerts = feed.wait_for({"cache_divergence"}, 60, run=key)
-    assert alerts["cache_divergence"]["ranks"] == [1]
-    assert alerts["cache_divergence"]["details"]["miss"] == [1]
-    time.sleep(0.5)
-    assert "grad_divergence" not in feed.latest(key)
-    assert "rank_specific_artifact" not in feed.latest(key)  # private cache dirs: nothing shared
-
-
-def test_shared_cache_with_rank_specific_settings_and_another_collective_schedule(stack, team, tmp_path):
-    """Ranks share one Inductor cache directory but rank 1 runs with other Inductor settings
-    (TORCHINDUCTOR_SIZE_ASSERTS=0), so its FX-graph cache keys are its own: it never looks up the
-    others' entries, nothing rank-specific is shared, no rank_specific_artifact. Rank 2 folds an
-    extra all_reduce into a compiled graph (collective_schedule_divergence)."""
-    token, feed = team
-    key = f"sc-shared-{uuid.uuid4().hex[:6]}"
-    env = {
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "shared-cache"),
-        "PER_RANK_ENV": json.dumps({"1": {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}}),
-    }
-    args = ["demo/scenarios.py", "--steps", "4", "--collective-rank", "2"]
-    with running(
-        torchrun(stack, token, key, str(WRAPPER), args, tmp_path / "spool", extra_env=env, via_agent_cli=False)
-    ) as job:
-        finish(job)
-    alerts = feed.wait_for({"collective_schedule_divergence"}, 60, run=key)
-    schedule = alerts["collective_schedule_divergence"]
-    assert schedule["ranks"] == [2] and "pulse" in schedule["frame"]
-    time.sleep(1)  # the model's slots settle with the same batches as pulse's
-    assert "rank_specific_artifact" not in feed.latest(key)
-    stored = {a["kind"] for a in api(stack, token, f"/runs/{key}/alerts").json()["alerts"]}
-    assert "rank_specific_artifact" not in stored
-    assert "grad_divergence" not in feed.latest(key)
 
 
 def run_status(stack, token: str, key: str, want: str, timeout: float = 30) -> str:
