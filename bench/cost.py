@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from datetime import timedelta
 
 from bench.common import configure_in_process, timed_get
 
@@ -174,6 +175,27 @@ def timed_computed(client, url: str, key: str, n: int) -> list[float]:
     return samples
 
 
+def timed_stale(client, url: str, key: str, n: int) -> list[float]:
+    """Milliseconds of `n` GETs right after a compile reached the run while it trains: the kept bill,
+    marked stale (the sweep refreshes it), after one aggregate of the run's compile seconds."""
+    from django.utils import timezone
+
+    from dashboard.detection.models import RunCost
+    from dashboard.tenancy.models import Run
+
+    samples = []
+    for _ in range(n):
+        RunCost.objects.filter(run__key=key).update(
+            compile_seconds=-1.0, computed_at=timezone.now() - timedelta(seconds=20)
+        )
+        Run.objects.filter(key=key).update(last_seen=timezone.now())
+        start = time.perf_counter()
+        response = client.get(url)
+        samples.append((time.perf_counter() - start) * 1000)
+        assert response.status_code == 200 and response.json()["stale"]
+    return samples
+
+
 def counts(key: str) -> tuple[int, int]:
     from django.db import connection
 
@@ -212,9 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     compiles, samples = counts(key)
     url = f"/api/v1/runs/{key}/cost"
     kept = timed_get(client, url, args.n)
+    stale = sorted(timed_stale(client, url, key, args.n))
     computed = sorted(timed_computed(client, url, key, max(3, args.n // 3)))
     bill = client.get(url).json()
-    rows = [("kept bill (what readers get)", kept), ("computed anew", computed)]
+    rows = [
+        ("kept bill, current", kept),
+        ("kept bill, stale (a compile since; the sweep refreshes it)", stale),
+        ("computed anew (a run no sweep billed)", computed),
+    ]
     lines = [
         "| GET /api/v1/runs/KEY/cost | ranks x steps | compile events | progress samples | median ms | p90 ms "
         "| max ms | target | ok |",
@@ -238,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     record(
         "cost", table, "python -m bench cost", note=f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
-    return 0 if statistics.median(kept) <= 300 else 1
+    return 0 if max(statistics.median(kept), statistics.median(stale)) <= 300 else 1
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
+from typing import NamedTuple
 
 from django.db.models import Count, FloatField, Min, Q
 from django.db.models.fields.json import KT
@@ -41,9 +42,8 @@ LOOKBACK = timedelta(days=30)  # earlier runs whose cache entries count
 LINE_RANKS = 64  # ranks listed per line (all of them for the top line)
 
 
-@dataclass(frozen=True)
-class Compile:
-    """One rank's compile of one frame, as the bill needs it."""
+class Compile(NamedTuple):
+    """One rank's compile of one frame, as the bill needs it (a tuple: a big run has tens of thousands)."""
 
     rank: int
     frame: str
