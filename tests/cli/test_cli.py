@@ -239,6 +239,12 @@ def test_runs_alerts_and_compare_tables_and_json(stack, team, tmp_path):
     assert json.loads(alerts.stdout) == api(stack, team.token, f"/runs/{team.reference}/alerts").json()
     assert lockstep(stack, tmp_path, "alerts", team.reference, token=team.token).stdout.strip() == "no alerts"
 
+    bill = json.loads(lockstep(stack, tmp_path, "cost", team.reference, "--json", token=team.token).stdout)
+    assert bill == api(stack, team.token, f"/runs/{team.reference}/cost").json() and bill["gpu_seconds"] > 0
+    text = lockstep(stack, tmp_path, "cost", team.reference, token=team.token).stdout
+    assert text.startswith(f"{team.reference}: compilation cost {bill['gpu_seconds'] / 3600:.3f} GPU-hours"), text
+    assert bill["lines"][0]["label"] in text and bill["lines"][0]["remedy"][:40] in text
+
     compared = lockstep(stack, tmp_path, "compare", team.reference, other, "--json", token=team.token)
     assert json.loads(compared.stdout) == api(stack, team.token, f"/compare?runs={team.reference},{other}").json()
     text = lockstep(stack, tmp_path, "compare", team.reference, other, token=team.token).stdout

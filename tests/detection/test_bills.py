@@ -12,7 +12,7 @@ import pytest
 
 from dashboard.detection import bills
 from dashboard.detection.models import RunCost
-from dashboard.tenancy.models import Run
+from dashboard.tenancy.models import Project, Run
 from tests.agents.test_fixtures_ingest import _unpack, _upload
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +53,9 @@ def test_a_reader_gets_the_kept_bill_until_a_compile_arrives_or_it_is_older_than
     stale = unswept + timedelta(seconds=bills.REFRESH_S + 1)
     Run.objects.filter(id=run.id).update(last_seen=stale)
     assert _read(run, stale) == unswept.isoformat() and _stale(run, stale)
-    assert _read(run, stale + timedelta(seconds=bills.SWEPT_S)) == (stale + timedelta(seconds=bills.SWEPT_S)).isoformat()
+    assert (
+        _read(run, stale + timedelta(seconds=bills.SWEPT_S)) == (stale + timedelta(seconds=bills.SWEPT_S)).isoformat()
+    )
 
 
 def test_an_ended_runs_last_look_bills_it_once_more(run):
@@ -69,3 +71,20 @@ def test_a_run_nothing_reached_since_keeps_its_bill_however_old(run):
     kept_at = run.last_seen + timedelta(seconds=1)
     bills.fresh_bill(run, kept_at)
     assert _read(run, kept_at + timedelta(days=3)) == kept_at.isoformat()
+
+
+def test_the_budget_applies_after_10_minutes_at_10_percent_unless_the_project_says_otherwise(run):
+    """LOCKSTEP_COMPILE_BUDGET(_AFTER) default to 10 % after 600 s; a project's own budget wins."""
+    now = run.last_seen + timedelta(seconds=1)
+    seconds = bills.fresh_bill(run, now)["compile_seconds"]
+    assert bills.budget_of(run) == (0.10, 600.0)
+    assert bills.for_sweep(run, seconds, max(600.0, seconds / 0.10 + 1), now) is None  # under 10 %
+
+    Project.objects.filter(id=run.project_id).update(compile_budget=0.001)  # the default 600 s still holds
+    assert bills.budget_of(run) == (0.001, 600.0)
+    assert bills.for_sweep(run, seconds, 599.0, now) is None  # not 10 minutes old yet
+    past = bills.for_sweep(run, seconds, 600.0, now)
+    assert (past["budget"], past["after_s"], past["wall_s"]) == (0.001, 600.0, 600.0) and past["top"]["remedy"]
+
+    Project.objects.filter(id=run.project_id).update(compile_budget_after=60.0)
+    assert bills.for_sweep(run, seconds, 120.0, now)["after_s"] == 60.0

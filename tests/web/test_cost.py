@@ -5,13 +5,16 @@ down. The runs are the real recordings in tests/fixtures."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboard.tenancy.models import Project, ProjectToken
+from dashboard.detection import bills
+from dashboard.tenancy.models import Project, ProjectToken, Run
 from tests.agents.test_fixtures_ingest import _unpack, _upload
 
 pytestmark = pytest.mark.django_db
@@ -106,3 +109,15 @@ def test_metrics_counter_sums_kept_bills_and_never_goes_down(client, settings, p
     h200 = Run.objects.get(key=H200)
     bills.store(h200, {**kept[0], "causes": {**kept[0]["causes"], "recompile": 0.0}})  # a later look files it elsewhere
     assert counter(client, project.name, "recompile") == pytest.approx(expected, abs=1e-2)
+
+
+def test_the_7_day_window_leaves_out_a_run_of_10_days_ago(client, project, member, versions):
+    Run.objects.filter(key=V211).update(started_at=timezone.now() - timedelta(days=10))
+    html = client.get(f"/projects/{project.name}/cost/").content.decode()  # bills the window's runs first
+    week, month = html[html.index('id="cost-7d"') : html.index('id="cost-30d"')], html[html.index('id="cost-30d"') :]
+    assert "compare-211" not in week and "compare-213" in week and "compare-211" in month
+    forward = {
+        days: next(f for f in bills.top_frames(project.id, days) if "Net.forward" in f["label"]) for days in (7, 30)
+    }
+    assert (forward[7]["runs"], forward[30]["runs"]) == (1, 2)
+    assert forward[30]["gpu_seconds"] > forward[7]["gpu_seconds"] and forward[30]["worst_run"] == V211
