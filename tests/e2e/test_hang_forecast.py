@@ -62,8 +62,11 @@ def test_a_slow_recompile_on_one_rank_is_forecast_before_the_timeout(stack, tmp_
     assert died_after < TIMEOUT_S + 60
 
 
-def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, tmp_path):
-    _, token, session, feed, run_key, job = hang(stack, tmp_path, "data")
+def test_a_stuck_data_loader_under_ddp_is_named_and_the_page_strip_shows_it_first(stack, tmp_path):
+    """DDP(torch.compile(model)) and rank 1 stuck in its data loader: the waiting ranks' main threads sit
+    in DDP's bucket all-reduce inside autograd (C++), which the sampler sees as backward. The forecast
+    names the loader's frame; the run page's strip shows rank 1 first, live."""
+    _, token, session, feed, run_key, job = hang(stack, tmp_path, "data", extra=("--ddp",))
     with running(job), chromium_page(stack.url, session) as browser:
         wait_for_run(stack, token, run_key, job)
         browser.goto(f"{stack.url}/runs/{run_key}/")
@@ -74,26 +77,13 @@ def test_a_stuck_data_loader_is_named_and_the_page_strip_shows_it_first(stack, t
         shown = browser.wait_for_selector("#strip > li.holding:first-child", timeout=30_000)
         shown_text, shown_rank = shown.inner_text(), shown.get_attribute("data-rank")
     assert alive_at_forecast  # the job is stopped here: the first test shows the timeout ending it
-    assert alert["ranks"] == [1] and alert["frame"] is None
+    assert alert["ranks"] == [1] and alert["details"]["waiting"] == [0, 2] and alert["step"] == 2
+    assert alert["frame"] is None and "in backward (DDP's all-reduce) of step 2" in alert["message"]
     assert "rank 1 is waiting in the data loader at hang_job.py:" in alert["message"]
     assert ":__getitem__" in alert["message"]
     held = [s for s in strips if s[0]["holding"]]
     assert held, strips[-3:]
     first = held[-1][0]
     assert first["rank"] == 1 and first["phase"] == "data" and first["since_step_s"] > 5
-    assert {row["phase"] for row in held[-1][1:]} == {"collective"}
+    assert {row["phase"] for row in held[-1][1:]} == {"backward"}
     assert shown_rank == "1" and "data" in shown_text and "holding the others up" in shown_text  # the page, live
-
-
-def test_under_ddp_the_others_wait_inside_backward_and_the_stuck_rank_is_named(stack, tmp_path):
-    """DDP(torch.compile(model)): the waiting ranks' main threads sit in DDP's bucket all-reduce inside
-    autograd (C++), which the sampler sees as backward; the late rank is in its data loader."""
-    _, token, _, feed, run_key, job = hang(stack, tmp_path, "data", extra=("--ddp",))
-    with running(job):
-        wait_for_run(stack, token, run_key, job)
-        alert = feed.wait_for({"hang_forecast"}, timeout=180, run=run_key)["hang_forecast"]
-        alive_at_forecast = job.poll() is None
-    assert alive_at_forecast  # stopped here, as in the test above
-    assert alert["ranks"] == [1] and alert["details"]["waiting"] == [0, 2] and alert["step"] == 2
-    assert "in backward (DDP's all-reduce) of step 2" in alert["message"]
-    assert "rank 1 is waiting in the data loader at hang_job.py:" in alert["message"]
