@@ -136,17 +136,19 @@ def _changed(prefix: str, modname: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, entry in sorted(entries.items()):
         try:
-            if getattr(entry, "alias", None) or _is_default(mod, key, entry):
+            if getattr(entry, "alias", None):
                 continue
-            out[f"{prefix}.{key}"[:512]] = canonical(getattr(mod, key))[:16_384]
+            text = canonical(getattr(mod, key))
+            if not _is_default(mod, key, entry, text):
+                out[f"{prefix}.{key}"[:512]] = text[:16_384]
         except Exception:
             continue
     return out
 
 
-def _is_default(mod: object, key: str, entry: object) -> bool:
-    value = getattr(mod, key)
-    if canonical(value) == canonical(getattr(entry, "default", object())):
+def _is_default(mod: object, key: str, entry: object, text: str) -> bool:
+    """`text` (the setting's value, `canonical`) is its default's, or torch says it is not overridden."""
+    if text == canonical(getattr(entry, "default", object())):
         return True
     check = getattr(mod, "_is_default", None)  # torch >= 2.5 tells environment overrides from defaults
     return bool(check(key)) if callable(check) else False

@@ -225,7 +225,10 @@ class GradTracker:
     def weights_at(self, steps: list[int]) -> None:
         """The server wants weight fingerprints after these steps (every rank is asked for the same
         ones, so their slots compare); a step already past is never taken: the ranks could not agree on it.
-        Called from the sender thread."""
+        Called from the sender thread. Without weight fingerprints (LOCKSTEP_PARAM_EVERY=0) there is no
+        hook to answer them: nothing is kept."""
+        if self._post_handle is None:
+            return
         with self._lock:
             self._weights_asked.update(s for s in steps if s >= self._next_step)
 

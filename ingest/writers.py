@@ -225,20 +225,14 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
                 )
         except DatabaseError as exc:
             attempt += 1
+            forget_runs()
             if retries.lost_a_race(exc) and attempt < retries.RACE_ATTEMPTS:
-                forget_runs()
                 retries.back_off(attempt)
                 continue
-            forget_runs()
-            if len(live) == 1 or retries.busy(
-                exc
-            ):  # a lock or statement timeout is no batch's fault: each alone would wait again
-                for j in live:
-                    apart[j] = exc
-                written = []
-                break
-            for j in live:  # one request's batch may be the cause: each request on its own
-                apart[j] = store_group([jobs[j]])[0]
+            # A lock or statement timeout is no batch's fault (each alone would wait again); otherwise one
+            # request's batch may be the cause: each request on its own.
+            alone = len(live) == 1 or retries.busy(exc)
+            apart.update({j: exc if alone else store_group([jobs[j]])[0] for j in live})
             written = []
             break
     stored = _after_commit([w for _, w in written])

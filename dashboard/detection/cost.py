@@ -32,7 +32,8 @@ from django.utils import timezone
 
 from agents.normalize import frame_label
 from dashboard.detection import remedies
-from dashboard.detection.rules.compile_straggler import ABS_SKEW_S, MIN_SKEW_S, RATIO
+from dashboard.detection.rules import outcome_of
+from dashboard.detection.rules.compile_straggler import straggles
 from dashboard.evidence import reads
 from dashboard.tenancy.models import Rank, Run
 
@@ -71,14 +72,6 @@ class Line:
 
 
 # --- the pure part -----------------------------------------------------------------------
-
-
-def outcome_of(values: str | None) -> str | None:
-    """'hit' only if every lookup hit (the agent joins several with commas), as the cache rules read it."""
-    parts = [v for v in (values or "").split(",") if v]
-    if not parts:
-        return None
-    return "hit" if all(v == "hit" for v in parts) else "miss" if "miss" in parts else parts[0]
 
 
 def avoidable(compiles: list[Compile], had_before: set[str]) -> set[int]:
@@ -121,10 +114,7 @@ def straggler_excess(seconds: float, others: list[float]) -> float:
     if len(others) < 2:
         return 0.0
     mid = median(others)
-    skew = seconds - mid
-    if skew >= MIN_SKEW_S and (skew >= ABS_SKEW_S or seconds >= RATIO * max(mid, 1e-9)):
-        return skew
-    return 0.0
+    return seconds - mid if straggles(seconds, mid) else 0.0
 
 
 def unit_of(c: Compile) -> tuple:
@@ -268,6 +258,7 @@ def _summary(
     world: int, lines: dict[tuple, Line], basis: dict, saved: dict, wall_s: float, price: float | None
 ) -> dict:
     total = sum(line.gpu_seconds for line in lines.values())
+    as_json = {id(line): _line_json(line) for line in lines.values()}  # a frame's lines and the ranked ones
     frames: dict[str, dict] = {}
     for line in sorted(lines.values(), key=lambda x: -x.gpu_seconds):
         row = frames.setdefault(
@@ -284,7 +275,7 @@ def _summary(
         row["gpu_seconds"] += line.gpu_seconds
         row["compiles"] += line.compiles if line.cause != "compile_straggler" else 0
         row["ranks"] |= line.ranks
-        row["lines"].append(_line_json(line))
+        row["lines"].append(as_json[id(line)])
     frame_rows = sorted(frames.values(), key=lambda f: (-f["gpu_seconds"], f["frame"]))
     for row in frame_rows:
         row["gpu_seconds"] = round(row["gpu_seconds"], 3)
@@ -312,8 +303,8 @@ def _summary(
         },
         "causes": {cause: round(s, 3) for cause, s in by_cause.items()},
         "frames": frame_rows,
-        "lines": [_line_json(x) for x in ranked],
-        "top": {**_line_json(ranked[0]), "ranks": sorted(ranked[0].ranks)} if ranked else None,
+        "lines": [as_json[id(x)] for x in ranked],
+        "top": {**as_json[id(ranked[0])], "ranks": sorted(ranked[0].ranks)} if ranked else None,
         "savings": {
             "gpu_seconds": round(savings, 3),
             "hits": sum(n for _, n in saved.values()),

@@ -76,7 +76,8 @@ def _ask_for_weights(slot, kinds: set[str]) -> None:
     alerts = Alert.objects.filter(
         run=slot.run, kind__in=kinds, subject=subjects.group(slot.group), state=Alert.State.FIRING, step=slot.step
     )
-    for alert in alerts[:1]:
+    alert = alerts.first()
+    if alert is not None:
         detail.ask_for_weights(alert, slot.group, slot)
 
 

@@ -43,7 +43,6 @@ _PG_EPOCH_US = 946_684_800 * 1_000_000  # 2000-01-01T00:00:00Z in unix microseco
 
 _int4 = struct.Struct(">ii").pack  # (4, value)
 _int8 = struct.Struct(">iq").pack  # (8, value)
-_float8 = struct.Struct(">id").pack  # (8, value)
 _array_head = struct.Struct(">iiiIii").pack  # (byte length, ndim, has_null, elem oid, dim, lower bound)
 
 
@@ -55,10 +54,6 @@ def int4_array(values: list[int]) -> bytes:
     """A one-dimensional `integer[]` field value (no NULLs), length word included."""
     n = len(values)
     return struct.pack(f">i5i{2 * n}i", 20 + 8 * n, 1, 0, INT4_OID, n, 1, *[x for v in values for x in (4, v)])
-
-
-def float8(value: float | None) -> bytes:
-    return NULL if value is None else _float8(8, value)
 
 
 def text(value: str) -> bytes:

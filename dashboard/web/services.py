@@ -151,14 +151,7 @@ def run_alerts(caller: Principal, key: str) -> QuerySet[Alert]:
 
 def run_incidents(caller: Principal, key: str) -> list[dict]:
     """The run's incidents, newest first, each with its root and its alerts (one query for all alerts)."""
-    run = run_for(caller, key)
-    found = list(
-        Incident.objects.filter(run=run).select_related("root", "acked_by", "run").order_by("-opened_at", "-id")
-    )
-    members: dict[int, list[Alert]] = {i.id: [] for i in found}
-    for alert in Alert.objects.filter(incident__in=found).order_by("first_seen", "id"):
-        members[alert.incident_id].append(alert)
-    return [i.as_json(members[i.id]) for i in found]
+    return _incidents_json(Incident.objects.filter(run=run_for(caller, key)))
 
 
 def visible_incidents(caller: Principal, run_key: str = "", state: str = "firing", limit: int = 100) -> list[dict]:
@@ -168,7 +161,12 @@ def visible_incidents(caller: Principal, run_key: str = "", state: str = "firing
         found = found.filter(run__key=run_key)
     if state in ("firing", "resolved"):
         found = found.filter(state=state)
-    found = list(found.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
+    return _incidents_json(found, limit)
+
+
+def _incidents_json(incidents: QuerySet[Incident], limit: int | None = None) -> list[dict]:
+    """Newest first, each with its root and its alerts (one query for all alerts)."""
+    found = list(incidents.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
     members: dict[int, list[Alert]] = {i.id: [] for i in found}
     for alert in Alert.objects.filter(incident__in=found).order_by("first_seen", "id"):
         members[alert.incident_id].append(alert)

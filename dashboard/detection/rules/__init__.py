@@ -212,12 +212,17 @@ def differing_buckets(view: GradSlotView) -> list[int]:
     )
 
 
-def cache_outcome(cache: dict, stage: str) -> str | None:
-    """'hit' only if every lookup of the stage hit; the agent joins several lookups with commas."""
-    values = [v for v in (cache.get(stage) or "").split(",") if v]
-    if not values:
+def outcome_of(values: str | None) -> str | None:
+    """'hit' only if every lookup hit; the agent joins several lookups of a stage with commas."""
+    parts = [v for v in (values or "").split(",") if v]
+    if not parts:
         return None
-    return "hit" if all(v == "hit" for v in values) else "miss" if "miss" in values else values[0]
+    return "hit" if all(v == "hit" for v in parts) else "miss" if "miss" in parts else parts[0]
+
+
+def cache_outcome(cache: dict, stage: str) -> str | None:
+    """The stage's outcome (`outcome_of`) in a compile's cache report."""
+    return outcome_of(cache.get(stage))
 
 
 def compile_outcome(cache: dict) -> str | None:

@@ -20,10 +20,6 @@ from dashboard.detection.rules import CompiledWorkView, CompileSlotView, Finding
 MANY_BREAKS = 8
 
 
-def op_count(event) -> int | None:
-    return ((event.detail or {}).get("counts") or {}).get("graph_op_count")
-
-
 def headline(reason: str) -> str:
     """Dynamo's break text runs to pages; its first explanation line names the culprit."""
     lines = [line.strip() for line in reason.splitlines() if line.strip()]

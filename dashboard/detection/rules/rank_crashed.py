@@ -172,6 +172,8 @@ def _facts(crash: dict, event: dict | None) -> dict:
 
 @rule("rank_crashed", RunView, subject=lambda v: [subjects.rank(r) for r in v.crashes])
 def rank_crashed(view: RunView) -> Iterator[Finding]:
+    if not view.crashes:
+        return
     own = sorted(r for r, c in view.crashes.items() if not is_consequence(c))
     causes = own or sorted(silent_ranks(view))
     followers = sorted(r for r in view.crashes if r not in own)

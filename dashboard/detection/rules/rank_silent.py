@@ -20,11 +20,12 @@ def silent_ranks(view: RunView) -> dict[int, str]:
     """rank -> why it counts as silent (see the module docstring)."""
     live = {r: age for r, age in view.last_seen.items() if r not in view.ended}
     freshest = min(live.values(), default=0.0)
+    behind = left_behind(view, live)
     out = {}
     for rank, age in live.items():
         if age >= view.silent_after and age - freshest >= view.silent_after:
             out[rank] = KEEP_REPORTING
-        elif rank in left_behind(view, live):
+        elif rank in behind:
             out[rank] = LEFT_ALONE
     return out
 
