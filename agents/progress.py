@@ -5,7 +5,7 @@ thread), so liveness alone cannot tell the server that the others are waiting fo
 sampler looks at the main thread's Python stack with `sys._current_frames()` (no signal, no
 stopping the thread: it reads the frame objects under the GIL for a few microseconds) and keeps
 how long the thread has been in its current phase; the sender sends one `progress` event per
-heartbeat, and one per flush while the thread has been stuck in one phase for STUCK_S (and once
+heartbeat, and one per flush while the thread has been stuck in one phase for protocol.STUCK_S (and once
 more after it moves on). So the server's view of a waiting rank is never older than a flush
 interval: a wait that ended is not carried forward into a false forecast. Compiles are known exactly from the capture (`dynamo_start`), everything else from
 which torch module the stack is in.
@@ -34,7 +34,6 @@ _AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB = sysconfig.get_paths().get("stdlib", "") + os.sep
 _WRAPPERS = {"wrapper", "_exception_logger", "_time_logger", "inner"}  # c10d decorators around the collective
 MAX_DEPTH = 256
-STUCK_S = 5.0  # a phase this long is news at every flush (a normal step's phases are much shorter)
 
 
 @dataclass
@@ -92,7 +91,7 @@ class Sampler:
         step: Callable[[], int | None],
         interval: float,
         thread: int | None = None,
-        stuck_after: float = STUCK_S,
+        stuck_after: float = protocol.STUCK_S,
     ) -> None:
         self._capture = capture
         self._stuck_after = stuck_after

@@ -47,6 +47,7 @@ MAX_BATCHES_PER_REQUEST = 256  # a bulk request (node relay): the ranks of a few
 MAX_FR_ENTRIES = 512  # Flight Recorder entries per dump (the newest), frames per entry, bytes of one inflated dump
 MAX_FR_FRAMES = 16
 MAX_FR_BYTES = 4 * 1024 * 1024
+STUCK_S = 5.0  # a phase this long is reported at every flush, so a wait's last sample is its length
 
 _LITTLE = sys.byteorder == "little"
 
@@ -154,7 +155,7 @@ class Progress(Event, tag="progress"):
     """Where the main thread is, sampled from another thread at every heartbeat (agents/progress.py).
 
     `phase`: compiling | collective | backward | data | step | other (a newer agent may send others);
-    `phase_s`: seconds in it at `ts`; `step`: the optimizer step in progress and `since_step_s` how
+    `phase_s`: seconds in it at `ts` (sent at every flush once it reaches STUCK_S); `step`: the optimizer step in progress and `since_step_s` how
     long since the previous one ended; `where`: the innermost frame of user code ("file:line name");
     `op`: the collective or the compiling frame; `reason`: why it compiles (as `compile_start`)."""
 

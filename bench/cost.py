@@ -148,6 +148,14 @@ def populate(key: str, ranks: int, steps: int) -> None:
             """,
             params,
         )
+        cur.execute(  # the longest of those waits per rank and step, as ingest keeps them
+            """
+            INSERT INTO evidence_collectivewait (run_id, rank, step, seconds, received)
+            SELECT %(run)s, r, s, 7.5, now()
+            FROM generate_series(%(few)s, %(ranks)s - 1) r, generate_series(250, %(steps)s - 1, 500) s
+            """,
+            params,
+        )
         cur.execute(
             """
             INSERT INTO evidence_eventlog (run_id, rank, t, body, ts)
@@ -158,7 +166,13 @@ def populate(key: str, ranks: int, steps: int) -> None:
             params,
         )
     with connection.cursor() as cur:
-        for table in ("tenancy_rank", "evidence_compileevent", "evidence_graphbreakevent", "evidence_eventlog"):
+        for table in (
+            "tenancy_rank",
+            "evidence_compileevent",
+            "evidence_graphbreakevent",
+            "evidence_eventlog",
+            "evidence_collectivewait",
+        ):
             cur.execute(f"ANALYZE {table}")
 
 
@@ -262,10 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     from bench.results import record
 
-    record(
-        "cost", table, "python -m bench cost", note=f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-    )
-    return 0 if max(statistics.median(kept), statistics.median(stale)) <= 300 else 1
+    command = " ".join(sys.argv if argv is None else ["python -m bench cost", *argv])
+    record("cost", table, command, note=f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    return 0 if max(statistics.median(timings) for _, timings in rows) <= 300 else 1
 
 
 if __name__ == "__main__":

@@ -9,10 +9,9 @@ last look. A reader (API, pages) gets the kept bill: current when nothing reache
 was computed, it is younger than MIN_AGE_S, or it is younger than REFRESH_S and no compile reached
 the run since; else marked `stale` while the sweep still looks at the run (it refreshes it within
 seconds). Only a run no sweep billed (an uploaded spool read before the sweep's next pass, a run
-whose last look was missed) is computed by its reader, from its compile events and the progress
-samples that report a wait in a collective at the steps that compiled (a partial index of the
-evidence app's, `eventlog_collective_step`): at 1,024 ranks x 10k steps a few hundred ms against a
-few tens for the kept bill (bench/cost.py).
+whose last look was missed) is computed by its reader, from its compile events and the waits in a
+collective kept at the steps that compiled (`evidence.reads.collective_waits`): at 1,024 ranks x 10k
+steps a couple of hundred ms against a few for the kept bill (bench/cost.py).
 """
 
 from __future__ import annotations

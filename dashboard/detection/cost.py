@@ -4,7 +4,7 @@ The ranks of a data-parallel job meet at a collective every step (DDP's all-redu
 a step in which any rank compiled costs every rank the slowest rank's compile time: the step costs
 `world_size x` that ("assumed"). Where the ranks' progress samples saw them wait in a collective of
 that step long enough for the agent to report the wait as it went (every flush once a phase lasts
-STUCK_S), the measured waits replace the assumption for those ranks ("measured"). Compiles outside
+protocol.STUCK_S), the measured waits replace the assumption for those ranks ("measured"). Compiles outside
 the training steps (no step known) are a unit each per compile slot (frame, n-th compile).
 
 A unit's cost goes to the slowest rank's compiles in proportion to their times, each under its
@@ -30,6 +30,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from agents import protocol
 from agents.normalize import frame_label
 from dashboard.detection import remedies
 from dashboard.detection.rules import outcome_of
@@ -38,7 +39,6 @@ from dashboard.evidence import reads
 from dashboard.tenancy.models import Rank, Run
 
 CAUSES = ("first_compile", "recompile", "avoidable_miss", "compile_straggler", "failed_compile")
-STUCK_S = 5.0  # agents.progress.STUCK_S: a wait this long is reported at every flush, so its last sample is its length
 LOOKBACK = timedelta(days=30)  # earlier runs whose cache entries count
 LINE_RANKS = 64  # ranks listed per line (all of them for the top line)
 
@@ -142,7 +142,7 @@ def compute(
     causes = [cause_of(c, i in skipped) for i, c in enumerate(compiles)]
     by_step: dict[int, dict[int, float]] = defaultdict(dict)
     for (rank, step), seconds in waits.items():
-        if seconds >= STUCK_S and 0 <= rank < world:
+        if seconds >= protocol.STUCK_S and 0 <= rank < world:
             by_step[step][rank] = seconds
     units: dict[tuple, list[int]] = defaultdict(list)
     for i, c in enumerate(compiles):

@@ -14,8 +14,6 @@ from __future__ import annotations
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
-from django.db.models import F, Q
-from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from dashboard.tenancy.models import Project, Run
@@ -130,21 +128,27 @@ class EventLog(RawEvent):
     ts = models.DateTimeField()
 
     class Meta:
-        indexes = [
-            models.Index(fields=["run", "t"], name="eventlog_run_t"),
-            # The waits in a collective the bill reads (`reads.collective_waits`) by run and step: only
-            # the collective-phase progress samples, a small share of a run's samples (a sixth in the
-            # cost bench), so the bill no longer scans every sample of the run. `reads.COLLECTIVE_WAITS`
-            # writes the expressions and predicate as PostgreSQL has them here (body -> 'step',
-            # body -> 'phase' = '"collective"'), so the planner matches them
-            # (tests/evidence/test_indexes.py checks it uses the index).
-            models.Index(
-                F("run"),
-                KeyTransform("step", "body"),
-                name="eventlog_collective_step",
-                condition=Q(t="progress", body__phase="collective"),
-            ),
-        ]
+        indexes = [models.Index(fields=["run", "t"], name="eventlog_run_t")]
+
+
+class CollectiveWait(models.Model):
+    """The longest wait in a collective a rank reported in a step, once it lasted `protocol.STUCK_S`.
+
+    What the compile bill measures (ranks held up by a compiling peer) kept as ingest writes the
+    progress samples: one small row per (rank, step) that waited that long, where the samples
+    themselves are a sample per flush per waiting rank in the log, JSON bodies the bill would parse
+    by the hundred thousand (a tenth of the rows and of the time at 1,024 ranks, bench/cost.py).
+    Healthy steps wait far less and write nothing here. Expires with the raw rows (`retention`)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_constraint=False, db_index=False)
+    rank = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    seconds = models.FloatField()
+    received = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step", "rank"], name="collectivewait_once")]
+        indexes = [models.Index(fields=["received"], name="collectivewait_received")]
 
 
 class Blob(models.Model):

@@ -11,12 +11,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
-from dashboard.evidence.models import Blob, CompileEvent, EventLog, FlightRecord, GradReport, GraphBreakEvent
+from dashboard.evidence.models import (
+    Blob,
+    CollectiveWait,
+    CompileEvent,
+    EventLog,
+    FlightRecord,
+    GradReport,
+    GraphBreakEvent,
+)
 
 # --- one slot's reports ------------------------------------------------------------------
 
@@ -183,33 +191,11 @@ def latest_progress(run_id: int, since: datetime) -> list[tuple[int, dict, datet
     )
 
 
-COLLECTIVE_WAITS = f"""
-    SELECT rank, (body ->> 'step')::bigint, max((body ->> 'phase_s')::float8)
-    FROM {EventLog._meta.db_table}
-    WHERE run_id = %s AND t = 'progress' AND (body -> 'phase') = '"collective"'::jsonb
-      AND (body -> 'step') = ANY(%s::text[]::jsonb[])
-    GROUP BY 1, 2
-"""
-"""The longest collective wait per (rank, step) of a run's progress samples at the given steps.
-
-Served by the partial index `eventlog_collective_step` (run_id, body -> 'step') WHERE t = 'progress'
-AND body -> 'phase' = '"collective"': its expressions and predicate are written here as the index
-has them, so the planner matches it (tests/evidence/test_indexes.py), instead of filtering every
-progress sample of the run. Index scans are off for the statement: PostgreSQL has no statistics of
-JSON keys and guesses a few hundred rows where a run of 1,024 ranks has a hundred thousand, and an
-index scan then visits heap pages in index (step) order, again and again, where a bitmap scan of the
-same index visits each page once (twice as fast on the cost bench)."""
-
-
 def collective_waits(run_id: int, steps: list[int]) -> dict[tuple[int, int], float]:
-    """(rank, step) -> the longest wait in a collective its progress samples saw in that step."""
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT current_setting('enable_indexscan'), set_config('enable_indexscan', 'off', true)")
-        (before, _) = cur.fetchone()
-        cur.execute(COLLECTIVE_WAITS, [run_id, [str(step) for step in steps]])
-        rows = cur.fetchall()
-        cur.execute("SELECT set_config('enable_indexscan', %s, true)", [before])  # an outer transaction goes on
-    return {(rank, step): longest or 0.0 for rank, step, longest in rows}
+    """(rank, step) -> the longest wait in a collective a rank reported in that step (`CollectiveWait`:
+    only waits of STUCK_S or more are kept)."""
+    rows = CollectiveWait.objects.filter(run_id=run_id, step__in=steps).values_list("rank", "step", "seconds")
+    return {(rank, step): seconds for rank, step, seconds in rows}
 
 
 def last_ends(run_id: int, ranks: list[int]) -> dict[int, dict]:

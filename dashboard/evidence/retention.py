@@ -3,7 +3,8 @@
 Dropping a partition is O(1) and leaves no dead tuples, unlike DELETE. What stays is O(slots):
 runs, ranks, and the settled slots (consensus + dissenters, dashboard.ledger.models) that detection
 keeps once raw per-rank rows are gone. The (session, seq) dedupe records expire with the raw
-rows: an agent never resends a batch that old (its spool is drained long before).
+rows: an agent never resends a batch that old (its spool is drained long before); so do the kept
+waits in a collective, a summary of raw progress samples the compile bill reads with the raw compiles.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.conf import settings
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard.evidence import blobs, partitions
-from dashboard.evidence.models import IngestBatch
+from dashboard.evidence.models import CollectiveWait, IngestBatch
 
 PREPARE_DAYS = 7  # partitions made ahead, so ingest finds them ready
 
@@ -26,6 +28,7 @@ class Pruned:
 
     partitions: list[str] = field(default_factory=list)
     batches: int = 0
+    waits: int = 0
     blobs: int = 0
 
 
@@ -39,23 +42,24 @@ def prune(days: float | None = None, now: datetime | None = None) -> Pruned:
         for name, day in partitions.existing(table):
             if _end_of(day) <= cutoff and partitions.drop(name):
                 pruned.partitions.append(name)
-    pruned.batches = _expire_batches(cutoff)
+    pruned.batches = _expire(IngestBatch.objects.filter(received_at__lt=cutoff))
+    pruned.waits = _expire(CollectiveWait.objects.filter(received__lt=cutoff))
     pruned.blobs = blobs.prune(now, timedelta(days=days))
     partitions.ensure_around(now, ahead=PREPARE_DAYS)
     return pruned
 
 
-BATCH_CHUNK = 5000  # dedupe records deleted per statement: short row locks, short WAL bursts
+CHUNK = 5000  # rows deleted per statement: short row locks, short WAL bursts
 
 
-def _expire_batches(cutoff: datetime) -> int:
-    """Delete the (session, seq) records older than `cutoff`, a chunk per statement."""
+def _expire(rows: QuerySet) -> int:
+    """Delete `rows` a chunk per statement; how many."""
     expired = 0
     while True:
-        chunk = list(IngestBatch.objects.filter(received_at__lt=cutoff).values_list("pk", flat=True)[:BATCH_CHUNK])
+        chunk = list(rows.values_list("pk", flat=True)[:CHUNK])
         if not chunk:
             return expired
-        IngestBatch.objects.filter(pk__in=chunk).delete()
+        rows.model.objects.filter(pk__in=chunk).delete()
         expired += len(chunk)
 
 

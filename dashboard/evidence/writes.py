@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 import msgspec
+from django.db import connection
 from psycopg.types.json import Jsonb
 
 from agents import protocol
@@ -24,7 +25,15 @@ from dashboard.evidence.binary_copy import (
     grad_copy,
     when,
 )
-from dashboard.evidence.models import CompileEvent, EventLog, GradReport, GraphBreakEvent, IngestBatch, StepReport
+from dashboard.evidence.models import (
+    CollectiveWait,
+    CompileEvent,
+    EventLog,
+    GradReport,
+    GraphBreakEvent,
+    IngestBatch,
+    StepReport,
+)
 from dashboard.tenancy.models import Run
 
 BATCH = IngestBatch._meta.db_table
@@ -168,6 +177,30 @@ def _write_log(run: Run, rank: int, events: list[protocol.Event], now: datetime)
     )
 
 
+def _write_progress(run: Run, rank: int, events: list[protocol.Progress], now: datetime) -> None:
+    """Progress samples go to the log; the waits in a collective that lasted STUCK_S, the longest
+    per step, to `CollectiveWait` as well (one statement, and only for a batch that has one)."""
+    _write_log(run, rank, events, now)
+    longest: dict[int, float] = {}
+    for e in events:
+        if e.phase == "collective" and e.step is not None and e.phase_s >= protocol.STUCK_S:
+            longest[e.step] = max(e.phase_s, longest.get(e.step, 0.0))
+    if longest:
+        _keep_waits(run, rank, longest, now)
+
+
+def _keep_waits(run: Run, rank: int, longest: dict[int, float], now: datetime) -> None:
+    """Upsert (run, rank, step) -> the longest wait seen so far (a later flush reports the same wait longer)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""INSERT INTO {CollectiveWait._meta.db_table} AS w (run_id, rank, step, seconds, received)
+                SELECT %s, %s, step, seconds, %s FROM unnest(%s::int8[], %s::float8[]) AS u(step, seconds)
+                ON CONFLICT (run_id, step, rank) DO UPDATE
+                SET seconds = GREATEST(w.seconds, EXCLUDED.seconds), received = EXCLUDED.received""",
+            [run.id, rank, now, list(longest), list(longest.values())],
+        )
+
+
 def _skip(run: Run, rank: int, events: list, now: datetime) -> None:
     """Facts already folded into the rank row (start, heartbeat). A rank_end is kept verbatim as well:
     the row holds its status, the log its exception (type, message, frame) for rank_crashed."""
@@ -177,6 +210,7 @@ WRITERS = {
     protocol.Compile: _write_compiles,
     protocol.Step: _write_steps,
     protocol.GraphBreak: _write_breaks,
+    protocol.Progress: _write_progress,
     protocol.RankStart: _skip,
     protocol.Heartbeat: _skip,
 }

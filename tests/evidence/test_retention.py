@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from dashboard.evidence import partitions, retention
-from dashboard.evidence.models import GradReport, IngestBatch
+from dashboard.evidence.models import CollectiveWait, GradReport, IngestBatch
 from dashboard.tenancy.models import Run
 from tests.conftest import make_batch
 
@@ -40,6 +40,10 @@ def test_prune_drops_old_partitions_and_keeps_recent_rows(post):
         received=timezone.now() - timedelta(days=30),
     )
     IngestBatch.objects.update(received_at=timezone.now() - timedelta(days=30))
+    for step, age in ((250, 30), (750, 0)):
+        CollectiveWait.objects.create(
+            run=run, rank=1, step=step, seconds=6.0, received=timezone.now() - timedelta(days=age)
+        )
     assert GradReport.objects.count() == 2
 
     pruned = retention.prune(days=14)
@@ -48,6 +52,7 @@ def test_prune_drops_old_partitions_and_keeps_recent_rows(post):
     assert len(pruned.partitions) == len(partitions.RAW_TABLES)  # one old day per raw table
     assert list(GradReport.objects.values_list("ranks", flat=True)) == [[0]]
     assert pruned.batches == 1 and not IngestBatch.objects.exists()
+    assert pruned.waits == 1 and list(CollectiveWait.objects.values_list("step", flat=True)) == [750]
     ahead = {day for _, day in partitions.existing("evidence_gradreport")}
     assert timezone.now().date() + timedelta(days=retention.PREPARE_DAYS) in ahead
 

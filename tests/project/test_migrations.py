@@ -6,6 +6,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from dashboard.tenancy.models import Project, Run
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BEFORE_RANKS = ("ingest", "0003_grad_watermark")
@@ -311,3 +313,29 @@ def test_raw_tables_take_the_evidence_names_with_their_partitions_and_back():
     finally:
         _latest()
     assert _query("SELECT step FROM evidence_gradreport") == [(3,)]
+
+
+def test_collective_waits_are_kept_from_the_logged_samples_and_back():
+    """0004 of evidence: the longest wait of STUCK_S or more per (run, rank, step), from the log."""
+    _migrate(("evidence", "0003_collective_wait_index"))
+    try:
+        _query("SELECT lockstep_raw_partition('evidence_eventlog', current_date)")
+        Run.objects.create(project=Project.objects.create(name="w"), key="w-run", world_size=2)  # tenancy as is
+        samples = [(0, 250, "collective", 5.5), (0, 250, "collective", 7.0), (1, 250, "collective", 4.0)]
+        samples += [(1, 750, "step", 9.0), (1, 750, "collective", 6.0)]
+        for rank, step, phase, seconds in samples:
+            _query(
+                "INSERT INTO evidence_eventlog (run_id, rank, t, body, ts, received)"
+                " SELECT id, %s, 'progress', jsonb_build_object('t', 'progress', 'phase', %s::text, 'step', %s::int,"
+                " 'phase_s', %s::float8), now(), now() FROM tenancy_run",
+                [rank, phase, step, seconds],
+            )
+        _migrate(("evidence", "0004_collective_waits_kept"))
+        kept = _query("SELECT rank, step, seconds FROM evidence_collectivewait ORDER BY rank, step")
+        assert kept == [(0, 250, 7.0), (1, 750, 6.0)]
+        assert "eventlog_collective_step" not in _relations("eventlog_collective")
+        _migrate(("evidence", "0003_collective_wait_index"))
+        assert "eventlog_collective_step" in _relations("eventlog_collective")
+        assert len(_query("SELECT 1 FROM evidence_eventlog WHERE t = 'progress'")) == 5
+    finally:
+        _latest()

@@ -76,7 +76,7 @@ def test_expired_batch_records_are_deleted_in_chunks(post, monkeypatch):
     for seq in range(5):
         assert post(make_batch(seq=seq)).status_code == 200
     IngestBatch.objects.update(received_at=timezone.now() - timedelta(days=30))
-    monkeypatch.setattr(retention, "BATCH_CHUNK", 2)
+    monkeypatch.setattr(retention, "CHUNK", 2)
     assert retention.prune(days=14).batches == 5 and not IngestBatch.objects.exists()
 
 

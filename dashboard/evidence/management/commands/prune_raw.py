@@ -17,5 +17,5 @@ class Command(BaseCommand):
             self.stdout.write(f"dropped {name}")
         self.stdout.write(
             f"{len(pruned.partitions)} partitions dropped, {pruned.batches} batch records expired, "
-            f"{pruned.blobs} graph texts pruned"
+            f"{pruned.waits} collective waits expired, {pruned.blobs} graph texts pruned"
         )
