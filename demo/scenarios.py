@@ -8,6 +8,8 @@ Each flag adds one failure on top of demo/ddp_job.py's training loop:
   --freeze-rank R --freeze-step S  rank R stops dead (SIGSTOP) at step S, like a rank hung in the
                          driver: it goes silent (rank_silent) while the others wait in the next collective
   --compile-ddp          torch.compile(DDP(model)): only empty graphs compile (ineffective_compile)
+  --eager-model          the model runs eagerly under DDP: the job compiles only the helpers the other
+                         flags add (a cold cache then costs one small kernel, not the model's)
   --fail-rank R          rank R's backend fails to compile a helper; Dynamo falls back to eager there
                          (compile_failure_divergence)
   --nudge-weight-rank R --nudge-weight-step S  rank R's weights are nudged before step S's update, as a
@@ -63,6 +65,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--freeze-rank", type=int)
     p.add_argument("--freeze-step", type=int)
     p.add_argument("--compile-ddp", action="store_true")
+    p.add_argument("--eager-model", action="store_true")
     p.add_argument("--collective-rank", type=int)
     p.add_argument("--fail-rank", type=int)
     p.add_argument("--nudge-weight-rank", type=int)
@@ -151,12 +154,18 @@ def slow_backend(seconds: float):
     return backend
 
 
+def make_model_for(args: argparse.Namespace) -> nn.Module:
+    if args.eager_model:
+        return DDP(make_model())
+    return torch.compile(DDP(make_model())) if args.compile_ddp else DDP(torch.compile(make_model()))
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model = torch.compile(DDP(make_model())) if args.compile_ddp else DDP(torch.compile(make_model()))
+    model = make_model_for(args)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     branch = torch.compile(branchy, backend="aot_eager")
     storm = torch.compile(stormy, backend="aot_eager", dynamic=False)

@@ -21,7 +21,14 @@ def pytest_configure(config) -> None:
     """The suite's compiles (in-process and in every job it starts) share an Inductor cache of its own:
     never one that other processes on the machine write at the same moment (a half-written artifact
     of theirs crashed a job here once), and cold on every run, as on a fresh CI machine. The run's
-    first process makes it; pytest-xdist's workers inherit it, so they compile each graph once."""
+    first process makes it; pytest-xdist's workers inherit it, so they compile each graph once.
+
+    One OpenMP thread and in-process Inductor compiles for the test processes and what they start
+    (torchrun sets the first for its ranks, not for one): two pytest workers and their jobs already
+    keep both cores busy, where spinning OpenMP threads and a pool of compile workers per process
+    (each importing torch) only add work."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         config._lockstep_inductor_cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(
             prefix="lockstep-tests-inductor-"

@@ -18,6 +18,9 @@ from tests.e2e.jobs import alert_feed, api, finish, member_session, project_with
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 SHAPE_STEP, PERTURB_STEP, STEPS = 3, 9, 12
+# one alert per desync; rank 1's weights, asked after its nudged gradient, confirm it when the answer comes
+# before the job ends (it does on a loaded machine, where the job's last steps run slower)
+REQUIRED = {"grad_divergence", "recompile_divergence", "cache_divergence"}
 
 
 def test_divergences_reach_websocket_and_run_page(stack, tmp_path):
@@ -62,15 +65,21 @@ def test_divergences_reach_websocket_and_run_page(stack, tmp_path):
     assert (recompile["ranks"], recompile["step"]) == ([1], SHAPE_STEP)
     assert "size mismatch" in recompile["message"] and recompile["frame"]
     # nothing false: the lone recompile's cache lookups are a finding caused by it, on the same rank
-    assert set(feed.latest()) == {"grad_divergence", "recompile_divergence", "cache_divergence"}
+    kinds = set(feed.latest())
+    assert REQUIRED <= kinds <= REQUIRED | {"param_divergence"}, kinds
     lookups = feed.latest()["cache_divergence"]
     assert lookups["ranks"] == [1] and lookups["details"].get("cause") == "recompile_divergence", lookups
-    assert len({a["id"] for a in feed.alerts}) == 3  # one alert per desync
+    assert all(feed.latest()[kind]["ranks"] == [1] for kind in kinds)
+    assert len({a["id"] for a in feed.alerts}) == len(kinds)  # one alert per desync
     progress = [p for p in feed.progress if p["run"] == run_key]
     assert progress and progress[-1]["world_size"] == 3 and progress[-1]["last_step"] is not None
 
     stored = _alerts_once_explained(stack, token, run_key)
-    assert sorted(a["kind"] for a in stored) == ["cache_divergence", "grad_divergence", "recompile_divergence"]
+    stored_kinds = [a["kind"] for a in stored]
+    assert len(stored_kinds) == len(set(stored_kinds)) and REQUIRED <= set(stored_kinds) <= REQUIRED | {
+        "param_divergence"
+    }
+    assert all(a["ranks"] == [1] for a in stored), stored
     incidents = api(stack, token, f"/runs/{run_key}/incidents").json()["incidents"]
     assert {tuple(i["root"]["ranks"]) for i in incidents} == {(1,)}  # every page names rank 1, nobody else
     assert sorted(a for i in incidents for a in i["alerts"]) == sorted(a["id"] for a in stored)
