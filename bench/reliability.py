@@ -95,7 +95,7 @@ def run(target: str) -> tuple[str, dict]:
                 "junit_family=xunit1",
             ],
             cwd=ROOT,
-            env={**os.environ, "LOCKSTEP_DRILL_DOWN_S": "60"},  # the drill's full outage (20 s in the suite)
+            env={**os.environ, "LOCKSTEP_DRILL_DOWN_S": "60"},  # the drill's full outage (10 s in the suite)
             capture_output=True,
             text=True,
         )
