@@ -225,6 +225,9 @@ class Agent:
         )
 
 
+SIGTERM_CLOSE_S = 10.0  # torchrun, like Kubernetes, waits 30 s after its SIGTERM before SIGKILL
+
+
 def _install_process_hooks(agent: Agent) -> None:
     """rank_end on exit, on uncaught exceptions and on SIGTERM; previous handlers are chained."""
     atexit.register(agent.close)
@@ -241,7 +244,7 @@ def _install_process_hooks(agent: Agent) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        agent.close(timeout=3, status="signal", exit_code=128 + signum, reason="SIGTERM")
+        agent.close(timeout=SIGTERM_CLOSE_S, status="signal", exit_code=128 + signum, reason="SIGTERM")
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:

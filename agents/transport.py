@@ -189,13 +189,15 @@ class Transport:
                 self._cv.notify()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Deliver (or spool) everything queued, giving up on the network at the deadline."""
+        """Deliver (or spool) everything queued, giving up on the network at the deadline. A second
+        call (a SIGTERM handler during an exit's close) can extend the deadline, never shorten it."""
         with self._cv:
+            deadline = time.monotonic() + max(0.0, timeout)
+            self._deadline = max(self._deadline, deadline) if self._closing else deadline
             self._closing = True
-            self._deadline = time.monotonic() + max(0.0, timeout)
             self._not_before = min(self._not_before, time.monotonic())  # the backend may be back: try now
             self._cv.notify()
-        self._thread.join(max(0.0, timeout) + 2.0)
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 2.0)
 
     # sender thread ------------------------------------------------------------------
     def _run(self) -> None:

@@ -4,6 +4,7 @@ import gzip
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -61,6 +62,21 @@ def test_retry_after_is_honoured(tmp_path, stub):
     assert first.seq == second.seq == 0
     assert t1 - t0 >= 0.95
     assert _steps(stub.accepted) == [0]
+
+
+def test_a_second_close_never_shortens_the_first(tmp_path, stub):
+    """A SIGTERM handler closing again during an exit's close (torchrun stops the peers of a failed
+    rank) must not give up on the network before the close already under way would have."""
+    stub.script = [(503, {"Retry-After": "1"})]
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, [0])
+    first = threading.Thread(target=t.close, kwargs={"timeout": 8})
+    first.start()
+    time.sleep(0.3)  # the first answer (503, retry in 1 s) is in
+    t.close(timeout=0.2)
+    first.join()
+    assert _steps(stub.accepted) == [0]
+    assert not list_batches(str(tmp_path / "spool"))
 
 
 def test_a_batch_the_server_proves_malformed_is_quarantined_with_its_answer(tmp_path, stub):
