@@ -12,10 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+GRACEFUL_SHUTDOWN_S = 3  # then open websockets (pages, `alerts -f`) are closed; their clients reconnect
+
+
 def server_command(host: str, port: int, *options: str) -> list[str]:
-    """uvicorn serving the project's ASGI application; `options`: more of uvicorn's (--workers, ...)."""
+    """uvicorn serving the project's ASGI application; `options`: more of uvicorn's (--workers, ...).
+
+    A stop lets requests in flight finish for GRACEFUL_SHUTDOWN_S: without a bound, uvicorn waits for
+    every open websocket to close, and a browser tab left open held a stop until it was killed."""
     app = ["-m", "uvicorn", "dashboard.asgi:application", "--host", host, "--port", str(port)]
-    return [sys.executable, *app, "--log-level", "warning", *options]
+    bound = ["--timeout-graceful-shutdown", str(GRACEFUL_SHUTDOWN_S)]
+    return [sys.executable, *app, "--log-level", "warning", *bound, *options]
 
 
 def worker_command(*options: str, loglevel: str = "warning") -> list[str]:
