@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-
 GRACEFUL_SHUTDOWN_S = 3  # then open websockets (pages, `alerts -f`) are closed; their clients reconnect
 
 
