@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from lockstep_cli import exits
 from lockstep_cli.client import Client, path_of
 from lockstep_cli.exits import CliError
+from lockstep_cli.logins import Login
 from lockstep_cli.tables import clean
 
 POLL_S = 2.0
@@ -44,12 +45,11 @@ def wait_for_run(client: Client, key: str, wait_s: float) -> None:
         time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
 
 
-@contextmanager
-def feed(client: Client, key: str) -> Iterator[Callable[[], Iterator[dict]]]:
-    """Open the run's feed; yields a function iterating its alert messages until it closes."""
+def can_follow(client: Client) -> Login:
+    """The login a live feed takes; refuses --follow at once where it cannot work (called before any
+    wait for the run, so a token-only user hears it now)."""
     try:
-        from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
-        from websockets.sync.client import connect
+        import websockets.sync.client  # noqa: F401
     except ImportError:
         raise CliError(
             "--follow needs the websockets package: pip install 'lockstep-agent[cli]'", exits.USAGE
@@ -59,11 +59,19 @@ def feed(client: Client, key: str) -> Iterator[Callable[[], Iterator[dict]]]:
             "--follow needs a login (live feeds take a user's session, not a project token): run `lockstep login`",
             exits.UNAUTHENTICATED,
         )
+    return client.login
+
+
+@contextmanager
+def feed(client: Client, key: str) -> Iterator[Callable[[], Iterator[dict]]]:
+    """Open the run's feed; yields a function iterating its alert messages until it closes."""
+    login = can_follow(client)
+    from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
+    from websockets.sync.client import connect
+
     url = client.url.replace("http", "ws", 1) + f"/ws/runs/{path_of(key)}/"
     try:
-        ws = connect(
-            url, origin=client.url, additional_headers={"Cookie": client.login.cookie_header()}, open_timeout=15
-        )
+        ws = connect(url, origin=client.url, additional_headers={"Cookie": login.cookie_header()}, open_timeout=15)
     except InvalidStatus as err:
         client.get(f"/runs/{path_of(key)}")  # says why when it can: 404, 401 ...
         raise CliError(f"the server refused the live feed ({err.response.status_code})", exits.FORBIDDEN) from None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from lockstep_cli import exits, logins, tables
 from lockstep_cli.client import Client, path_of
 from lockstep_cli.exits import CliError
-from lockstep_cli.follow import feed, wait_for_run
+from lockstep_cli.follow import can_follow, feed, wait_for_run
 
 
 def _common() -> argparse.ArgumentParser:
@@ -144,6 +144,7 @@ def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
         else:
             print(tables.alerts(body["alerts"]))
         return exits.OK
+    can_follow(client)  # a token-only user hears so now, not after waiting for the run
     wait_for_run(client, args.run, args.wait)  # a follower started before the job's first batch
     with feed(client, args.run) as messages:  # subscribed before listing: nothing falls in between
         listed = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]

@@ -80,6 +80,8 @@ def test_follow_waits_for_the_runs_first_batch(stack, team, tmp_path):
     project, token, user = team
     nothing = lockstep(stack.url, tmp_path, "runs")  # reachable, no credentials: the server's 401
     assert nothing.returncode == 4 and "no credentials" in nothing.stderr and "lockstep login" in nothing.stderr
+    token_only = lockstep(stack.url, tmp_path, "alerts", unique("never"), "--follow", token=token)
+    assert token_only.returncode == 4 and "needs a login" in token_only.stderr  # at once, not after --wait's 600 s
     assert (
         lockstep(stack.url, tmp_path, "login", "--user", user, "--password-stdin", stdin=PASSWORD + "\n").returncode
         == 0
