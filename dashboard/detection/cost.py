@@ -19,6 +19,8 @@ would have cost had each cache hit taken the mean time of the same frame's misse
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -78,15 +80,21 @@ def avoidable(compiles: list[Compile], had_before: set[str]) -> set[int]:
     """Indices of misses whose entry existed elsewhere: an earlier run had the key, or another rank of
     this run hit it with a lookup that began before this miss ended (a hit that began later may have
     loaded what this very miss wrote into a shared cache)."""
-    hit_starts: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    earliest: dict[str, dict[int, float]] = defaultdict(dict)  # key -> rank -> its first hit's start
     for c in compiles:
         if c.outcome == "hit" and c.key:
-            hit_starts[c.key].append((c.end - c.seconds, c.rank))
+            per_rank = earliest[c.key]
+            start = c.end - c.seconds
+            if start < per_rank.get(c.rank, math.inf):
+                per_rank[c.rank] = start
+    # the earliest hit of a rank other than r is the first of these two whose rank is not r
+    first_two = {key: heapq.nsmallest(2, ((t, r) for r, t in per_rank.items())) for key, per_rank in earliest.items()}
     out = set()
     for i, c in enumerate(compiles):
         if c.outcome != "miss" or not c.key:
             continue
-        if c.key in had_before or any(r != c.rank and start < c.end for start, r in hit_starts.get(c.key, ())):
+        other = next((t for t, r in first_two.get(c.key, ()) if r != c.rank), math.inf)
+        if c.key in had_before or other < c.end:
             out.add(i)
     return out
 
@@ -139,7 +147,6 @@ def compute(
     waits, breaks, miss_s_elsewhere = waits or {}, breaks or {}, miss_s_elsewhere or {}
     world = max(world, max((c.rank for c in compiles), default=-1) + 1, 1)
     skipped = avoidable(compiles, set(had_before))
-    causes = [cause_of(c, i in skipped) for i, c in enumerate(compiles)]
     by_step: dict[int, dict[int, float]] = defaultdict(dict)
     for (rank, step), seconds in waits.items():
         if seconds >= protocol.STUCK_S and 0 <= rank < world:
@@ -149,11 +156,7 @@ def compute(
         units[unit_of(c)].append(i)
     miss_means = _miss_means(compiles, miss_s_elsewhere)
     lines: dict[tuple, Line] = {}
-    owners = [_line(lines, c.frame, causes[i], reason_of(c, causes[i], breaks)) for i, c in enumerate(compiles)]
-    for c, line in zip(compiles, owners):
-        line.compiles += 1
-        line.compile_seconds += c.seconds
-        line.ranks.add(c.rank)
+    owners = _owners(compiles, skipped, breaks, lines)
     basis = {"assumed_units": 0, "measured_units": 0, "assumed_s": 0.0, "measured_s": 0.0}
     saved: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for unit, members in units.items():
@@ -163,6 +166,24 @@ def compute(
         **_summary(world, lines, basis, saved, wall_s, price),
         "compile_seconds": round(sum(c.seconds for c in compiles), 6),
     }
+
+
+def _owners(compiles: list[Compile], skipped: set[int], breaks: dict[str, int], lines: dict) -> list[Line]:
+    """Each compile's line (frame, cause, reason), counted there. The cause and reason are worked out
+    once per kind of compile: a 1,024-rank job repeats each kind on every rank."""
+    kinds: dict[tuple, Line] = {}
+    owners = []
+    for i, c in enumerate(compiles):
+        kind = (c.frame, c.status, c.index > 0, i in skipped, c.reason, c.fail_type)
+        line = kinds.get(kind)
+        if line is None:
+            cause = cause_of(c, i in skipped)
+            line = kinds[kind] = _line(lines, c.frame, cause, reason_of(c, cause, breaks))
+        line.compiles += 1
+        line.compile_seconds += c.seconds
+        line.ranks.add(c.rank)
+        owners.append(line)
+    return owners
 
 
 def _line(lines: dict, frame: str, cause: str, reason: str) -> Line:

@@ -68,6 +68,21 @@ def test_a_miss_another_rank_hit_or_an_earlier_run_had_is_avoidable():
     assert [x["frame"] for x in lines(bill, "first_compile")] == [G]  # k2: nobody had it
 
 
+def test_only_another_ranks_hit_makes_a_miss_avoidable():
+    compiles = [
+        c(0, seconds=1.0, outcome="hit", key="k1", end=91.0),  # rank 0's own hit, before its miss: not another's
+        c(0, G, step=1, seconds=5.0, outcome="miss", key="k1", end=120.0),  # rank 2's hit began at 100: avoidable
+        c(2, seconds=1.0, outcome="hit", key="k1", end=101.0),
+        c(1, G, step=2, seconds=2.0, outcome="miss", key="k1", end=95.0),  # rank 0's hit began at 90: avoidable
+        c(3, seconds=1.0, outcome="hit", key="k2", end=91.0),
+        c(3, G, step=3, seconds=3.0, outcome="miss", key="k2", end=130.0),  # only its own hit: not avoidable
+    ]
+    bill = compute(4, compiles)
+    [line] = lines(bill, "avoidable_miss")
+    assert line["compiles"] == 2 and line["ranks"] == [0, 1]
+    assert [x["compiles"] for x in lines(bill, "recompile") + lines(bill, "first_compile") if x["frame"] == G] == [1]
+
+
 def test_a_hit_that_began_after_the_miss_ended_loaded_what_the_miss_wrote():
     compiles = [
         c(0, seconds=9.0, outcome="miss", key="k1", end=109.0),
