@@ -34,7 +34,12 @@ class Refused(ValueError):
 
 
 class SendError(Exception):
-    """The destination did not take the request (network, timeout, status); the text says why."""
+    """The destination did not take the request (network, timeout, status); the text says why, `status`
+    is the HTTP status where one came back."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -82,9 +87,11 @@ def request(method: str, url: str, body: bytes | None = None, headers: dict[str,
     finally:
         conn.close()
     if 300 <= answer.status < 400:
-        raise SendError(f"HTTP {answer.status}: redirect to {location[:200]!r} not followed")
+        raise SendError(f"HTTP {answer.status}: redirect to {location[:200]!r} not followed", answer.status)
     if not 200 <= answer.status < 300:
-        raise SendError(f"HTTP {answer.status}: {answer.body[:ERROR_SNIPPET_CHARS].decode(errors='replace')}")
+        raise SendError(
+            f"HTTP {answer.status}: {answer.body[:ERROR_SNIPPET_CHARS].decode(errors='replace')}", answer.status
+        )
     return answer
 
 

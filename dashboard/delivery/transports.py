@@ -41,7 +41,12 @@ CONSEQUENCES_SHOWN = 10  # the folded list's length; the rest is "+N more"
 
 
 class TransportError(Exception):
-    """The receiver did not take the notification; the text is kept as `Notification.last_error`."""
+    """The receiver did not take the notification; the text is kept as `Notification.last_error`,
+    `status` is the HTTP status where one came back."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Transport:
@@ -200,8 +205,8 @@ class Alertmanager(Transport):
         }
         try:
             answer = _request("POST", self.url(self.SILENCES), {**body, "id": silence_id} if silence_id else body)
-        except TransportError:
-            if not silence_id:
+        except TransportError as exc:
+            if not silence_id or exc.status != 404:  # 404: Alertmanager no longer knows the id
                 raise
             answer = _request("POST", self.url(self.SILENCES), body)
         try:
@@ -214,7 +219,7 @@ class Alertmanager(Transport):
         try:
             _request("DELETE", self.url(f"/api/v2/silence/{quote(silence_id, safe='')}"), None)
         except TransportError as exc:
-            if "HTTP 404" not in str(exc):
+            if exc.status != 404:
                 raise
 
 
@@ -421,7 +426,9 @@ def _request(method: str, url: str, body: Any, headers: dict[str, str] | None = 
     raw = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     try:
         return outbound.request(method, url, raw, {"Content-Type": "application/json", **(headers or {})}).body
-    except (outbound.Refused, outbound.SendError) as exc:
+    except outbound.SendError as exc:
+        raise TransportError(str(exc), exc.status) from exc
+    except outbound.Refused as exc:
         raise TransportError(str(exc)) from exc
 
 

@@ -144,6 +144,35 @@ def test_a_lockstep_silence_is_mirrored_to_alertmanager_until_it_expires_and_res
     assert "[RESOLVED]" in slack.bodies()[-1]["text"]
 
 
+def test_a_silence_extended_in_alertmanager_is_replaced_only_when_alertmanager_no_longer_knows_it(run, sinks, project):
+    am = sinks["alertmanager"]
+    apply(run, crash(2))
+    deliver()
+    silence = Silence.objects.create(
+        project=project, kind="rank_silent", comment="repair", expires_at=timezone.now() + timedelta(hours=1)
+    )
+
+    def after_backoff() -> datetime:  # past the failed attempt's backoff
+        return timezone.now() + timedelta(minutes=5)
+
+    def extend(hours: int) -> list[bool]:
+        silence.expires_at = timezone.now() + timedelta(hours=hours)
+        silence.save()
+        return [mirror.sync(row) for row in mirror.plan_project(project.id)]
+
+    assert extend(2) == [True] and len(am.silences) == 1
+    [first] = am.silences
+    am.fail_next = 1  # Alertmanager down for the update: retried later, never a second silence
+    assert extend(3) == [False] and len(am.silences) == 1
+    assert [mirror.sync(row, after_backoff()) for row in mirror.due(after_backoff())] == [True]
+    assert len(am.silences) == 1 and am.active_silences()[0]["id"] == first
+
+    am.silences[first]["status"] = "expired"  # deleted in Alertmanager by hand: its id is a 404 now
+    assert extend(4) == [True]
+    [kept] = am.active_silences()
+    assert kept["id"] != first and len(am.silences) == 2
+
+
 def test_the_end_of_a_run_resolves_its_acknowledged_incident_at_every_sink(run, sinks):
     apply(run, crash(2))
     deliver()
