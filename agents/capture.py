@@ -15,7 +15,6 @@ import functools
 import json
 import linecache
 import logging
-import os
 import re
 import sys
 import threading
@@ -28,7 +27,6 @@ from agents import normalize, protocol
 from agents.graph_texts import GraphTexts
 from agents.normalize import normalized
 
-_AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 Meta = dict[str, Any]  # one trace record's metadata: JSON as torch wrote it
 CompileId = tuple[Any, ...]  # (compiled-autograd id, frame id, frame compile id), as the trace spells them
 _TIME_KEYS = (
@@ -83,7 +81,7 @@ def frame_key(filename: str, firstlineno: int | None, name: str, root: str | Non
 
 
 def _is_user(filename: str) -> bool:
-    return normalize.library_path(filename) is None and not filename.startswith(_AGENT_DIR + os.sep)
+    return normalize.library_path(filename) is None and not normalize.is_agent_file(filename)
 
 
 @dataclass
@@ -215,7 +213,7 @@ class CompileCapture(logging.Handler):
             for e in (m.get("stack") or [{}])
             if isinstance(e, dict)
         ] or [("", None, "")]
-        if stack[-1][0].startswith(_AGENT_DIR + os.sep):
+        if normalize.is_agent_file(stack[-1][0]):
             return
         compile_id = _compile_id(cid)
         frame = self._frame_ids.get(compile_id.rsplit("/", 1)[0]) or self._frame_name(stack)
@@ -256,9 +254,7 @@ class CompileCapture(logging.Handler):
         wrapper frame (e.g. `loss = model(x)` for DDP's context managers under torch.compile(DDP(model)))."""
         for filename, line, name in reversed(stack):
             path = normalize.frame_path(filename, self._root)
-            if not (
-                normalize.is_library_wrapper(path) or path.startswith("<") or filename.startswith(_AGENT_DIR + os.sep)
-            ):
+            if not (normalize.is_library_wrapper(path) or path.startswith("<") or normalize.is_agent_file(filename)):
                 return filename, line, name
         return None
 
@@ -284,7 +280,7 @@ class CompileCapture(logging.Handler):
         pend = self._pending.pop(cid, _Pending())
         self._compiling.pop(cid, None)
         filename = m.get("co_filename") or ""
-        if filename.startswith(_AGENT_DIR + os.sep):
+        if normalize.is_agent_file(filename):
             return
         frame = self._frame(m, filename)
         index = self._index.get(frame, 0)

@@ -24,10 +24,9 @@ from typing import Any
 
 import msgspec
 
-from agents import protocol
+from agents import normalize, protocol
 
 _KEEP_TEXT = 512
-_AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def enable_default(buffer_size: int) -> bool:
@@ -118,7 +117,7 @@ def call_site_frames(frames: list[Any], limit: int) -> list[dict[str, Any]]:
     """The frames worth sending, innermost first as torch records them: never the agent's own (its
     wrapper of DDP's __init__ is not where the user called), at most `limit`, and the first frame
     outside torch among them even when torch's own frames alone fill the limit."""
-    mine = [f for f in frames if isinstance(f, dict) and not str(f.get("filename") or "").startswith(_AGENT_DIR)]
+    mine = [f for f in frames if isinstance(f, dict) and not normalize.is_agent_file(str(f.get("filename") or ""))]
     kept = mine[:limit]
     user = next((f for f in mine if not _in_torch(str(f.get("filename") or ""))), None)
     if user is not None and limit > 0 and user not in kept:

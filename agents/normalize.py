@@ -7,6 +7,7 @@ versioned (`protocol.NORM_VERSION`) because a changed rule changes every normali
 
 from __future__ import annotations
 
+import os
 import re
 
 from agents import protocol
@@ -65,6 +66,14 @@ _LIBRARY = re.compile(r"(?:^|[/\\])(?:site|dist)-packages[/\\](.+)$")
 _STDLIB = re.compile(r"(?:^|[/\\])lib(?:64)?[/\\](?:python|pypy)\d+(?:\.\d+)*t?[/\\](.+)$")
 # Code Dynamo compiles on the user's behalf: the frame is named by the user's call site instead.
 WRAPPER_PREFIXES = ("torch/_dynamo/", "torch/nn/modules/module.py", "torch/_compile.py")
+
+
+_AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def is_agent_file(filename: str) -> bool:
+    """A file of this package: its frames are never the user's code."""
+    return filename.startswith(_AGENT_DIR)
 
 
 def library_path(filename: str) -> str | None:

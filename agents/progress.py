@@ -30,7 +30,6 @@ _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
 _FUNCTIONAL = os.path.join("torch", "distributed", "_functional_collectives")
 _DATA = os.path.join("torch", "utils", "data", "")
 _AUTOGRAD = os.path.join("torch", "autograd", "")
-_AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB = sysconfig.get_paths().get("stdlib", "") + os.sep
 _WRAPPERS = {"wrapper", "_exception_logger", "_time_logger", "inner"}  # c10d decorators around the collective
 MAX_DEPTH = 256
@@ -64,7 +63,12 @@ def classify(frame: FrameType | None) -> _Where:
             found["data"] = (code.co_name, id(frame))
         elif _AUTOGRAD in path:
             found.setdefault("backward", (code.co_name, id(frame)))
-        elif not user and _TORCH not in path and not path.startswith((_AGENT_DIR, _STDLIB, "<")):
+        elif (
+            not user
+            and _TORCH not in path
+            and not normalize.is_agent_file(path)
+            and not path.startswith((_STDLIB, "<"))
+        ):
             # An installed package's frame (a trainer library, or a gc callback that ran on this thread
             # in the middle of a compile) names the job's line only when the job has none of its own.
             if normalize.library_path(path) is None:
