@@ -11,7 +11,8 @@ one: 8 frames compiled by every rank before step 0, every rank recompiling 2 of 
 (another batch shape), 16 ranks recompiling one more every 500 steps, rank 517 a straggler; cache
 outcomes mixed (every 5th rank-frame misses); 4 graph breaks per rank; and the progress samples the
 agents send: one per rank per 5 s heartbeat over the run's 3,000 s, plus the waits in a collective
-the other ranks report every 0.5 s while a recompile holds them up (the "measured" steps).
+the other ranks report every 0.5 s while a recompile holds them up (the "measured" steps), kept as
+ingest keeps them: the longest per rank and step.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import time
 from datetime import timedelta
 
+from agents import protocol
 from bench.common import configure_in_process, timed_get
 
 BENCH_DB = "lockstep_bench_cost"
@@ -57,6 +59,7 @@ def populate(key: str, ranks: int, steps: int) -> None:
         "hb": HEARTBEAT_S,
         "all": list(ALL_RANK_RECOMPILES),
         "few": FEW_RANKS,
+        "stuck": protocol.STUCK_S,
     }
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
@@ -148,11 +151,14 @@ def populate(key: str, ranks: int, steps: int) -> None:
             """,
             params,
         )
-        cur.execute(  # the longest of those waits per rank and step, as ingest keeps them
+        cur.execute(  # the longest of those waits per rank and step, as ingest keeps them (`writes._write_progress`)
             """
             INSERT INTO evidence_collectivewait (run_id, rank, step, seconds, received)
-            SELECT %(run)s, r, s, 7.5, now()
-            FROM generate_series(%(few)s, %(ranks)s - 1) r, generate_series(250, %(steps)s - 1, 500) s
+            SELECT run_id, rank, (body ->> 'step')::bigint, max((body ->> 'phase_s')::float8), now()
+            FROM evidence_eventlog
+            WHERE run_id = %(run)s AND t = 'progress' AND body ->> 'phase' = 'collective'
+              AND (body ->> 'phase_s')::float8 >= %(stuck)s
+            GROUP BY 1, 2, 3
             """,
             params,
         )

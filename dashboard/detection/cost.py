@@ -160,8 +160,9 @@ def compute(
     basis = {"assumed_units": 0, "measured_units": 0, "assumed_s": 0.0, "measured_s": 0.0}
     saved: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for unit, members in units.items():
-        _bill_unit(world, unit, members, compiles, owners, by_step, lines, basis)
-        _save_unit(world, members, compiles, miss_means, saved)
+        sums = _unit_sums(members, compiles, miss_means)
+        _bill_unit(world, unit, members, compiles, owners, sums, by_step, lines, basis)
+        _save_unit(world, sums, saved)
     return {
         **_summary(world, lines, basis, saved, wall_s, price),
         "compile_seconds": round(sum(c.seconds for c in compiles), 6),
@@ -193,19 +194,44 @@ def _line(lines: dict, frame: str, cause: str, reason: str) -> Line:
     return lines[key]
 
 
+class UnitSums(NamedTuple):
+    """One pass over a unit's compiles: per rank its compile seconds, and what they would have been with
+    every hit of a frame with known misses as slow as that frame's mean miss ("cold"); per slot (frame,
+    n-th compile) its ranks' times; per frame its hits counted in `cold`."""
+
+    actual: dict[int, float]
+    cold: dict[int, float]
+    slot_times: dict[tuple, list[float]]
+    hits: dict[str, int]
+
+
+def _unit_sums(members: list[int], compiles: list[Compile], miss_means: dict[str, float]) -> UnitSums:
+    sums = UnitSums(defaultdict(float), defaultdict(float), defaultdict(list), defaultdict(int))
+    for i in members:
+        c = compiles[i]
+        sums.actual[c.rank] += c.seconds
+        sums.slot_times[(c.frame, c.index)].append(c.seconds)
+        mean = miss_means.get(c.frame) if c.outcome == "hit" else None
+        if mean is not None:
+            sums.cold[c.rank] += max(mean, c.seconds)
+            sums.hits[c.frame] += 1
+        else:
+            sums.cold[c.rank] += c.seconds
+    return sums
+
+
 def _bill_unit(
     world: int,
     unit: tuple,
     members: list[int],
     compiles: list[Compile],
     owners: list[Line],
+    sums: UnitSums,
     waits: dict,
     lines: dict,
     basis: dict,
 ) -> None:
-    per_rank: dict[int, float] = defaultdict(float)
-    for i in members:
-        per_rank[compiles[i].rank] += compiles[i].seconds
+    per_rank = sums.actual
     slowest = min(per_rank, key=lambda r: (-per_rank[r], r))
     top = per_rank[slowest]
     if top <= 0:
@@ -219,15 +245,12 @@ def _bill_unit(
         cost = world * top
         basis["assumed_units"] += 1
         basis["assumed_s"] += cost
-    slot_times: dict[tuple, list[float]] = defaultdict(list)
-    for i in members:
-        slot_times[(compiles[i].frame, compiles[i].index)].append(compiles[i].seconds)
     for i in members:
         c = compiles[i]
         if c.rank != slowest or c.seconds <= 0:
             continue
         share = cost * c.seconds / top
-        excess = straggler_excess(c.seconds, slot_times[(c.frame, c.index)])
+        excess = straggler_excess(c.seconds, sums.slot_times[(c.frame, c.index)])
         parts = [(owners[i], share * (1 - excess / c.seconds))]
         if excess:
             slow = _line(lines, c.frame, "compile_straggler", f"rank {c.rank} slower than the median")
@@ -249,28 +272,15 @@ def _miss_means(compiles: list[Compile], elsewhere: dict[str, float]) -> dict[st
     return {**elsewhere, **{f: s / n for f, (s, n) in sums.items() if n}}
 
 
-def _save_unit(
-    world: int, members: list[int], compiles: list[Compile], miss_means: dict[str, float], saved: dict
-) -> None:
+def _save_unit(world: int, sums: UnitSums, saved: dict) -> None:
     """What the unit would have cost (assumed) had each hit been a miss of its frame, minus what it cost."""
-    if not any(compiles[i].outcome == "hit" and compiles[i].frame in miss_means for i in members):
+    if not sums.hits:
         return
-    actual: dict[int, float] = defaultdict(float)
-    cold: dict[int, float] = defaultdict(float)
-    hits: dict[str, int] = defaultdict(int)
-    for i in members:
-        c = compiles[i]
-        actual[c.rank] += c.seconds
-        if c.outcome == "hit" and c.frame in miss_means:
-            cold[c.rank] += max(miss_means[c.frame], c.seconds)
-            hits[c.frame] += 1
-        else:
-            cold[c.rank] += c.seconds
-    gained = world * (max(cold.values()) - max(actual.values()))
-    if gained <= 0 or not hits:
+    gained = world * (max(sums.cold.values()) - max(sums.actual.values()))
+    if gained <= 0:
         return
-    total = sum(hits.values())
-    for frame, n in hits.items():
+    total = sum(sums.hits.values())
+    for frame, n in sums.hits.items():
         saved[frame][0] += gained * n / total
         saved[frame][1] += n
 
@@ -359,13 +369,12 @@ def _line_json(line: Line) -> dict:
 
 def compile_rows(run_id: int) -> list[Compile]:
     """The run's compiles, with their cache outcome and key."""
-    outcomes: dict[str | None, str | None] = {}  # a run has a handful of distinct cache outcome strings
-    rows = []
-    for rank, frame, index, step, status, seconds, reason, fail, out, key, end in reads.compile_facts(run_id):
-        if out not in outcomes:
-            outcomes[out] = outcome_of(out)
-        rows.append(Compile(rank, frame, index, step, status, seconds, reason, fail, outcomes[out], key, end))
-    return rows
+    facts = reads.compile_facts(run_id)
+    outcomes = {raw: outcome_of(raw) for raw in {f[8] for f in facts}}  # a handful of distinct strings
+    return [
+        Compile(rank, frame, index, step, status, seconds, reason, fail, outcomes[out], key, end)
+        for rank, frame, index, step, status, seconds, reason, fail, out, key, end in facts
+    ]
 
 
 def collective_waits(run_id: int, steps: list[int]) -> dict[tuple[int, int], float]:
