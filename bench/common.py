@@ -26,6 +26,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDING = Path(__file__).resolve().parent / "data" / "agent-events.json"
 
 
+def python_speed() -> float:
+    """CPU seconds of a fixed pure-Python loop (ten million additions): how fast this machine runs
+    Python at the moment, printed beside figures that Python bounds so runs of different days compare."""
+    start = time.process_time()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return time.process_time() - start
+
+
 def bench_env(db_name: str = "lockstep_bench") -> dict:
     base = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lockstep")
     parts = urlparse(base)
