@@ -275,9 +275,10 @@ class Transport:
             rank=self.cfg.rank,
             session=self.session,
             seq=self._seq,
-            events=packing.compact(events),
+            events=[],
         )
         try:
+            batch.events = packing.compact(events)
             raw = protocol.encode(batch)
         except (TypeError, ValueError, msgspec.MsgspecError):
             events = self._encodable(events)
@@ -291,10 +292,12 @@ class Transport:
         return batch.seq, wire_body(raw), len(events)
 
     def _encodable(self, events: list[protocol.Event]) -> list[protocol.Event]:
-        """Drop (and count) events that cannot be encoded, so one bad event can't sink a batch."""
+        """Drop (and count) events that cannot be encoded or are not the protocol's, so one bad event can't
+        sink a batch."""
         good = []
         for event in events:
             try:
+                protocol.wire_events([event])
                 protocol.encode(event)
                 good.append(event)
             except (TypeError, ValueError, msgspec.MsgspecError):

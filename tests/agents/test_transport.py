@@ -245,6 +245,16 @@ def test_unencodable_event_is_dropped_alone(tmp_path, stub):
     assert any(isinstance(e, protocol.Dropped) and e.reason == "unencodable" for e in events)
 
 
+def test_an_event_the_protocol_does_not_list_is_dropped_alone(tmp_path, stub):
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, [1])
+    t.put(protocol.RunInfo(key="not-an-event", world_size=1))  # a struct, but no wire event: refused by the batch
+    _send_steps(t, [2])
+    t.close(timeout=5)
+    assert _steps(stub.accepted) == [1, 2]
+    assert any(isinstance(e, protocol.Dropped) and e.reason == "unencodable" for e in events_of(stub.accepted))
+
+
 def test_server_killed_and_restarted_mid_run_loses_and_duplicates_nothing(tmp_path, monkeypatch):
     from agents import transport
 
