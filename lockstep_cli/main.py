@@ -252,7 +252,7 @@ def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     fingerprint); one that only the run's end closed still fails the check until acknowledged, so a
     diverged rank never clears itself when the job stops. An acknowledgement lasts until it resolves."""
     found = client.get(f"/runs/{path_of(args.run)}/incidents")["incidents"]
-    critical = [i for i in found if i["severity"] == "critical" and (i["state"] == "firing" or ended_open(i))]
+    critical = [i for i in found if i["severity"] == "critical" and i["unresolved"]]
     unhandled = [i for i in critical if i["acked_by"] is None]
     if as_json:
         _print_json(
@@ -270,11 +270,6 @@ def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
         acked = len(critical) - len(unhandled)
         print(f"{args.run}: no critical incident open" + (f" unacknowledged ({acked} acknowledged)" if acked else ""))
     return exits.FIRING if unhandled else exits.OK
-
-
-def ended_open(incident: dict) -> bool:
-    """Closed only because the run ended: no evidence ever said the ranks agree again."""
-    return (incident.get("root") or {}).get("resolve_reason") == "run ended"
 
 
 def incidents_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:

@@ -227,12 +227,15 @@ def closed_by_run_end(root: Alert | None) -> bool:
     return root is not None and root.state == Alert.State.RESOLVED and root.resolve_reason == RUN_ENDED
 
 
+def unresolved(incident: Incident) -> bool:
+    """Open, or closed only because the run ended: a diverged rank must not clear itself when the job
+    stops (the incidents API says it as `unresolved`)."""
+    return incident.state == Incident.State.FIRING or closed_by_run_end(incident.root)
+
+
 def unhandled(incident: Incident) -> bool:
-    """What `lockstep check` fails on: open, or closed only because the run ended (a diverged rank
-    must not clear itself when the job stops), and nobody acknowledged it."""
-    return incident.acked_by_id is None and (
-        incident.state == Incident.State.FIRING or closed_by_run_end(incident.root)
-    )
+    """What `lockstep check` fails on: unresolved, and nobody acknowledged it."""
+    return incident.acked_by_id is None and unresolved(incident)
 
 
 def open_roots(run: Run) -> list[Incident]:

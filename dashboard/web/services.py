@@ -164,13 +164,14 @@ def visible_incidents(caller: Principal, run_key: str = "", state: str = "firing
     return _incidents_json(found, limit)
 
 
-def _incidents_json(incidents: QuerySet[Incident], limit: int | None = None) -> list[dict]:
-    """Newest first, each with its root and its alerts (one query for all alerts)."""
-    found = list(incidents.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
+def _incidents_json(queryset: QuerySet[Incident], limit: int | None = None) -> list[dict]:
+    """Newest first, each with its root, its alerts (one query for all alerts) and whether it is
+    `unresolved` (what `lockstep check` fails on until someone acknowledges it)."""
+    found = list(queryset.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
     members: dict[int, list[Alert]] = {i.id: [] for i in found}
     for alert in Alert.objects.filter(incident__in=found).order_by("first_seen", "id"):
         members[alert.incident_id].append(alert)
-    return [i.as_json(members[i.id]) for i in found]
+    return [{**i.as_json(members[i.id]), "unresolved": incidents.unresolved(i)} for i in found]
 
 
 def incident_for(caller: Principal, incident_id: int) -> Incident:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from dashboard.detection import settle
-from dashboard.detection.models import Incident
+from dashboard.detection import incidents, settle
+from dashboard.detection.models import Alert, Incident
 from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Project, ProjectToken
 from tests.conftest import make_batch
@@ -73,3 +73,17 @@ def test_the_run_and_alerts_pages_show_incidents_first_and_ack_them(client, proj
     incident.refresh_from_db()
     assert incident.acked_by == user
     assert f"Acknowledge incident {incident.id}" not in client.get("/alerts/").content.decode()
+
+
+def test_unresolved_while_firing_or_closed_only_by_the_runs_end(client, token, diverged):
+    def unresolved() -> bool:
+        [incident] = client.get("/api/v1/runs/r-inc/incidents", **bearer(token)).json()["incidents"]
+        return incident["unresolved"]
+
+    incident = Incident.objects.get()
+    assert unresolved() is True  # firing
+    Incident.objects.filter(id=incident.id).update(state="resolved")
+    Alert.objects.filter(id=incident.root_id).update(state="resolved", resolve_reason=incidents.RUN_ENDED)
+    assert unresolved() is True  # the job stopped; nothing said rank 2 agrees again
+    Alert.objects.filter(id=incident.root_id).update(resolve_reason="")
+    assert unresolved() is False  # the evidence cleared it
