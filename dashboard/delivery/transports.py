@@ -206,7 +206,9 @@ class Alertmanager(Transport):
         try:
             answer = _request("POST", self.url(self.SILENCES), {**body, "id": silence_id} if silence_id else body)
         except TransportError as exc:
-            if not silence_id or exc.status != 404:  # 404: Alertmanager no longer knows the id
+            # A refused id (Alertmanager answers 404 for one it no longer knows): a new silence then.
+            # Never after an outage or a 5xx, where a new silence would double the one that exists.
+            if not silence_id or exc.status is None or not 400 <= exc.status < 500:
                 raise
             answer = _request("POST", self.url(self.SILENCES), body)
         try:
