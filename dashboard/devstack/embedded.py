@@ -51,6 +51,7 @@ PG_DEFAULT_PORT = 5432  # pgserver's: it names the unix socket file only (no TCP
 REDIS_DEFAULT_PORT = 6390  # never 6379: a system Redis may already own that
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 30
+EXIT_SETTLE_S = 2.0  # an exiting process between dropping its command line and being gone
 PROBE_TIMEOUT_S = 2  # libpq's smallest connect_timeout
 
 __all__ = ["DB_NAME", "addresses", "default_data_dir", "postgres_url", "redis_url", "running", "serve", "stop"]
@@ -81,13 +82,27 @@ def _process_runs(pid: int, needle: str) -> bool:
 
 
 def _wait_gone(pid: int, needle: str, timeout: float) -> bool:
-    """Poll until pid has exited; False if it is still there after timeout seconds."""
+    """Poll until pid has exited; False if it is still there after timeout seconds. An exiting process
+    drops its command line a moment before it is gone (or a zombie): that moment is waited out too,
+    for at most EXIT_SETTLE_S (by then the pid could be another process's)."""
     deadline = time.monotonic() + timeout
     while _process_runs(pid, needle):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
+    settled = min(deadline, time.monotonic() + EXIT_SETTLE_S)
+    while not _exited(pid) and time.monotonic() < settled:
+        time.sleep(0.05)
     return True
+
+
+def _exited(pid: int) -> bool:
+    """No such process, or a zombie (this container's PID 1 may never reap one)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in {"Z", "X"}
 
 
 def _read_int(path: Path) -> int | None:
