@@ -63,9 +63,9 @@ def can_follow(client: Client) -> Login:
 
 
 @contextmanager
-def feed(client: Client, key: str) -> Iterator[Callable[[], Iterator[dict]]]:
-    """Open the run's feed; yields a function iterating its alert messages until it closes."""
-    login = can_follow(client)
+def feed(client: Client, key: str, login: Login) -> Iterator[Callable[[], Iterator[dict]]]:
+    """Open the run's feed with `login` (`can_follow`'s); yields a function iterating its alert messages
+    until it closes."""
     from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
     from websockets.sync.client import connect
 

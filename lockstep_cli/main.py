@@ -144,9 +144,9 @@ def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
         else:
             print(tables.alerts(body["alerts"]))
         return exits.OK
-    can_follow(client)  # a token-only user hears so now, not after waiting for the run
+    login = can_follow(client)  # a token-only user hears so now, not after waiting for the run
     wait_for_run(client, args.run, args.wait)  # a follower started before the job's first batch
-    with feed(client, args.run) as messages:  # subscribed before listing: nothing falls in between
+    with feed(client, args.run, login) as messages:  # subscribed before listing: nothing falls in between
         listed = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]
         if as_json:
             for alert in listed:
