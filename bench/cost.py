@@ -4,13 +4,13 @@
     python -m bench cost [--ranks 1024] [--steps 10000] [--rebuild] [-n 15]
 
 Uses its own database (`lockstep_bench_cost` on the DATABASE_URL server), fills it once with SQL
-(generate_series), then times the view in-process (middleware, auth, queries, the bill, JSON) with
-the test client: median and p90 of N calls after one warm-up, answered from the kept bill (what
-readers get once a bill is computed), and of N/3 calls that compute it anew from the raw events. The run's compile history is a heavy
-one: 8 frames compiled by every rank before step 0, every rank recompiling 2 of them at 4 steps
-(another batch shape), 16 ranks recompiling one more every 500 steps, rank 517 a straggler; cache
-outcomes mixed (every 5th rank-frame misses); 4 graph breaks per rank; and the progress samples the
-agents send: one per rank per 5 s heartbeat over the run's 3,000 s, plus the waits in a collective
+(generate_series), then times the view in-process (middleware, auth, queries, the bill, JSON) with the
+test client: median and p90 of N calls after one warm-up, answered from the kept bill (what readers get
+once a bill is computed), and of N calls that compute it anew from the raw events. The run's compile
+history is a heavy one: 8 frames compiled by every rank before step 0, every rank recompiling 2 of them
+at 4 steps (another batch shape), 16 ranks recompiling one more every 500 steps, rank 517 a straggler;
+cache outcomes mixed (every 5th rank-frame misses); 4 graph breaks per rank; and the progress samples
+the agents send: one per rank per 5 s heartbeat over the run's 3,000 s, plus the waits in a collective
 the other ranks report every 0.5 s while a recompile holds them up (the "measured" steps), kept as
 ingest keeps them: the longest per rank and step.
 """
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     url = f"/api/v1/runs/{key}/cost"
     kept = timed_get(client, url, args.n)
     stale = sorted(timed_stale(client, url, key, args.n))
-    computed = sorted(timed_computed(client, url, key, max(3, args.n // 3)))
+    computed = sorted(timed_computed(client, url, key, args.n))
     bill = client.get(url).json()
     rows = [
         ("kept bill, current", kept),

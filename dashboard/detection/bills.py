@@ -11,7 +11,7 @@ the run since; else marked `stale` while the sweep still looks at the run (it re
 seconds). Only a run no sweep billed (an uploaded spool read before the sweep's next pass, a run
 whose last look was missed) is computed by its reader, from its compile events and the waits in a
 collective kept at the steps that compiled (`evidence.reads.collective_waits`): at 1,024 ranks x 10k
-steps a couple of hundred ms against a few for the kept bill (bench/cost.py).
+steps about 200 ms against about 10 for the kept bill (bench/cost.py).
 """
 
 from __future__ import annotations

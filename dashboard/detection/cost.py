@@ -19,9 +19,12 @@ would have cost had each cache hit taken the mean time of the same frame's misse
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
@@ -81,18 +84,22 @@ def avoidable(compiles: list[Compile], had_before: set[str]) -> set[int]:
     this run hit it with a lookup that began before this miss ended (a hit that began later may have
     loaded what this very miss wrote into a shared cache)."""
     earliest: dict[str, dict[int, float]] = defaultdict(dict)  # key -> rank -> its first hit's start
-    for c in compiles:
-        if c.outcome == "hit" and c.key:
+    misses = []
+    for i, c in enumerate(compiles):
+        if not c.key:
+            continue
+        if c.outcome == "hit":
             per_rank = earliest[c.key]
             start = c.end - c.seconds
             if start < per_rank.get(c.rank, math.inf):
                 per_rank[c.rank] = start
+        elif c.outcome == "miss":
+            misses.append(i)
     # the earliest hit of a rank other than r is the first of these two whose rank is not r
     first_two = {key: heapq.nsmallest(2, ((t, r) for r, t in per_rank.items())) for key, per_rank in earliest.items()}
     out = set()
-    for i, c in enumerate(compiles):
-        if c.outcome != "miss" or not c.key:
-            continue
+    for i in misses:
+        c = compiles[i]
         other = next((t for t, r in first_two.get(c.key, ()) if r != c.rank), math.inf)
         if c.key in had_before or other < c.end:
             out.add(i)
@@ -132,7 +139,7 @@ def unit_of(c: Compile) -> tuple:
 def compute(
     world: int,
     compiles: list[Compile],
-    waits: dict[tuple[int, int], float] | None = None,
+    waits: dict[int, dict[int, float]] | None = None,
     *,
     wall_s: float = 0.0,
     price: float | None = None,
@@ -140,28 +147,27 @@ def compute(
     miss_s_elsewhere: dict[str, float] | None = None,
     breaks: dict[str, int] | None = None,
 ) -> dict:
-    """The bill of `compiles` in a job of `world` ranks. `waits`: (rank, step) -> seconds a rank was
+    """The bill of `compiles` in a job of `world` ranks. `waits`: step -> rank -> seconds the rank was
     seen waiting in a collective; `had_before`: cache keys an earlier run had; `miss_s_elsewhere`:
     per frame, the mean miss time in earlier runs (for savings where this run has only hits);
     `breaks`: graph breaks per frame."""
     waits, breaks, miss_s_elsewhere = waits or {}, breaks or {}, miss_s_elsewhere or {}
     world = max(world, max((c.rank for c in compiles), default=-1) + 1, 1)
-    skipped = avoidable(compiles, set(had_before))
-    by_step: dict[int, dict[int, float]] = defaultdict(dict)
-    for (rank, step), seconds in waits.items():
-        if seconds >= protocol.STUCK_S and 0 <= rank < world:
-            by_step[step][rank] = seconds
-    units: dict[tuple, list[int]] = defaultdict(list)
-    for i, c in enumerate(compiles):
-        units[unit_of(c)].append(i)
+    by_step = {
+        step: seen
+        for step, per_rank in waits.items()
+        if (seen := {r: s for r, s in per_rank.items() if s >= protocol.STUCK_S and 0 <= r < world})
+    }
     miss_means = _miss_means(compiles, miss_s_elsewhere)
     lines: dict[tuple, Line] = {}
-    owners = _owners(compiles, skipped, breaks, lines)
+    owners, units = _sort(compiles, avoidable(compiles, set(had_before)), breaks, lines)
     basis = {"assumed_units": 0, "measured_units": 0, "assumed_s": 0.0, "measured_s": 0.0}
     saved: dict[str, list] = defaultdict(lambda: [0.0, 0])
-    for unit, members in units.items():
-        sums = _unit_sums(members, compiles, miss_means)
-        _bill_unit(world, unit, members, compiles, owners, sums, by_step, lines, basis)
+    for unit, slots in units.items():
+        seen = by_step.get(unit[1], {}) if unit[0] == "step" else {}
+        sums = _unit_sums(slots, compiles, miss_means)
+        _bill_unit(world, seen, slots, compiles, owners, sums, lines)
+        _count_basis(basis, sums.cost, measured=bool(seen))
         _save_unit(world, sums, saved)
     return {
         **_summary(world, lines, basis, saved, wall_s, price),
@@ -169,11 +175,15 @@ def compute(
     }
 
 
-def _owners(compiles: list[Compile], skipped: set[int], breaks: dict[str, int], lines: dict) -> list[Line]:
-    """Each compile's line (frame, cause, reason), counted there. The cause and reason are worked out
-    once per kind of compile: a 1,024-rank job repeats each kind on every rank."""
+def _sort(
+    compiles: list[Compile], skipped: set[int], breaks: dict[str, int], lines: dict
+) -> tuple[list[Line], dict[tuple, dict[tuple, list[int]]]]:
+    """One pass: each compile's line (frame, cause, reason), counted there, and the compiles by unit
+    and slot (frame, n-th compile). The cause and reason are worked out once per kind of compile: a
+    1,024-rank job repeats each kind on every rank."""
     kinds: dict[tuple, Line] = {}
     owners = []
+    units: dict[tuple, dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, c in enumerate(compiles):
         kind = (c.frame, c.status, c.index > 0, i in skipped, c.reason, c.fail_type)
         line = kinds.get(kind)
@@ -184,7 +194,8 @@ def _owners(compiles: list[Compile], skipped: set[int], breaks: dict[str, int], 
         line.compile_seconds += c.seconds
         line.ranks.add(c.rank)
         owners.append(line)
-    return owners
+        units[unit_of(c)][(c.frame, c.index)].append(i)
+    return owners, units
 
 
 def _line(lines: dict, frame: str, cause: str, reason: str) -> Line:
@@ -194,72 +205,80 @@ def _line(lines: dict, frame: str, cause: str, reason: str) -> Line:
     return lines[key]
 
 
-class UnitSums(NamedTuple):
+@dataclass
+class UnitSums:
     """One pass over a unit's compiles: per rank its compile seconds, and what they would have been with
-    every hit of a frame with known misses as slow as that frame's mean miss ("cold"); per slot (frame,
-    n-th compile) its ranks' times; per frame its hits counted in `cold`."""
+    every hit of a frame with known misses as slow as that frame's mean miss ("cold"); per frame its
+    hits counted in `cold`; and (`_bill_unit`) what the unit cost."""
 
     actual: dict[int, float]
     cold: dict[int, float]
-    slot_times: dict[tuple, list[float]]
     hits: dict[str, int]
+    cost: float = 0.0
 
 
-def _unit_sums(members: list[int], compiles: list[Compile], miss_means: dict[str, float]) -> UnitSums:
-    sums = UnitSums(defaultdict(float), defaultdict(float), defaultdict(list), defaultdict(int))
-    for i in members:
-        c = compiles[i]
-        sums.actual[c.rank] += c.seconds
-        sums.slot_times[(c.frame, c.index)].append(c.seconds)
-        mean = miss_means.get(c.frame) if c.outcome == "hit" else None
-        if mean is not None:
-            sums.cold[c.rank] += max(mean, c.seconds)
-            sums.hits[c.frame] += 1
-        else:
-            sums.cold[c.rank] += c.seconds
+def _unit_sums(slots: dict[tuple, list[int]], compiles: list[Compile], miss_means: dict[str, float]) -> UnitSums:
+    sums = UnitSums(defaultdict(float), defaultdict(float), defaultdict(int))
+    actual, cold = sums.actual, sums.cold
+    for (frame, _), members in slots.items():
+        mean = miss_means.get(frame)
+        for i in members:
+            c = compiles[i]
+            actual[c.rank] += c.seconds
+            if mean is not None and c.outcome == "hit":
+                cold[c.rank] += max(mean, c.seconds)
+                sums.hits[frame] += 1
+            else:
+                cold[c.rank] += c.seconds
     return sums
 
 
 def _bill_unit(
     world: int,
-    unit: tuple,
-    members: list[int],
+    seen: dict[int, float],
+    slots: dict[tuple, list[int]],
     compiles: list[Compile],
     owners: list[Line],
     sums: UnitSums,
-    waits: dict,
     lines: dict,
-    basis: dict,
 ) -> None:
+    """The unit's cost (`sums.cost`) onto the slowest rank's compiles. `seen`: the ranks whose waits in
+    the unit's collective were measured; the others wait for the slowest (assumed)."""
     per_rank = sums.actual
     slowest = min(per_rank, key=lambda r: (-per_rank[r], r))
     top = per_rank[slowest]
     if top <= 0:
         return
-    seen = waits.get(unit[1], {}) if unit[0] == "step" else {}
-    if seen:  # seen ranks: their compiles and measured waits; the others wait for the slowest (assumed)
-        cost = sum(per_rank.get(r, 0.0) + w for r, w in seen.items()) + (world - len(seen)) * top
-        basis["measured_units"] += 1
-        basis["measured_s"] += cost
-    else:
-        cost = world * top
-        basis["assumed_units"] += 1
-        basis["assumed_s"] += cost
-    for i in members:
-        c = compiles[i]
-        if c.rank != slowest or c.seconds <= 0:
-            continue
-        share = cost * c.seconds / top
-        excess = straggler_excess(c.seconds, sums.slot_times[(c.frame, c.index)])
-        parts = [(owners[i], share * (1 - excess / c.seconds))]
-        if excess:
-            slow = _line(lines, c.frame, "compile_straggler", f"rank {c.rank} slower than the median")
-            slow.ranks.add(c.rank)
-            parts.append((slow, share * excess / c.seconds))
-        for line, amount in parts:
-            line.gpu_seconds += amount
-            if seen:
-                line.measured += amount
+    cost = sum(per_rank.get(r, 0.0) + w for r, w in seen.items()) + (world - len(seen)) * top
+    sums.cost = cost
+    for members in slots.values():
+        for i in members:
+            c = compiles[i]
+            if c.rank == slowest and c.seconds > 0:
+                times = [compiles[j].seconds for j in members]
+                _charge(c, owners[i], cost * c.seconds / top, times, lines, measured=bool(seen))
+
+
+def _charge(c: Compile, owner: Line, share: float, slot_times: list[float], lines: dict, *, measured: bool) -> None:
+    """`share` of a unit's cost onto compile `c`'s line; what it straggled behind its slot's median
+    onto the frame's `compile_straggler` line."""
+    excess = straggler_excess(c.seconds, slot_times)
+    parts = [(owner, share * (1 - excess / c.seconds))]
+    if excess:
+        slow = _line(lines, c.frame, "compile_straggler", f"rank {c.rank} slower than the median")
+        slow.ranks.add(c.rank)
+        parts.append((slow, share * excess / c.seconds))
+    for line, amount in parts:
+        line.gpu_seconds += amount
+        if measured:
+            line.measured += amount
+
+
+def _count_basis(basis: dict, cost: float, *, measured: bool) -> None:
+    if cost:
+        kind = "measured" if measured else "assumed"
+        basis[f"{kind}_units"] += 1
+        basis[f"{kind}_s"] += cost
 
 
 def _miss_means(compiles: list[Compile], elsewhere: dict[str, float]) -> dict[str, float]:
@@ -368,17 +387,17 @@ def _line_json(line: Line) -> dict:
 
 
 def compile_rows(run_id: int) -> list[Compile]:
-    """The run's compiles, with their cache outcome and key."""
-    facts = reads.compile_facts(run_id)
-    outcomes = {raw: outcome_of(raw) for raw in {f[8] for f in facts}}  # a handful of distinct strings
-    return [
-        Compile(rank, frame, index, step, status, seconds, reason, fail, outcomes[out], key, end)
-        for rank, frame, index, step, status, seconds, reason, fail, out, key, end in facts
-    ]
+    """The run's compiles, with their cache outcome (`outcome_of`: a handful of distinct strings, and a
+    row is rebuilt only where the stored one is not already the outcome) and key."""
+    rows = list(map(Compile._make, reads.compile_facts(run_id)))
+    renamed = {raw: out for raw in {c.outcome for c in rows} if (out := outcome_of(raw)) != raw}
+    if renamed:
+        rows = [c._replace(outcome=renamed[c.outcome]) if c.outcome in renamed else c for c in rows]
+    return rows
 
 
-def collective_waits(run_id: int, steps: list[int]) -> dict[tuple[int, int], float]:
-    """(rank, step) -> the longest wait in a collective its progress samples saw in that step."""
+def collective_waits(run_id: int, steps: list[int]) -> dict[int, dict[int, float]]:
+    """step -> rank -> the longest wait in a collective its progress samples saw in that step."""
     return reads.collective_waits(run_id, steps) if steps else {}
 
 
@@ -418,8 +437,27 @@ def wall_seconds(run: Run, earliest: float | None = None, now: datetime | None =
     return max(0.0, (now - run.started_at).total_seconds())
 
 
+@contextmanager
+def without_collector_pauses() -> Iterator[None]:
+    """Python's cycle collector off for the duration. A bill builds tens of thousands of tuples and no
+    cycles (reference counting frees all of it), and the full passes those allocations set off, which
+    scan every object of the server process, took up to a third of a 1,024-rank bill's time."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def bill_of(run: Run, now: datetime | None = None) -> dict:
     """The run's bill (`compute`) from its stored compile events and progress samples."""
+    with without_collector_pauses():
+        return _bill_of(run, now)
+
+
+def _bill_of(run: Run, now: datetime | None) -> dict:
     compiles = compile_rows(run.id)
     steps = sorted({c.step for c in compiles if c.step is not None})
     misses = {c.key for c in compiles if c.outcome == "miss" and c.key}

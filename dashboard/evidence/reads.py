@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 from django.db import connection
 from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Sum
 from django.db.models.fields.json import KT
@@ -84,17 +85,25 @@ def compile_facts(run_id: int) -> list[tuple]:
     cache outcome, cache key, end as unix seconds), the cache outcome and key taken out of their
     JSON by PostgreSQL (one plain statement: at 1,024 ranks the ORM's per-row conversions cost
     more than the query)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            SELECT rank, frame, index, step, status, coalesce(compile_time, 0), recompile_reason, fail_type,
-                   coalesce(cache->>'inductor', cache->>'aotautograd'),
-                   coalesce(detail->'cache_keys'->>'inductor', detail->'cache_keys'->>'aotautograd', ''),
-                   extract(epoch FROM ts)::float8
-            FROM {CompileEvent._meta.db_table} WHERE run_id = %s
-            """,
-            [run_id],
-        )
+    return binary_rows(
+        f"""
+        SELECT rank, frame, index, step, status, coalesce(compile_time, 0), recompile_reason, fail_type,
+               coalesce(cache->>'inductor', cache->>'aotautograd'),
+               coalesce(detail->'cache_keys'->>'inductor', detail->'cache_keys'->>'aotautograd', ''),
+               extract(epoch FROM ts)::float8
+        FROM {CompileEvent._meta.db_table} WHERE run_id = %s
+        """,
+        [run_id],
+    )
+
+
+def binary_rows(sql: str, params: list) -> list[tuple]:
+    """All rows of `sql`, sent in PostgreSQL's binary format: for the tens of thousands of numbers a
+    bill reads, parsing text costs more than the query. Django's own cursors bind client-side, and
+    those cannot ask for binary results."""
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cur:
+        cur.execute(sql, params, binary=True)
         return cur.fetchall()
 
 
@@ -191,11 +200,17 @@ def latest_progress(run_id: int, since: datetime) -> list[tuple[int, dict, datet
     )
 
 
-def collective_waits(run_id: int, steps: list[int]) -> dict[tuple[int, int], float]:
-    """(rank, step) -> the longest wait in a collective a rank reported in that step (`CollectiveWait`:
-    only waits of STUCK_S or more are kept)."""
-    rows = CollectiveWait.objects.filter(run_id=run_id, step__in=steps).values_list("rank", "step", "seconds")
-    return {(rank, step): seconds for rank, step, seconds in rows}
+def collective_waits(run_id: int, steps: list[int]) -> dict[int, dict[int, float]]:
+    """step -> rank -> the longest wait in a collective the rank reported in that step (`CollectiveWait`:
+    only waits of STUCK_S or more are kept), a row per step (1,024 ranks' waits come as two arrays)."""
+    rows = binary_rows(
+        f"""
+        SELECT step, array_agg(rank), array_agg(seconds) FROM {CollectiveWait._meta.db_table}
+        WHERE run_id = %s AND step = ANY(%s) GROUP BY step
+        """,
+        [run_id, steps],
+    )
+    return {step: dict(zip(ranks, seconds, strict=True)) for step, ranks, seconds in rows}
 
 
 def last_ends(run_id: int, ranks: list[int]) -> dict[int, dict]:

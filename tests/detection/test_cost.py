@@ -26,7 +26,7 @@ def test_a_step_costs_world_size_times_its_slowest_rank():
 
 def test_measured_waits_replace_the_assumption():
     compiles = [c(1, index=1, step=7, seconds=20.0, reason=SIZE)]
-    waits = {(0, 7): 12.0, (2, 7): 19.5, (3, 7): 1.0}  # rank 3's 1 s sample is a heartbeat's glimpse, not a wait
+    waits = {7: {0: 12.0, 2: 19.5, 3: 1.0}}  # rank 3's 1 s sample is a heartbeat's glimpse, not a wait
     bill = compute(4, compiles, waits)
     assert bill["gpu_seconds"] == pytest.approx(20.0 + 12.0 + 19.5 + 20.0)
     assert bill["basis"] == {

@@ -28,8 +28,8 @@ def test_the_longest_wait_per_step_is_kept_across_batches_and_the_short_ones_are
 
     run = Run.objects.get()
     assert EventLog.objects.filter(run=run, t="progress").count() == 9  # every sample stays in the log
-    assert reads.collective_waits(run.id, [250, 750]) == {(1, 250): 7.0, (1, 750): 5.0, (2, 250): 5.0}
-    assert reads.collective_waits(run.id, [750]) == {(1, 750): 5.0}
+    assert reads.collective_waits(run.id, [250, 750]) == {250: {1: 7.0, 2: 5.0}, 750: {1: 5.0}}
+    assert reads.collective_waits(run.id, [750]) == {750: {1: 5.0}}
     assert CollectiveWait.objects.count() == 3
 
 
