@@ -10,6 +10,6 @@ if ! command -v chromium >/dev/null 2>&1; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 fi
-# Two pytest-xdist workers (LOCKSTEP_TEST_WORKERS, 0 for serial), a file on one worker; each worker has its
+# Three pytest-xdist workers (LOCKSTEP_TEST_WORKERS, 0 for serial), a file on one worker; each worker has its
 # own test database, Redis database and live stack, and every file that uses the database starts with it empty.
-exec .venv/bin/python -m pytest -n "${LOCKSTEP_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n "${LOCKSTEP_TEST_WORKERS:-3}" --dist loadfile "$@"

@@ -24,7 +24,7 @@ def pytest_configure(config) -> None:
     first process makes it; pytest-xdist's workers inherit it, so they compile each graph once.
 
     One OpenMP thread and in-process Inductor compiles for the test processes and what they start
-    (torchrun sets the first for its ranks, not for one): two pytest workers and their jobs already
+    (torchrun sets the first for its ranks, not for one): the pytest workers and their jobs already
     keep both cores busy, where spinning OpenMP threads and a pool of compile workers per process
     (each importing torch) only add work."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
