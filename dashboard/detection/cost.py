@@ -166,8 +166,8 @@ def compute(
     for unit, slots in units.items():
         seen = by_step.get(unit[1], {}) if unit[0] == "step" else {}
         sums = _unit_sums(slots, compiles, miss_means)
-        _bill_unit(world, seen, slots, compiles, owners, sums, lines)
-        _count_basis(basis, sums.cost, measured=bool(seen))
+        cost = _bill_unit(world, seen, slots, compiles, owners, sums, lines)
+        _count_basis(basis, cost, measured=bool(seen))
         _save_unit(world, sums, saved)
     return {
         **_summary(world, lines, basis, saved, wall_s, price),
@@ -205,16 +205,14 @@ def _line(lines: dict, frame: str, cause: str, reason: str) -> Line:
     return lines[key]
 
 
-@dataclass
-class UnitSums:
+class UnitSums(NamedTuple):
     """One pass over a unit's compiles: per rank its compile seconds, and what they would have been with
     every hit of a frame with known misses as slow as that frame's mean miss ("cold"); per frame its
-    hits counted in `cold`; and (`_bill_unit`) what the unit cost."""
+    hits counted in `cold`."""
 
     actual: dict[int, float]
     cold: dict[int, float]
     hits: dict[str, int]
-    cost: float = 0.0
 
 
 def _unit_sums(slots: dict[tuple, list[int]], compiles: list[Compile], miss_means: dict[str, float]) -> UnitSums:
@@ -241,22 +239,22 @@ def _bill_unit(
     owners: list[Line],
     sums: UnitSums,
     lines: dict,
-) -> None:
-    """The unit's cost (`sums.cost`) onto the slowest rank's compiles. `seen`: the ranks whose waits in
-    the unit's collective were measured; the others wait for the slowest (assumed)."""
+) -> float:
+    """The unit's cost, charged to the slowest rank's compiles. `seen`: the ranks whose waits in the
+    unit's collective were measured; the others wait for the slowest (assumed)."""
     per_rank = sums.actual
     slowest = min(per_rank, key=lambda r: (-per_rank[r], r))
     top = per_rank[slowest]
     if top <= 0:
-        return
+        return 0.0
     cost = sum(per_rank.get(r, 0.0) + w for r, w in seen.items()) + (world - len(seen)) * top
-    sums.cost = cost
     for members in slots.values():
         for i in members:
             c = compiles[i]
             if c.rank == slowest and c.seconds > 0:
                 times = [compiles[j].seconds for j in members]
                 _charge(c, owners[i], cost * c.seconds / top, times, lines, measured=bool(seen))
+    return cost
 
 
 def _charge(c: Compile, owner: Line, share: float, slot_times: list[float], lines: dict, *, measured: bool) -> None:
@@ -440,8 +438,9 @@ def wall_seconds(run: Run, earliest: float | None = None, now: datetime | None =
 @contextmanager
 def without_collector_pauses() -> Iterator[None]:
     """Python's cycle collector off for the duration. A bill builds tens of thousands of tuples and no
-    cycles (reference counting frees all of it), and the full passes those allocations set off, which
-    scan every object of the server process, took up to a third of a 1,024-rank bill's time."""
+    cycles (reference counting frees all of it), and the passes those allocations set off walk every
+    object not frozen (`dashboard.asgi` freezes what the server loaded; a Celery worker's sweep freezes
+    nothing): up to a third of a 1,024-rank bill's time."""
     was_on = gc.isenabled()
     gc.disable()
     try:

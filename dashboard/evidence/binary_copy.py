@@ -1,4 +1,4 @@
-"""PostgreSQL's binary protocol for the writers: binary COPY encoded by hand, and psycopg plumbing.
+"""PostgreSQL's binary protocol: binary COPY encoded by hand for the writers, psycopg plumbing, and binary reads.
 
 Why a module of its own: this is the wire format and the driver, not what a batch means. Ingest
 (`ingest.writers`) decides what a group commits and `writes` turns it into rows; here is only how
@@ -137,6 +137,15 @@ def query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
         with psycopg.Cursor(raw) as cur:
             cur.execute(_compact(sql), params, prepare=True)
             return cur.fetchall() if rows else []
+
+
+def fetch_binary(sql: str, params: list) -> list[tuple]:
+    """All rows of a read in PostgreSQL's binary format (for the tens of thousands of numbers a compile
+    bill reads, parsing text costs more than the query); errors become django.db errors as in `query`."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+        cur.execute(sql, params, binary=True)
+        return cur.fetchall()
 
 
 def copy_stream(table: str, columns: tuple[str, ...], chunks) -> None:

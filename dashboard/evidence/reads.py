@@ -11,12 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-import psycopg
-from django.db import connection
 from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
+from dashboard.evidence.binary_copy import fetch_binary
 from dashboard.evidence.models import (
     Blob,
     CollectiveWait,
@@ -85,7 +84,7 @@ def compile_facts(run_id: int) -> list[tuple]:
     cache outcome, cache key, end as unix seconds), the cache outcome and key taken out of their
     JSON by PostgreSQL (one plain statement: at 1,024 ranks the ORM's per-row conversions cost
     more than the query)."""
-    return binary_rows(
+    return fetch_binary(
         f"""
         SELECT rank, frame, index, step, status, coalesce(compile_time, 0), recompile_reason, fail_type,
                coalesce(cache->>'inductor', cache->>'aotautograd'),
@@ -95,16 +94,6 @@ def compile_facts(run_id: int) -> list[tuple]:
         """,
         [run_id],
     )
-
-
-def binary_rows(sql: str, params: list) -> list[tuple]:
-    """All rows of `sql`, sent in PostgreSQL's binary format: for the tens of thousands of numbers a
-    bill reads, parsing text costs more than the query. Django's own cursors bind client-side, and
-    those cannot ask for binary results."""
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cur:
-        cur.execute(sql, params, binary=True)
-        return cur.fetchall()
 
 
 def keys_compiled(run_ids: QuerySet | Iterable[int], keys: set[str]) -> set[str]:
@@ -203,7 +192,7 @@ def latest_progress(run_id: int, since: datetime) -> list[tuple[int, dict, datet
 def collective_waits(run_id: int, steps: list[int]) -> dict[int, dict[int, float]]:
     """step -> rank -> the longest wait in a collective the rank reported in that step (`CollectiveWait`:
     only waits of STUCK_S or more are kept), a row per step (1,024 ranks' waits come as two arrays)."""
-    rows = binary_rows(
+    rows = fetch_binary(
         f"""
         SELECT step, array_agg(rank), array_agg(seconds) FROM {CollectiveWait._meta.db_table}
         WHERE run_id = %s AND step = ANY(%s) GROUP BY step
