@@ -28,7 +28,9 @@ from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Rank, Run
 
 MEMBERS_SHOWN = 20
-WEIGHTS_LEAD_S = 1.5  # a request reaches every rank at its next flush after the settle: ask that far past now
+# A request reaches every rank at its next flush after the settle (later while a loaded server doubles the
+# flush interval); one that reaches a rank past its step is lost to that rank: ask this far past now.
+WEIGHTS_LEAD_S = 3.0
 PACE_SLOTS = 16  # the pace of a run: over its last this many gradient slots
 MAX_LEAD_STEPS = 100_000
 

@@ -15,7 +15,7 @@ from tests.e2e.jobs import api, finish, project_with_token, running, torchrun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
-PERTURB_STEP, STEPS = 4, 16
+PERTURB_STEP, STEPS = 4, 30  # room for a settle that a loaded machine delays by seconds
 
 
 def test_weights_are_compared_a_step_or_two_after_a_gradient_divergence(stack, tmp_path):
