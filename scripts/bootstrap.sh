@@ -13,6 +13,9 @@ stamp=".venv/.installed-$(sha256sum "$reqs" requirements.txt | sha256sum | cut -
 if [ ! -f "$stamp" ]; then
   echo "[bootstrap] installing $reqs"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r "$reqs"
+  .venv/bin/python -m pip install -q --no-compile -r "$reqs"
+  # pip compiles the bytecode one file at a time (over half of the install); compileall uses every core.
+  # A few packages ship files for other Python versions that never compile: their errors are expected.
+  .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
   touch "$stamp"
 fi

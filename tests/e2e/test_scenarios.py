@@ -126,14 +126,19 @@ def test_failed_compile_drifted_weights_and_a_killed_rank(stack, team, tmp_path)
     ), crashed
 
 
-def test_baseline_divergence_between_two_real_runs(stack, team, tmp_path):
+def test_baseline_divergence_and_weights_confirmed_between_two_real_runs(stack, team, tmp_path):
     """Run B (rank 2's gradient nudged at step 2) is given run A as its baseline through the API:
-    from step 3 on every rank of B agrees, on values A never had."""
+    from step 3 on every rank of B agrees, on values A never had. B's gradient divergence makes the server
+    ask every rank for its weights a few steps later (how many depends on the run's pace and the
+    detection latency): param_divergence confirms the damage before the job ends, long before the
+    agent's next regular weight fingerprint (step 50), and the gradient alert stays open (a clean later
+    gradient step does not close it)."""
     token, feed = team
     base, cand = (f"sc-{name}-{uuid.uuid4().hex[:6]}" for name in ("base", "cand"))
     with running(torchrun(stack, token, base, "demo/ddp_job.py", ["--steps", "6"], tmp_path / "a")) as job:
         finish(job)
-    args = ["--steps", "6", "--perturb-rank", "2", "--perturb-step", "2"]
+    steps = 30  # room for a settle that a loaded machine delays by seconds before the weights are asked for
+    args = ["--steps", str(steps), "--sleep", "0.3", "--perturb-rank", "2", "--perturb-step", "2"]
     with running(torchrun(stack, token, cand, "demo/ddp_job.py", args, tmp_path / "b")) as job:
         wait_for_run(stack, token, cand, job)
         chosen = requests.post(
@@ -144,12 +149,16 @@ def test_baseline_divergence_between_two_real_runs(stack, team, tmp_path):
         )
         assert chosen.status_code == 201, chosen.text
         finish(job)
-    alerts = feed.wait_for({"baseline_divergence", "grad_divergence"}, 60, run=cand)
+    alerts = feed.wait_for({"baseline_divergence", "grad_divergence", "param_divergence"}, 60, run=cand)
     assert alerts["grad_divergence"]["ranks"] == [2] and alerts["grad_divergence"]["step"] == 2
     assert alerts["baseline_divergence"]["step"] == 3 and base in alerts["baseline_divergence"]["message"]
+    weights = alerts["param_divergence"]
+    assert weights["ranks"] == [2] and 2 < weights["step"] < steps, weights
     stored = {a["kind"]: a for a in api(stack, token, f"/runs/{cand}/alerts").json()["alerts"]}
     named = stored["baseline_divergence"]["details"]["bucket_params"]
     assert named and all(names for names in named.values())  # the differing buckets' parameters, by name
+    grad = stored["grad_divergence"]
+    assert grad["state"] == "firing" or grad["resolve_reason"] == "run ended", grad
 
 
 def run_status(stack, token: str, key: str, want: str, timeout: float = 30) -> str:
