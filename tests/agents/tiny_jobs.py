@@ -1,4 +1,4 @@
-"""Start `tests/agents/tiny_ddp_job.py` under torchrun (2 ranks, offline spool), several at once."""
+"""Start `tests/agents/tiny_ddp_job.py` under torchrun (2 ranks by default, offline spool), several at once."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from tests.stack import ROOT, free_port
 JOB = "tests/agents/tiny_ddp_job.py"
 
 
-def start(spool, run: str, agent: bool = True, **env_extra: str) -> subprocess.Popen:
-    """A 2-rank job; stdout and stderr kept apart (stderr is what a user reads warnings in)."""
+def start(spool, run: str, agent: bool = True, ranks: int = 2, **env_extra: str) -> subprocess.Popen:
+    """A job of `ranks` ranks; stdout and stderr kept apart (stderr is what a user reads warnings in)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
     env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_RUN=run, OMP_NUM_THREADS="1", **env_extra)
     cmd = [
@@ -21,7 +21,7 @@ def start(spool, run: str, agent: bool = True, **env_extra: str) -> subprocess.P
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        "2",
+        str(ranks),
         "--master-port",
         str(free_port()),
         *(["-m", "agents", "run"] if agent else []),

@@ -1,6 +1,6 @@
 """Compare of two launches of one job says they are the same; a real setting change is named.
 
-Three real 2-rank torchrun launches of `tests/agents/tiny_ddp_job.py` under the agent (offline
+Three real 1-rank torchrun launches (what compare reads, each rank's environment, is per launch) of `tests/agents/tiny_ddp_job.py` under the agent (offline
 spools, uploaded in-process): two identical but for the hash seed (which once reordered the
 set-valued settings inside torch's config hash) and the launcher's per-launch variables; one with
 `TORCHINDUCTOR_MAX_AUTOTUNE=1`. Runs stored by older agents, with the per-launch variables and
@@ -36,7 +36,7 @@ def test_two_launches_of_one_job_compare_as_identical_and_a_setting_change_is_na
         "same-b": {"PYTHONHASHSEED": "2"},
         "autotune": {"PYTHONHASHSEED": "1", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"},
     }
-    started = {key: tiny_jobs.start(tmp_path / key, key, **env) for key, env in jobs.items()}
+    started = {key: tiny_jobs.start(tmp_path / key, key, ranks=1, **env) for key, env in jobs.items()}
     for key, job in started.items():
         tiny_jobs.finish(job)
         _upload(post, str(tmp_path / key))
