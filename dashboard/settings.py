@@ -221,15 +221,16 @@ CELERY_BEAT_SCHEDULE = {
 # Beat's own state (`worker -B`, `celery beat`): in the data folder or at LOCKSTEP_BEAT_SCHEDULE, never
 # in whatever folder the worker was started from (a `--schedule` flag still overrides it).
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("LOCKSTEP_BEAT_SCHEDULE") or str(DATA_DIR / "celerybeat-schedule")
-Path(CELERY_BEAT_SCHEDULE_FILENAME).parent.mkdir(parents=True, exist_ok=True)
+CELERY_BEAT_SCHEDULER = "dashboard.beat_schedule:Scheduler"  # makes the schedule file's folder as it opens it
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
 STATIC_URL = "/static/"
-STATIC_ROOT = DATA_DIR / "static"  # collectstatic target; WhiteNoise serves app static files from finders
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATIC_ROOT = (
+    DATA_DIR / "static"
+)  # collectstatic target (made by the web app); WhiteNoise serves app static files from finders
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
