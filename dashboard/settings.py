@@ -228,9 +228,8 @@ LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
 STATIC_URL = "/static/"
-STATIC_ROOT = (
-    DATA_DIR / "static"
-)  # collectstatic target (made by the web app); WhiteNoise serves app static files from finders
+# collectstatic's target (the web app makes it); WhiteNoise serves the apps' static files from finders
+STATIC_ROOT = DATA_DIR / "static"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

@@ -1,6 +1,7 @@
 """Defaults that fail closed (issue 17, item 7): no public secret key, no database started from half a
 configuration, `manage.py up` adds its public demo login only to its own embedded database, and
-secure cookies and HSTS where the deployment says browsers come over HTTPS.
+secure cookies and HSTS where the deployment says browsers come over HTTPS; reading the settings
+starts and makes nothing.
 
 Neither URL set is the embedded development stack (README command 1, `tests/devstack/test_up.py`)."""
 
@@ -27,8 +28,8 @@ PROBE = (
 SERVICES = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/lockstep", "REDIS_URL": "redis://127.0.0.1:6379/0"}
 
 
-def _settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """Load the settings in a fresh process with only `env` (plus what Python needs)."""
+def _settings(tmp_path: Path, probe: str = PROBE, **env: str) -> subprocess.CompletedProcess:
+    """Run `probe` (by default: load the settings) in a fresh process with only `env` (plus what Python needs)."""
     base = {
         "PATH": os.environ["PATH"],
         "DJANGO_SETTINGS_MODULE": "dashboard.settings",
@@ -36,7 +37,7 @@ def _settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         "LOCKSTEP_DATA_DIR": str(tmp_path / "var"),
     }
     return subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", probe], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=60
     )
 
 
@@ -63,11 +64,7 @@ def test_half_a_configuration_refuses_to_start_and_starts_no_database(tmp_path):
 
 def test_loading_the_settings_with_neither_url_starts_nothing_and_points_at_the_embedded_servers(tmp_path):
     probe = "import django; django.setup(); from django.conf import settings as s; print(s.DATABASE_URL); print(s.REDIS_URL)"
-    base = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "dashboard.settings", "PYTHONPATH": str(ROOT)}
-    env = {**base, "LOCKSTEP_DATA_DIR": str(tmp_path / "var"), "SECRET_KEY": "k" * 50}
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    loaded = _settings(tmp_path, probe, SECRET_KEY="k" * 50)
     assert loaded.returncode == 0, loaded.stderr
     database_url, redis_url = loaded.stdout.split()
     assert (
@@ -103,3 +100,14 @@ def test_metrics_token_is_compared_in_constant_time_and_any_text_is_a_401(client
     settings.LOCKSTEP_METRICS_TOKEN = "metrics-secret"
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer m\u00e9trics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer metrics-secret").status_code == 200
+
+
+def test_reading_the_settings_makes_no_folder(tmp_path):
+    """The data folder, the static root and beat's schedule folder are made by what uses them (the web
+    app, beat as it opens its file, `manage.py up`), never by reading the settings."""
+    beat = tmp_path / "beat" / "state" / "schedule"
+    probe = "from django.conf import settings as s; print(s.STATIC_ROOT, s.CELERY_BEAT_SCHEDULE_FILENAME)"
+    loaded = _settings(tmp_path, probe, SECRET_KEY="k" * 50, LOCKSTEP_BEAT_SCHEDULE=str(beat), **SERVICES)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == [str(tmp_path / "var" / "static"), str(beat)]
+    assert list(tmp_path.iterdir()) == []

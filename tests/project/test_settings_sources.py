@@ -70,29 +70,3 @@ def test_beat_schedule_is_one_table_of_registered_tasks():
     }
     assert tasks <= set(app.tasks)
     assert app.conf.beat_schedule == settings.CELERY_BEAT_SCHEDULE
-
-
-def test_importing_the_settings_makes_no_folder(tmp_path):
-    """The data folder, the static root and beat's schedule folder are made by what uses them (the web
-    app, beat as it opens its file, `manage.py up`), never by reading the settings."""
-    import subprocess
-    import sys
-
-    data, beat = tmp_path / "var", tmp_path / "beat" / "state"
-    env = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
-        "LOCKSTEP_DATA_DIR": str(data),
-        "LOCKSTEP_BEAT_SCHEDULE": str(beat / "schedule"),
-        "SECRET_KEY": "k" * 50,
-        "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/lockstep",
-        "REDIS_URL": "redis://127.0.0.1:6379/0",
-    }
-    probe = "from django.conf import settings; print(settings.STATIC_ROOT, settings.CELERY_BEAT_SCHEDULE_FILENAME)"
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert loaded.returncode == 0, loaded.stderr
-    assert loaded.stdout.split() == [str(data / "static"), str(beat / "schedule")]
-    assert list(tmp_path.iterdir()) == []

@@ -1,10 +1,11 @@
 """Compare of two launches of one job says they are the same; a real setting change is named.
 
-Three real 1-rank torchrun launches (what compare reads, each rank's environment, is per launch) of `tests/agents/tiny_ddp_job.py` under the agent (offline
-spools, uploaded in-process): two identical but for the hash seed (which once reordered the
-set-valued settings inside torch's config hash) and the launcher's per-launch variables; one with
-`TORCHINDUCTOR_MAX_AUTOTUNE=1`. Runs stored by older agents, with the per-launch variables and
-seed-ordered hashes in them, compare the same way (the recorded `compare_213_spool.tgz`, launched twice)."""
+Three real torchrun launches of `tests/agents/tiny_ddp_job.py` under the agent, one rank each (compare
+reads the environment, which is per launch), offline spools uploaded in-process: two identical but for
+the hash seed (which once reordered the set-valued settings inside torch's config hash) and the
+launcher's per-launch variables; one with `TORCHINDUCTOR_MAX_AUTOTUNE=1`. Runs stored by older agents,
+with the per-launch variables and seed-ordered hashes in them, compare the same way (the recorded
+`compare_213_spool.tgz`, launched twice)."""
 
 from __future__ import annotations
 
