@@ -28,7 +28,7 @@ from django.db import transaction
 
 import agents
 from agents import protocol
-from dashboard.detection import lifecycle
+from dashboard.detection import lifecycle, text
 from dashboard.detection.models import Alert
 from dashboard.evidence import reads
 from dashboard.ledger import flight as requests_of
@@ -305,9 +305,7 @@ def headline(summary: dict) -> str:
 
 def _ranks(ranks) -> str:
     ranks = list(ranks)
-    if not ranks:
-        return "no rank"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+    return text.ranks_text(ranks) if ranks else "no rank"
 
 
 def wait_s() -> float:

@@ -27,6 +27,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from dashboard.detection import text
 from dashboard.detection.models import Alert, Incident
 from dashboard.tenancy.models import Run
 
@@ -69,9 +70,11 @@ def cause_ranks(alert: Alert) -> tuple[int, ...]:
 
 
 def cause_of(alert: Alert) -> str:
-    """The grouping key of the incident an alert opens."""
+    """The grouping key of the incident an alert opens: its ranks as ranges ("ranks:0-255"), cut to
+    the column with a digest where even the ranges are too long (`text.fit_key`)."""
     ranks = cause_ranks(alert)
-    return "ranks:" + ",".join(map(str, ranks)) if ranks else f"{alert.kind}:{alert.subject}"
+    key = "ranks:" + text.rank_ranges(ranks, sep=",") if ranks else f"{alert.kind}:{alert.subject}"
+    return text.fit_key(Incident, "cause", key)
 
 
 def precedence(alert: Alert) -> tuple[int, int, float, int]:
@@ -146,9 +149,10 @@ def _match(alert: Alert, open_ones: list[Incident], members: dict[int, list[Aler
 
 
 def _ranks_of(cause: str) -> set[int]:
-    if not cause.startswith("ranks:"):
+    """The ranks a cause names; none for a cause cut to its column (`text.fit_key`)."""
+    if not cause.startswith("ranks:") or text.ELLIPSIS in cause:
         return set()
-    return {int(r) for r in cause.removeprefix("ranks:").split(",") if r}
+    return text.parse_ranges(cause.removeprefix("ranks:"))
 
 
 def _members(incidents: list[Incident]) -> dict[int, list[Alert]]:

@@ -8,11 +8,13 @@ module does; delivery reports back which revision it pushed (`mark_notified`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dashboard.detection import incidents
+from dashboard.detection import incidents, text
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import Finding
 from dashboard.tenancy.models import Run
@@ -33,6 +35,7 @@ def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: i
 
 def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bool]:
     """Create or update the alert for this finding; True when it is news (new, new ranks, re-fired)."""
+    finding = bounded(finding)
     alert, created = Alert.objects.select_for_update().get_or_create(
         run=run,
         kind=finding.kind,
@@ -71,6 +74,17 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
         alert.revision += 1
     alert.save()
     return alert, news
+
+
+def bounded(finding: Finding) -> Finding:
+    """The finding's column values cut to their columns (`text`): a rule's text never fails a settle."""
+    return replace(
+        finding,
+        kind=text.fit(Alert, "kind", finding.kind),
+        subject=text.fit_key(Alert, "subject", finding.subject),
+        severity=text.fit(Alert, "severity", finding.severity),
+        frame=text.fit(Alert, "frame", finding.frame) if finding.frame is not None else None,
+    )
 
 
 def resolve(run: Run, kind: str, subject: str, at: int | None) -> Alert | None:

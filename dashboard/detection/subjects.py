@@ -1,10 +1,15 @@
 """Alert subjects: the third part of an alert's identity (run, kind, subject), spelled once.
 
 A rule declares its subject (`@rule(..., subject=...)`) and its findings carry it; the lifecycle,
-the baseline comparison and the pages look alerts up by the same helpers.
+the baseline comparison and the pages look alerts up by the same helpers. A subject built from a
+name (a frame, a group, a run key) is cut to the column where it is built (`text.fit_key`), so the
+lookups and the write agree on it.
 """
 
 from __future__ import annotations
+
+from dashboard.detection.models import Alert
+from dashboard.detection.text import fit_key
 
 RUN = "run"  # about the run as a whole (ineffective compile)
 HANG = "hang"  # ranks waiting in a collective for others (hang_forecast), run-wide
@@ -12,17 +17,17 @@ COMPILE_SHARE = "compile-share"  # compile time against wall time, run-wide
 
 
 def frame(name: str) -> str:
-    return f"frame:{name}"
+    return _fit(f"frame:{name}")
 
 
 def recompile_lookups(name: str) -> str:
     """The cache lookups of a frame's lone recompiles (cache_divergence): apart from the frame's split
     outcomes, so that the ranks of each stay precise."""
-    return f"recompile-lookups:{name}"
+    return _fit(f"recompile-lookups:{name}")
 
 
 def group(name: str) -> str:
-    return f"group:{name}"
+    return _fit(f"group:{name}")
 
 
 def rank(number: int) -> str:
@@ -30,9 +35,13 @@ def rank(number: int) -> str:
 
 
 def baseline(key: str, group_name: str) -> str:
-    return f"{baseline_prefix(key)}{group_name}"
+    return _fit(f"{baseline_prefix(key)}{group_name}")
 
 
 def baseline_prefix(key: str) -> str:
     """Every subject of a comparison against baseline run `key`."""
     return f"baseline:{key}:"
+
+
+def _fit(subject: str) -> str:
+    return fit_key(Alert, "subject", subject)

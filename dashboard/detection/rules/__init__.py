@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import wraps
 
 from dashboard.detection.consensus import Consensus, consensus
+from dashboard.detection.text import ranks_text  # every rule names ranks through it: ranges, bounded
 
 
 @dataclass(frozen=True)
@@ -168,11 +169,6 @@ def load_all() -> None:
     """Import every rule module once so each registers itself."""
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def settings_split(view: CompileSlotView) -> tuple[str, dict[str, dict[str, str]]]:

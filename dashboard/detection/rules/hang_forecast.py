@@ -14,6 +14,7 @@ from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RankProgress, RunView, ranks_text, rule
 
 WAITING = ("collective", "backward")
+LATES_TOLD = 8  # what each late rank is doing, for the first few: the message stays short at 1024 ranks
 
 
 @rule("hang_forecast", RunView, subject=lambda v: subjects.HANG)
@@ -85,7 +86,8 @@ def _message(
         if first.phase == "backward"
         else "in a collective"
     )
-    lates = "; ".join(f"{ranks_text([r])} is {doing(p)}" for r, p in sorted(late.items()))
+    told = sorted(late.items())[:LATES_TOLD]
+    lates = "; ".join(f"{ranks_text([r])} is {doing(p)}" for r, p in told) + ("; …" if len(late) > LATES_TOLD else "")
     head = (
         f"{ranks_text(waiting).capitalize()} waited {wait:.0f} s {where} of step {step} for {ranks_text(late)}: {lates}"
     )
