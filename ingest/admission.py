@@ -22,7 +22,7 @@ from django.utils.http import parse_header_parameters
 
 from agents import protocol
 from dashboard.tenancy import auth
-from dashboard.tenancy.models import Project
+from dashboard.tenancy.models import INGEST, Project, ProjectToken
 from ingest import backpressure, ratelimit, retries, validation, writers
 from ingest.refusals import Refusal
 
@@ -33,7 +33,7 @@ UNIQUE_VIOLATION = "23505"  # a concurrent insert won: the resend is a duplicate
 TOKEN_CACHE_S = 2.0  # how long a revoked token may still be honoured by a process that saw it
 UNDECIDED = object()  # `admit` could not tell without a query
 
-_tokens: dict[str, tuple[float, Project | None]] = {}
+_tokens: dict[str, tuple[float, ProjectToken | None]] = {}
 
 
 def refusal(exc: Exception) -> tuple[int, dict[str, Any], int | None]:
@@ -78,15 +78,17 @@ def admit(headers: Mapping[str, str], query: bool = True) -> Any:
     415), before a byte of the body is read. `headers`: lower-cased names. UNDECIDED when the token
     is not in the cache and `query` is off (on the event loop: ask again from a thread)."""
     token = auth.token_of(headers.get("authorization", ""))
-    project = (_project_for(token) if query else _cached_project(token)) if token else None
-    if project is UNDECIDED:
+    found = (_token_for(token) if query else _cached_token(token)) if token else None
+    if found is UNDECIDED:
         return UNDECIDED
-    if project is None:
+    if found is None:
         raise Refusal(401, "missing or invalid bearer token")
+    if INGEST not in found.scopes:
+        raise Refusal(403, f"this token lacks the {INGEST!r} scope (its scopes: {', '.join(found.scopes)})")
     content_type = parse_header_parameters(headers.get("content-type", ""))[0]
     if content_type != "application/json":
         raise Refusal(415, f"Content-Type must be application/json, got {content_type or 'none'!r}")
-    return project
+    return found.project
 
 
 def declared_length(headers: Mapping[str, str]) -> int | None:
@@ -110,20 +112,20 @@ def limit(project: Project, batches: int) -> None:
         raise Refusal(429, f"project {project.name} exceeds {settings.LOCKSTEP_RATE_LIMIT} batches/s; retry later")
 
 
-def _project_for(token: str) -> Project | None:
-    """Token -> project (None: unknown), remembered either way for TOKEN_CACHE_S: a query per batch
-    otherwise, and a flood of bad tokens would be a flood of queries."""
-    cached = _cached_project(token)
+def _token_for(token: str) -> ProjectToken | None:
+    """Token -> its stored row and project (None: unknown), remembered either way for TOKEN_CACHE_S:
+    a query per batch otherwise, and a flood of bad tokens would be a flood of queries."""
+    cached = _cached_token(token)
     if cached is not UNDECIDED:
         return cached
-    project = auth.project_for_token(token)
+    found = auth.token_for(token)
     if len(_tokens) > 10_000:
         _tokens.clear()
-    _tokens[token] = (time.monotonic() + TOKEN_CACHE_S, project)
-    return project
+    _tokens[token] = (time.monotonic() + TOKEN_CACHE_S, found)
+    return found
 
 
-def _cached_project(token: str) -> Any:
+def _cached_token(token: str) -> Any:
     cached = _tokens.get(token)
     return cached[1] if cached and cached[0] > time.monotonic() else UNDECIDED
 

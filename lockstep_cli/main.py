@@ -72,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
     ack = verb("ack", "acknowledge an alert: you are on it (needs a login; expires when the alert resolves)")
     ack.add_argument("alert", type=int, help="alert id (see `lockstep alerts RUN`)")
     resolve = verb(
-        "resolve", "resolve a stale alert by hand, saying why (a login; a project token is named in the reason)"
+        "resolve",
+        "resolve a stale alert by hand, saying why (a login, or a token made with the resolve scope)",
     )
     resolve.add_argument("alert", type=int, help="alert id (see `lockstep alerts RUN`)")
     resolve.add_argument("--reason", required=True, help="why (shown with the alert and sent to its destinations)")

@@ -9,8 +9,8 @@ from dashboard.tenancy.models import Project, ProjectToken, Rank, Run
 
 class TokenInline(admin.TabularInline):
     model = ProjectToken
-    fields = ("prefix", "created_at")
-    readonly_fields = ("prefix", "created_at")
+    fields = ("prefix", "scopes", "created_at")
+    readonly_fields = ("prefix", "scopes", "created_at")
     extra = 0
     can_delete = True
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from django.http import HttpRequest
 
-from dashboard.tenancy.models import Project, ProjectToken, Run
+from dashboard.tenancy.models import ProjectToken, Run
 
 
 @dataclass(frozen=True)
@@ -15,12 +15,17 @@ class Principal:
 
     project_ids: frozenset[int]
     user: object | None = None
+    scopes: frozenset[str] = frozenset()  # a token's (`ProjectToken.scopes`); a user's rights are their membership
 
     def runs(self):
         return Run.objects.filter(project_id__in=self.project_ids)
 
     def can_see(self, run: Run) -> bool:
         return run.project_id in self.project_ids
+
+    def may(self, scope: str) -> bool:
+        """Whether the caller may do what `scope` names: a member may do all of it in their projects."""
+        return self.user is not None or scope in self.scopes
 
 
 def bearer_token(request: HttpRequest) -> str | None:
@@ -35,17 +40,17 @@ def token_of(header: str) -> str | None:
     return token.strip()
 
 
-def project_for_token(token: str) -> Project | None:
-    found = ProjectToken.objects.select_related("project").filter(digest=ProjectToken.digest_of(token)).first()
-    return found.project if found else None
+def token_for(token: str) -> ProjectToken | None:
+    """The stored token (with its project) of a bearer token; None when unknown."""
+    return ProjectToken.objects.select_related("project").filter(digest=ProjectToken.digest_of(token)).first()
 
 
 def principal(request: HttpRequest) -> Principal | None:
     """Bearer token first (API clients), else the session user; None when neither is valid."""
     token = bearer_token(request)
     if token is not None:
-        project = project_for_token(token)
-        return Principal(frozenset({project.id})) if project else None
+        found = token_for(token)
+        return Principal(frozenset({found.project_id}), scopes=frozenset(found.scopes)) if found else None
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return Principal(user_project_ids(user), user)

@@ -11,6 +11,7 @@ import secrets
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Case, Count, F, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
@@ -42,6 +43,18 @@ class Project(models.Model):
         return cls.objects.get_or_create(name=name)
 
 
+# What a project token may do. A job's agents hold their token, so the default can send and read but
+# never clear `lockstep check`: resolving alerts and re-pointing a baseline (which resolves the old
+# comparison's alerts) need a token created with that scope, or a user.
+INGEST, READ, BASELINE, RESOLVE = "ingest", "read", "baseline", "resolve"
+TOKEN_SCOPES = (INGEST, READ, BASELINE, RESOLVE)
+DEFAULT_SCOPES = (INGEST, READ)
+
+
+def default_scopes() -> list[str]:
+    return list(DEFAULT_SCOPES)
+
+
 class ProjectToken(models.Model):
     """A bearer token; only its SHA-256 is stored, so a database leak leaks no credential."""
 
@@ -49,15 +62,20 @@ class ProjectToken(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
     created_at = models.DateTimeField(auto_now_add=True)
+    scopes = ArrayField(models.CharField(max_length=16), default=default_scopes)  # of TOKEN_SCOPES
 
     @staticmethod
     def digest_of(token: str) -> str:
         return hashlib.sha256(token.encode()).hexdigest()
 
     @classmethod
-    def issue(cls, project: Project) -> str:
+    def issue(cls, project: Project, scopes: tuple[str, ...] = DEFAULT_SCOPES) -> str:
+        unknown = set(scopes) - set(TOKEN_SCOPES)
+        if unknown or not scopes:
+            raise ValueError(f"token scopes must be some of {', '.join(TOKEN_SCOPES)}, got {sorted(scopes)}")
         token = "lst_" + secrets.token_urlsafe(32)
-        cls.objects.create(project=project, digest=cls.digest_of(token), prefix=token[:12])
+        chosen = [s for s in TOKEN_SCOPES if s in scopes]
+        cls.objects.create(project=project, digest=cls.digest_of(token), prefix=token[:12], scopes=chosen)
         return token
 
 

@@ -16,9 +16,10 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from dashboard.detection.models import Silence
+from dashboard.detection.verdict import Verdict
 from dashboard.tenancy import auth
 from dashboard.tenancy.auth import Principal
-from dashboard.tenancy.models import Rank, Run
+from dashboard.tenancy.models import BASELINE, READ, RESOLVE, Rank, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
 from ingest.refusals import Refusal
@@ -59,34 +60,39 @@ def _reader(request: HttpRequest) -> Principal:
     who = auth.principal(request)
     if who is None:
         raise Refusal(401, "authentication required (bearer token or session)")
+    _require(who, READ)
     return who
 
 
-def _poster(request: HttpRequest, tokens: bool) -> Principal:
-    """POST by a logged-in user with a valid CSRF token, or, where `tokens`, by a bearer token.
+def _require(who: Principal, scope: str) -> None:
+    """A token without `scope` is refused by name; a member's rights are their membership."""
+    if not who.may(scope):
+        raise Refusal(
+            403,
+            f"this token lacks the {scope!r} scope (its scopes: {', '.join(sorted(who.scopes))}); "
+            f"sign in, or use a token made with `manage.py createtoken <project> --scope {scope}`",
+        )
 
-    Bearer tokens name a project, not a person, so they cannot acknowledge or silence; automation
-    (e.g. CI choosing a baseline) may use them. A token carries no cookie, so it needs no CSRF check.
+
+def _poster(request: HttpRequest, scope: str | None) -> Principal:
+    """POST by a logged-in user with a valid CSRF token, or by a bearer token that has `scope`.
+
+    Bearer tokens name a project, not a person, so where `scope` is None (acknowledging, silencing)
+    only a user may act. A token carries no cookie, so it needs no CSRF check.
     """
     if request.method != "POST":
         raise Refusal(405, "method not allowed")
     bearer = auth.bearer_token(request) is not None
-    if bearer and not tokens:
+    if bearer and scope is None:
         raise Refusal(403, "acknowledging and silencing need a user session, not a project token")
     who = auth.principal(request)
     if who is None:
         raise Refusal(401, "authentication required")
     if not bearer and CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None:
         raise Refusal(403, "CSRF check failed")
+    if scope is not None:
+        _require(who, scope)
     return who
-
-
-def _person(request: HttpRequest) -> Principal:
-    return _poster(request, tokens=False)
-
-
-def _person_or_token(request: HttpRequest) -> Principal:
-    return _poster(request, tokens=True)
 
 
 api_view = _json_door(_reader)
@@ -94,12 +100,16 @@ api_view = _json_door(_reader)
 
 def api_action(view: View) -> View:
     """An action a person takes (their name goes on it)."""
-    return csrf_exempt(_json_door(_person)(view))
+    return csrf_exempt(_json_door(lambda request: _poster(request, None))(view))
 
 
-def api_automation(view: View) -> View:
-    """An action a person or a project token may take."""
-    return csrf_exempt(_json_door(_person_or_token)(view))
+def api_automation(scope: str) -> Callable[[View], View]:
+    """An action a person, or a project token made with `scope`, may take."""
+
+    def decorate(view: View) -> View:
+        return csrf_exempt(_json_door(lambda request: _poster(request, scope))(view))
+
+    return decorate
 
 
 def _json_body(request: HttpRequest, message: str) -> object:
@@ -112,8 +122,9 @@ def _json_body(request: HttpRequest, message: str) -> object:
 # --- JSON shapes (docs/design.md, Read API) --------------------------------------------------
 
 
-def run_json(run: Run) -> dict:
-    """A runs-list row; `run` carries the alert counts and status `services.runs_list` annotates."""
+def run_json(run: Run, verdict: Verdict) -> dict:
+    """A runs-list row; `run` carries the alert counts and status `services.runs_list` annotates;
+    the alert counts are of unresolved alerts (firing, or ended unresolved)."""
     return {
         "key": run.key,
         "name": run.name,
@@ -124,6 +135,7 @@ def run_json(run: Run) -> dict:
         "started_at": run.started_at.isoformat(),
         "last_step": run.last_step,
         "alerts": {"critical": run.critical, "warning": run.warning},
+        "verdict": verdict.as_json(),
     }
 
 
@@ -156,9 +168,15 @@ def silence_json(s: Silence) -> dict:
 
 @api_view
 def runs(request: HttpRequest, who: Principal) -> JsonResponse:
-    """`?status=running|finished|failed|stalled` narrows the list; any other status is a 400."""
-    listed = services.runs_list(who, request.GET.get("status", "").strip())
-    return JsonResponse({"runs": [run_json(r) for r in listed[:RUNS_LISTED]]})
+    """`?status=running|finished|failed|stalled` and `?verdict=in_lockstep|diverged|failed|stalled|recovered`
+    narrow the list; any other status or verdict is a 400."""
+    listed = list(
+        services.runs_list(who, request.GET.get("status", "").strip(), request.GET.get("verdict", "").strip())[
+            :RUNS_LISTED
+        ]
+    )
+    verdicts = services.verdicts(listed)
+    return JsonResponse({"runs": [run_json(r, verdicts[r.id]) for r in listed]})
 
 
 @api_view
@@ -170,7 +188,7 @@ def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
         "compile_slots": run.compileslot_set.count(),
         "grad_slots": run.gradslot_set.count(),
     }
-    return JsonResponse({**run_json(run), "ranks": ranks, "summary": summary})
+    return JsonResponse({**run_json(run, services.verdicts([run])[run.id]), "ranks": ranks, "summary": summary})
 
 
 @api_view
@@ -213,9 +231,9 @@ def alert_ack(request: HttpRequest, who: Principal, alert_id: int) -> JsonRespon
     return JsonResponse(services.acknowledge(who, alert_id).as_json())
 
 
-@api_automation
+@api_automation(RESOLVE)
 def alert_resolve(request: HttpRequest, who: Principal, alert_id: int) -> JsonResponse:
-    """Resolve by hand, `{"reason": "..."}`: a user (their name goes on it) or a project token."""
+    """Resolve by hand, `{"reason": "..."}`: a user (their name goes on it) or a token with the resolve scope."""
     body = _json_body(request, 'the body must be JSON: {"reason": "..."}')
     reason = body.get("reason") if isinstance(body, dict) else None
     return JsonResponse(services.resolve_by_hand(who, alert_id, reason).as_json())
@@ -235,7 +253,7 @@ def silences(request: HttpRequest, who: Principal) -> JsonResponse:
     return JsonResponse(silence_json(services.create_silence(who, form.cleaned_data)), status=201)
 
 
-@api_automation
+@api_automation(BASELINE)
 def run_baseline(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
     """`{"baseline": "<run key>"}`: compare this run step by step with that one (baseline_divergence)."""
     run = services.run_for(who, key)

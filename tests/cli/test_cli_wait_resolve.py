@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 from dashboard.detection import settle
 from dashboard.detection.models import Alert
 from dashboard.ledger.models import GradSlot
-from dashboard.tenancy.models import Project, ProjectToken
+from dashboard.tenancy.models import READ, RESOLVE, Project, ProjectToken
 from lockstep_cli import logins
 from tests.conftest import make_batch
 from tests.stack import ROOT, free_port, unique
@@ -126,7 +126,11 @@ def test_resolve_by_hand_from_the_cli(stack, team, tmp_path):
         settle.settle_grad(GradSlot.objects.get(run__key=key).id)
         alert = Alert.objects.get(run__key=key)
     assert lockstep(stack.url, tmp_path, "resolve", str(alert.id)).returncode == 2  # --reason is required
-    by_token = lockstep(stack.url, tmp_path, "resolve", str(alert.id), "--reason", "requeued", "--json", token=token)
+    by_agents = lockstep(stack.url, tmp_path, "resolve", str(alert.id), "--reason", "requeued", token=token)
+    assert by_agents.returncode != 0 and "this token lacks the 'resolve' scope" in by_agents.stderr, by_agents.stderr
+    assert "createtoken <project> --scope resolve" in by_agents.stderr  # the agents' token cannot clear the gate
+    resolver = ProjectToken.issue(project, (READ, RESOLVE))
+    by_token = lockstep(stack.url, tmp_path, "resolve", str(alert.id), "--reason", "requeued", "--json", token=resolver)
     assert by_token.returncode == 0, by_token.stderr
     body = json.loads(by_token.stdout)
     assert body["state"] == "resolved" and body["resolved_by"] is None

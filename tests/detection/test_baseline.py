@@ -11,10 +11,16 @@ from django.test import Client
 from dashboard.detection import baseline, settle
 from dashboard.detection.models import Alert, Baseline
 from dashboard.ledger.models import GradSlot
-from dashboard.tenancy.models import Project, ProjectToken, Run
+from dashboard.tenancy.models import BASELINE, DEFAULT_SCOPES, Project, ProjectToken, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def token(project) -> str:
+    """The job's token, made with the baseline scope as a CI step that chooses baselines would be."""
+    return ProjectToken.issue(project, (*DEFAULT_SCOPES, BASELINE))
 
 
 def run_of(post, key: str, fps_at: dict[int, int]) -> Run:
@@ -65,7 +71,7 @@ def test_bad_baseline_requests(client, token, post):
     assert choose(client, token, "solo", "solo").status_code == 400
     assert choose(client, token, "solo", "missing").status_code == 404
     assert choose(client, token, "missing", "solo").status_code == 404
-    other = ProjectToken.issue(Project.objects.create(name="elsewhere"))
+    other = ProjectToken.issue(Project.objects.create(name="elsewhere"), (BASELINE,))
     assert choose(client, other, "solo", "solo").status_code == 404
     body = client.post(
         "/api/v1/runs/solo/baseline", "nope", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"

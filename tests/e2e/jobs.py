@@ -17,7 +17,7 @@ from django.test import Client
 from websockets.sync.client import connect
 
 from dashboard.devstack.processes import descendants, kill_tree
-from dashboard.tenancy.models import Project, ProjectToken
+from dashboard.tenancy.models import DEFAULT_SCOPES, Project, ProjectToken
 from tests.stack import ROOT, free_port, unique
 
 WRAPPER = ROOT / "demo" / "per_rank_env.py"  # runs a script under per-rank environment settings (PER_RANK_ENV)
@@ -150,9 +150,9 @@ def member_session(project: Project, username: str) -> str:
     return client.cookies["sessionid"].value
 
 
-def project_with_token(name: str) -> tuple[Project, str]:
+def project_with_token(name: str, scopes: tuple[str, ...] = DEFAULT_SCOPES) -> tuple[Project, str]:
     project = Project.objects.create(name=unique(name))
-    return project, ProjectToken.issue(project)
+    return project, ProjectToken.issue(project, scopes)
 
 
 def alert_feed(stack, session: str, path: str = "/ws/alerts/") -> Feed:

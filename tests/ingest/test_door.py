@@ -500,7 +500,7 @@ def test_a_bad_token_or_an_oversized_length_is_refused_before_the_body_is_read(a
     """Nobody without a token makes the server hold (or wait for) 8 MiB, on any of the endpoints."""
     assert _unanswered_body(app, headers_for(None, **{"Content-Length": "8000000"}), path=path)[0] == 401
     assert _unanswered_body(app, headers_for("lst_forged", **{"Content-Length": "8000000"}), path=path)[0] == 401
-    assert admission._cached_project("lst_forged") is None  # a bad token is remembered: no flood of queries
+    assert admission._cached_token("lst_forged") is None  # a bad token is remembered: no flood of queries
     too_long = {"Content-Length": str(settings.LOCKSTEP_MAX_BODY + 1)}
     assert _unanswered_body(app, headers_for(token, **too_long), path=path) == (
         413,

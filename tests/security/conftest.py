@@ -14,7 +14,7 @@ from django.utils import timezone
 from dashboard.detection import lifecycle, silences
 from dashboard.detection.models import Alert, Silence
 from dashboard.detection.rules import Finding
-from dashboard.tenancy.models import Project, Run
+from dashboard.tenancy.models import TOKEN_SCOPES, Project, Run
 from tests.conftest import make_batch
 from tests.e2e.jobs import member_session, project_with_token
 from tests.stack import unique
@@ -39,7 +39,7 @@ class Victim(Side):
 
 
 def _side(stack, name: str) -> tuple[Project, str, str, str]:
-    project, token = project_with_token(name)
+    project, token = project_with_token(name, TOKEN_SCOPES)  # every scope: the strongest token a side holds
     key = unique(f"{name}-job-77")
     answer = requests.post(
         f"{stack.url}/api/v1/ingest",

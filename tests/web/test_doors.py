@@ -16,7 +16,7 @@ from dashboard.detection import lifecycle, silences
 from dashboard.detection.models import Alert, Baseline, Silence
 from dashboard.detection.rules import Finding
 from dashboard.tenancy.access import principal_for
-from dashboard.tenancy.models import Project, Run
+from dashboard.tenancy.models import BASELINE, Project, ProjectToken, Run
 from dashboard.web import services
 from ingest.refusals import Refusal
 
@@ -150,12 +150,12 @@ def test_page_baseline_must_be_a_run_of_the_same_project(browser, two_projects):
     assert Baseline.objects.get(run__key="ours-1").baseline.key == "ours-2"
 
 
-def test_a_project_token_cannot_baseline_against_another_projects_run(client, token, ours, theirs):
+def test_a_project_token_cannot_baseline_against_another_projects_run(client, project, ours, theirs):
     response = client.post(
         "/api/v1/runs/ours-1/baseline",
         json.dumps({"baseline": "theirs-1"}),
         content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {token}",
+        HTTP_AUTHORIZATION=f"Bearer {ProjectToken.issue(project, (BASELINE,))}",
     )
     assert response.status_code == 404 and not Baseline.objects.exists()
 

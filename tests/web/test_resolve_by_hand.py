@@ -13,7 +13,7 @@ from django.test import Client
 from dashboard.detection import settle
 from dashboard.detection.models import Alert, Incident
 from dashboard.ledger.models import GradSlot
-from dashboard.tenancy.models import Project, ProjectToken
+from dashboard.tenancy.models import RESOLVE, Project, ProjectToken
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -56,11 +56,11 @@ def test_a_person_resolves_with_who_and_why_and_the_page_shows_it(project, alert
     assert again["resolve_reason"] == "resolved by hand: rank 2 restarted"  # resolved stays as it was
 
 
-def test_a_project_token_resolves_in_its_projects_name_and_must_say_why(client, token, project, alert):
-    bearer = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+def test_a_project_token_resolves_in_its_projects_name_and_must_say_why(client, project, alert):
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {ProjectToken.issue(project, (RESOLVE,))}"}
     assert _resolve(client, alert.id, {}, **bearer).status_code == 400
     assert _resolve(client, alert.id, {"reason": "  "}, **bearer).status_code == 400
-    other = ProjectToken.issue(Project.objects.create(name="other"))
+    other = ProjectToken.issue(Project.objects.create(name="other"), (RESOLVE,))
     assert _resolve(client, alert.id, {"reason": "not mine"}, HTTP_AUTHORIZATION=f"Bearer {other}").status_code == 404
     body = _resolve(client, alert.id, {"reason": "job requeued by CI"}, **bearer).json()
     assert body["state"] == "resolved" and body["resolved_by"] is None

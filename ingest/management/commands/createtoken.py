@@ -1,24 +1,38 @@
-"""`manage.py createtoken <project>`: new project token on the last line of stdout."""
+"""`manage.py createtoken <project> [--scope S ...]`: new project token on the last line of stdout."""
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import validate_slug
 
-from dashboard.tenancy.models import Project, ProjectToken
+from dashboard.tenancy.models import DEFAULT_SCOPES, TOKEN_SCOPES, Project, ProjectToken
 
 
 class Command(BaseCommand):
-    help = "Create a project (if needed) and print a new ingest/read token for it as the last line."
+    help = (
+        "Create a project (if needed) and print a new token for it as the last line: by default it may "
+        f"{' and '.join(DEFAULT_SCOPES)}; --scope names each scope it gets instead."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("project", help="project name (a slug: letters, digits, - and _)")
+        parser.add_argument(
+            "--scope",
+            action="append",
+            help=f"what the token may do, repeated or comma-separated: {', '.join(TOKEN_SCOPES)} "
+            f"(default {','.join(DEFAULT_SCOPES)}; resolve and baseline can clear `lockstep check`)",
+        )
 
-    def handle(self, *args, project: str, **options) -> None:
+    def handle(self, *args, project: str, scope: list[str] | None, **options) -> None:
         try:
             validate_slug(project)
         except ValidationError:
             raise CommandError(f"project name {project!r} must use only letters, digits, '-' and '_'") from None
+        scopes = tuple(s.strip() for given in scope for s in given.split(",") if s.strip()) if scope else DEFAULT_SCOPES
+        unknown = sorted(set(scopes) - set(TOKEN_SCOPES))
+        if unknown or not scopes:
+            raise CommandError(f"unknown scope {', '.join(unknown) or '(none)'}: use {', '.join(TOKEN_SCOPES)}")
         found, created = Project.named(project)
         if created:
             self.stderr.write(f"created project {found.name}")
-        self.stdout.write(ProjectToken.issue(found))
+        self.stderr.write(f"token scopes: {', '.join(s for s in TOKEN_SCOPES if s in scopes)}")
+        self.stdout.write(ProjectToken.issue(found, scopes))
