@@ -21,16 +21,18 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from dashboard.apps import bound_sessions  # noqa: E402
 from dashboard.delivery.routing import websocket_urlpatterns  # noqa: E402
-from dashboard.web.edge import BodyEdge  # noqa: E402
+from dashboard.web.edge import BodyEdge, ClientAddress  # noqa: E402
 from ingest.door import Door  # noqa: E402
 
 bound_sessions()  # before the first connection: every lock wait and statement of this server is bounded
-application = ProtocolTypeRouter(
-    {
-        # one body limit and deadline for every route: the door's for its own, BodyEdge for Django's
-        "http": Door(BodyEdge(django_application)),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
+application = ClientAddress(  # the client's address: the socket's peer, or a trusted proxy's word for it
+    ProtocolTypeRouter(
+        {
+            # one body limit and deadline for every route: the door's for its own, BodyEdge for Django's
+            "http": Door(BodyEdge(django_application)),
+            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
 )
 
 # Everything loaded so far (Django, the models, the protocol) lives as long as the process: frozen,

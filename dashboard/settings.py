@@ -152,6 +152,7 @@ AXES_COOLOFF_TIME = float(os.environ.get("LOCKSTEP_LOGIN_COOLOFF", "15")) / 60  
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: per user and per address
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
+AXES_CLIENT_IP_CALLABLE = "dashboard.web.middleware.client_ip"  # the edge's address, never a header
 # Every page's Content-Security-Policy (dashboard/web/middleware.py): no inline or foreign script.
 LOCKSTEP_CSP = os.environ.get("LOCKSTEP_CSP") or (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -261,6 +262,14 @@ LOCKSTEP_PAGE_STATEMENT_TIMEOUT = float(
     os.environ.get("LOCKSTEP_PAGE_STATEMENT_TIMEOUT", "10")
 )  # s per statement of a page or read-API request
 LOCKSTEP_BODY_TIMEOUT = float(os.environ.get("LOCKSTEP_BODY_TIMEOUT", "30"))  # seconds to receive a body; 408 past it
+# Request bodies of pages, login, admin and the read API (dashboard/web/edge.py) read at once per server
+# process, before Django knows who sent them; past it a 503 + Retry-After at once.
+LOCKSTEP_EDGE_BODIES = int(os.environ.get("LOCKSTEP_EDGE_BODIES", "128"))
+# Seconds a connection has to deliver a request's headers (dashboard/web/header_deadline.py); then it is closed.
+LOCKSTEP_HEADER_TIMEOUT = float(os.environ.get("LOCKSTEP_HEADER_TIMEOUT", "10"))
+# Proxies whose X-Forwarded-For is believed (IPs or CIDRs, comma-separated; none by default): the client's
+# address (login throttling, logs) is the socket's peer unless that is one of them (dashboard/web/edge.py).
+LOCKSTEP_TRUSTED_PROXIES = [p.strip() for p in os.environ.get("LOCKSTEP_TRUSTED_PROXIES", "").split(",") if p.strip()]
 # Every session of the servers and Celery workers (dashboard/apps.py: bound_sessions): seconds a statement may
 # wait for a lock, and may run; past them ingest answers 503 + Retry-After and a task fails (the sweep redoes it).
 LOCKSTEP_DB_LOCK_TIMEOUT = float(os.environ.get("LOCKSTEP_DB_LOCK_TIMEOUT", "2"))

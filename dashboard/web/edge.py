@@ -1,22 +1,26 @@
 """The body limit and the body deadline of every route Django's ASGI handler serves (pages, login,
-admin, the read API), at the edge, before Django sees the request.
+admin, the read API), at the edge, before Django sees the request; and the client's address.
 
 Why: Django's handler reads a whole body (to a temporary file past 2.5 MB) before any view or
 middleware runs, with no deadline, so a bad token or a missing login was refused only after any
-size of upload, however slow. Here the agents' limit and deadline (LOCKSTEP_MAX_BODY,
-LOCKSTEP_BODY_TIMEOUT, which `ingest.door` applies to the agents' endpoints) hold
-for every route: a declared Content-Length past the limit is a 413 from the headers, a body that
-grows past it a 413 once it does, and one not received in time a 408. A body within both is
-handed on in memory, as Django would have read it.
+size of upload, however slow. Here every route has a limit of its own (`ROUTE_LIMITS`: no Django
+route takes more than a form or a small JSON document; the agents' LOCKSTEP_MAX_BODY is
+`ingest.door`'s) and LOCKSTEP_BODY_TIMEOUT: a declared Content-Length past the limit is a 413
+from the headers, a body that grows past it a 413 once it does, and one not received in time a
+408. A body within both is handed on in memory, as Django would have read it. Every such body is
+read before Django knows who sent it, so at most LOCKSTEP_EDGE_BODIES are read at once per
+process; past them a 503 + Retry-After at once (150 stalled 8 MiB logins had cost 1.2 GB).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -32,17 +36,35 @@ class Disconnected(Exception):
     pass
 
 
+KIB = 1024
+# path prefix -> the largest body its routes take, first match; the rest (pages' forms) DEFAULT_LIMIT
+ROUTE_LIMITS = (
+    ("/login/", 4 * KIB),  # a user name, a password and a CSRF token
+    ("/logout/", 4 * KIB),
+    ("/api/", 64 * KIB),  # the actions' JSON: a silence's comment is the longest field (2,000 characters)
+    ("/admin/", 256 * KIB),  # a staff member's forms (a project's member list)
+)
+DEFAULT_LIMIT = 16 * KIB
+
+
+def route_limit(path: str) -> int:
+    """The body limit of `path`'s route, never above LOCKSTEP_MAX_BODY."""
+    limit = next((limit for prefix, limit in ROUTE_LIMITS if path.startswith(prefix)), DEFAULT_LIMIT)
+    return min(limit, settings.LOCKSTEP_MAX_BODY)
+
+
 class BodyEdge:
     """ASGI middleware around Django's handler (dashboard/asgi.py)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.reading = 0  # bodies being read now (one event loop per process: no lock needed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = settings.LOCKSTEP_MAX_BODY
+        limit = route_limit(scope["path"].removeprefix(scope.get("root_path", "")))
         declared = _declared(scope)
         if declared == -1:
             await _answer(send, 400, "invalid Content-Length")
@@ -50,6 +72,13 @@ class BodyEdge:
         if declared is not None and declared > limit:
             await _answer(send, 413, f"body exceeds {limit} bytes")
             return
+        if declared == 0 or (declared is None and not _chunked(scope)):
+            await self.app(scope, receive, send)  # no body: nothing held, no slot taken
+            return
+        if self.reading >= settings.LOCKSTEP_EDGE_BODIES:
+            await _answer(send, 503, "too many request bodies at once; retry later", settings.LOCKSTEP_RETRY_AFTER)
+            return
+        self.reading += 1
         try:
             body = await asyncio.wait_for(_read(receive, limit), settings.LOCKSTEP_BODY_TIMEOUT)
         except TooLarge:
@@ -60,6 +89,8 @@ class BodyEdge:
             return
         except Disconnected:
             return
+        finally:
+            self.reading -= 1
         await self.app(scope, _replay(body, receive), send)
 
 
@@ -69,6 +100,10 @@ def _declared(scope: Scope) -> int | None:
         if name == b"content-length":
             return int(value) if value.isdigit() else -1
     return None
+
+
+def _chunked(scope: Scope) -> bool:
+    return any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))
 
 
 async def _read(receive: Receive, limit: int) -> bytes:
@@ -101,14 +136,63 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-async def _answer(send: Send, status: int, message: str) -> None:
+async def _answer(send: Send, status: int, message: str, retry_after: int | None = None) -> None:
     """A short answer the client can read (the rest of its body is discarded by the server)."""
     content = f'{{"error": "{message}"}}'.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
+    if retry_after is not None:
+        headers.append((b"retry-after", b"%d" % retry_after))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": content})
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ClientAddress:
+    """ASGI middleware around the whole application (dashboard/asgi.py): the client's address is the
+    socket's peer, unless that peer is one of LOCKSTEP_TRUSTED_PROXIES; then it is the right-most
+    X-Forwarded-For entry that is not a trusted proxy (each proxy appends the address it saw, so
+    only entries right of that one were written by proxies we trust; anything left of it is the
+    client's own say). Why: the login throttle counts per address, and a header anyone can set
+    would let a client pick a fresh address each try, or lock out someone else's. The server runs
+    with uvicorn's own proxy headers off (`dashboard.devstack.processes`), so the peer is the socket's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.trusted = trusted_networks(settings.LOCKSTEP_TRUSTED_PROXIES)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.trusted and scope["type"] in ("http", "websocket") and scope.get("client"):
+            address = client_address(scope["client"][0], _forwarded_for(scope), self.trusted)
+            if address != scope["client"][0]:
+                scope = {**scope, "client": (address, 0)}
+        await self.app(scope, receive, send)
+
+
+def trusted_networks(entries: list[str]) -> list[Network]:
+    try:
+        return [ipaddress.ip_network(entry, strict=False) for entry in entries]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"LOCKSTEP_TRUSTED_PROXIES: {exc}") from None
+
+
+def client_address(peer: str, forwarded_for: list[str], trusted: list[Network]) -> str:
+    """`peer`, or when it is trusted the right-most untrusted X-Forwarded-For entry (the left-most
+    when every entry is trusted; the last trusted hop when that entry is not an address)."""
+    address = peer
+    for entry in [peer, *reversed(forwarded_for)]:
+        try:
+            ip = ipaddress.ip_address(entry)
+        except ValueError:
+            return address
+        address = str(ip)
+        if not any(ip in network for network in trusted):
+            return address
+    return address
+
+
+def _forwarded_for(scope: Scope) -> list[str]:
+    """Every X-Forwarded-For entry, in order, over all the header's lines."""
+    values = [value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"x-forwarded-for"]
+    return [entry.strip() for entry in ",".join(values).split(",") if entry.strip()]

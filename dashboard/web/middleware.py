@@ -71,3 +71,11 @@ class ContentSecurityPolicy:
         if response.get("Content-Type", "").startswith("text/html"):
             response.setdefault("Content-Security-Policy", settings.LOCKSTEP_CSP)
         return response
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """The login throttle's address (AXES_CLIENT_IP_CALLABLE): the one the edge settled on
+    (`dashboard.web.edge.ClientAddress`, LOCKSTEP_TRUSTED_PROXIES), never a forwarding header of
+    the request's own, which anyone can write (django-axes would read them when django-ipware is
+    installed)."""
+    return request.META.get("REMOTE_ADDR")
