@@ -163,7 +163,18 @@ def _addresses(parts: SplitResult) -> list[str]:
     return [str(a) for a in addresses]
 
 
+# IPv6 addresses that carry an IPv4 one, which a translator or relay on the way turns back into it:
+# NAT64's well-known prefix (RFC 6052, the IPv4 address in the last 32 bits) and 6to4 (`sixtofour`) are
+# judged by the IPv4 address inside; the local-use NAT64 prefix (RFC 8215) leads to the operator's own
+# translators, so never outside. Teredo (2001::/32) is not global to begin with.
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+
+
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in LOCAL_NAT64:
+            return False
+        nat64 = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if address in NAT64 else None
+        address = address.ipv4_mapped or address.sixtofour or nat64 or address
     return address.is_global and not address.is_multicast

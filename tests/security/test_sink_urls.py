@@ -34,6 +34,12 @@ PRIVATE = [
     "http://[::1]/",
     "http://[::ffff:127.0.0.1]/",
     "http://0.0.0.0/",
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of 169.254.169.254
+    "http://[64:ff9b::7f00:1]:9093/",  # NAT64 of 127.0.0.1
+    "http://[64:ff9b:1::808:808]/",  # local-use NAT64: the operator's own translator
+    "http://[2002:a00:5::1]/",  # 6to4 of 10.0.0.5
+    "http://[2002:c0a8:101::]/",  # 6to4 of 192.168.1.1
+    "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/",  # Teredo
 ]
 
 
@@ -60,6 +66,8 @@ def test_a_private_destination_is_refused_when_saved(project, settings, url):
     Webhook(project=project, kind="json", url=url).clean()
     settings.LOCKSTEP_SINKS_ALLOW_PRIVATE = False
     Webhook(project=project, kind="json", url="https://93.184.215.14/hook").clean()  # a public address is fine
+    Webhook(project=project, kind="json", url="https://[64:ff9b::5db8:d70e]/hook").clean()  # NAT64 of the same
+    Webhook(project=project, kind="json", url="https://[2002:5db8:d70e::1]/hook").clean()  # 6to4 of the same
     with pytest.raises(ValidationError, match="http"):
         Webhook(project=project, kind="json", url="file:///etc/passwd").clean()
 
