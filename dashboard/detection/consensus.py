@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+
+SHOWN = 8  # ranks a split without majority names
 
 
 @dataclass(frozen=True)
@@ -24,3 +26,18 @@ def consensus(values: Mapping[int, Hashable]) -> Consensus:
         value = values[min(values)]
     dissenters = tuple(sorted(rank for rank, v in values.items() if v != value))
     return Consensus(reference=value, dissenters=dissenters, tie=tie and bool(dissenters))
+
+
+def at_fault(verdict: Consensus, ranks: Iterable[int]) -> tuple[int, ...]:
+    """The ranks a finding names: the dissenters, or every compared rank where no majority says which
+    is off (two ranks that differ: blaming the higher one only because it is not the lowest is a guess)."""
+    return tuple(sorted(ranks)) if verdict.tie else verdict.dissenters
+
+
+def disagree_text(ranks: Iterable[int]) -> str:
+    """ "ranks 0 and 1 disagree"; a larger split names its first few ranks and how many there are."""
+    names = [str(r) for r in sorted(ranks)]
+    if len(names) <= 2:
+        return f"ranks {' and '.join(names)} disagree"
+    shown = ", ".join(names[:SHOWN]) + (", …" if len(names) > SHOWN else "")
+    return f"the {len(names)} ranks {shown} disagree with no majority"

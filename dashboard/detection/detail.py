@@ -81,12 +81,23 @@ def explain(alert_id: int) -> bool:
         if alert is None or not asks or "params" in alert.details:
             return False
         values = {ask.rank: _params(alert.run_id, ask.rank, ask.step, ask.group) for ask in asks}
-        reference = values[min(r for r in values if r not in alert.ranks)] if set(values) - set(alert.ranks) else {}
+        # a rank outside the alert, or (two ranks that disagree: the alert names both) the lowest
+        anchor = min(set(values) - set(alert.ranks) or values)
+        reference = values[anchor]
+        order = {name: i for i, name in enumerate(alert.details.get("parameters") or [])}  # module order
         differing = sorted(
-            {name for r in alert.ranks for name, fp in values.get(r, {}).items() if reference.get(name) != fp}
+            {
+                name
+                for r in alert.ranks
+                if r != anchor
+                for name, fp in values.get(r, {}).items()
+                if reference.get(name) != fp
+            },
+            key=lambda name: (order.get(name, len(order)), name),
         )
+        headline = alert.details.get("summary") or alert.message  # the buckets' candidates give way to the answer
         message = (
-            f"{alert.message}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "")
+            f"{headline}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "")
             if differing
             else None
         )

@@ -55,7 +55,9 @@ def settle_grad(slot_id: int) -> list[int]:
         reports = reads.grad_reports(slot.run_id, slot.step, slot.group)
         verdict = consensus({r: tuple(g.fps) for r, g in reports.items()}) if reports else None
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
-        view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key)
+        view = GradSlotView(
+            slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key, _layout(slot.run_id, verdict)
+        )
         changed, findings = _conclude(slot, view, verdict, len(reports))
         if changed:  # an alert is new or changed: its first step may need naming (not on every later step)
             kinds = {f.kind for f in findings}
@@ -66,6 +68,15 @@ def settle_grad(slot_id: int) -> list[int]:
             if "baseline_divergence" in kinds:
                 baseline.name_buckets(slot.run, ref_key, slot.group, slot.step)
         return changed
+
+
+def _layout(run_id: int, verdict) -> dict:
+    """The start facts (parameter names, buckets) of one reference rank, only where ranks differ: the
+    divergence rules name parameters from it."""
+    if verdict is None or not verdict.dissenters:
+        return {}
+    rows = Rank.objects.filter(run_id=run_id).exclude(rank__in=[] if verdict.tie else verdict.dissenters)
+    return dict(rows.filter(info__has_key="buckets").order_by("rank").values_list("rank", "info")[:1])
 
 
 WEIGHTS_CHANGED = {"grad_divergence", "nonfinite_grad"}  # findings after which the replicas' weights differ

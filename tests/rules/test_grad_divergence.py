@@ -20,10 +20,26 @@ def test_agreeing_replicas_raise_nothing():
     assert kinds(evaluate(grad_view({0: [1, 2], 1: [1, 2], 2: [1, 2]})), "grad_divergence") == []
 
 
-def test_two_ranks_tie_is_reported_against_rank_0():
+def test_two_ranks_that_differ_are_both_named_and_neither_blamed():
     [finding] = kinds(evaluate(grad_view({0: [1], 1: [2]})), "grad_divergence")
-    assert finding.ranks == (1,)
+    assert finding.ranks == (0, 1)
     assert finding.details["tie"] is True
+    assert finding.message.startswith("Gradients of ranks 0 and 1 disagree at step 5")
+
+
+def test_the_parameters_of_the_differing_buckets_are_named_in_module_order():
+    view = grad_view({0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 8, 9]})
+    view.rank_info = {
+        0: {
+            "params": ["ddp:embed.weight", "ddp:fc.weight", "ddp:fc.bias", "ddp:head.weight", "local:x"],
+            "buckets": [[0], [1, 2], [3], [4]],
+        }
+    }
+    [finding] = kinds(evaluate(view), "grad_divergence")
+    assert finding.message == (
+        "Gradients of rank 2 differ from the other replicas at step 5 (in fc.weight, fc.bias, head.weight)"
+    )
+    assert finding.details["parameters"] == ["fc.weight", "fc.bias", "head.weight"]
 
 
 def test_only_agreeing_weights_of_every_rank_resolve_it():

@@ -46,3 +46,10 @@ def test_another_reason_on_one_rank():
 
 def test_first_compiles_are_not_recompiles():
     assert recompiles(compile_view({0: {}}, index=0, accountable={0, 1})) == []
+
+
+def test_two_ranks_recompiling_for_other_reasons_disagree():
+    view = compile_view({0: {"recompile_reason": "size of x changed"}, 1: {"recompile_reason": "grad mode changed"}})
+    [finding] = recompiles(view)
+    assert finding.ranks == (0, 1) and finding.details["tie"] is True
+    assert finding.message.startswith("Ranks 0 and 1 disagree on why they recompiled train.py:10:forward")

@@ -59,6 +59,7 @@ class GradSlotView:
     world_size: int
     baseline: tuple | None = None  # the baseline run's consensus for the same step and group
     baseline_key: str | None = None
+    rank_info: dict = field(default_factory=dict)  # rank -> rank_start facts (the parameters' names and buckets)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,32 @@ def differing_buckets(view: GradSlotView) -> list[int]:
     return sorted(
         {i for r in view.consensus.dissenters for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b}
     )
+
+
+PARAMS_SHOWN = 5  # parameters a message names; the alert's details hold them all
+
+
+def bucket_params(view: GradSlotView, buckets: list[int]) -> list[str]:
+    """The parameters (module paths) the buckets hold, in module order, from the layout a reference rank
+    reported at its start (`params` are "group:name", `buckets` index lists into them, each group's in
+    order); [] when no rank reported one."""
+    group = view.group.removeprefix("param:")
+    dissenters = set(view.consensus.dissenters) if view.consensus else set()
+    ranks = sorted(view.rank_info, key=lambda r: (r in dissenters, r))
+    info = next((view.rank_info[r] for r in ranks if (view.rank_info[r] or {}).get("buckets")), None) or {}
+    params, layout, prefix = info.get("params") or [], info.get("buckets") or [], f"{group}:"
+    mine = [b for b in layout if b and all(0 <= i < len(params) for i in b) and params[b[0]].startswith(prefix)]
+    held = sorted(i for k in buckets if 0 <= k < len(mine) for i in mine[k])
+    return [params[i][len(prefix) :] for i in held]
+
+
+def where_text(view: GradSlotView, buckets: list[int]) -> str:
+    """ "in layer1.weight, layer1.bias, … (+3 more)" from the layout, or "in buckets 1, 2" without one."""
+    names = bucket_params(view, buckets)
+    if not names:
+        return f"in buckets {', '.join(map(str, buckets))}"
+    more = f", … (+{len(names) - PARAMS_SHOWN} more)" if len(names) > PARAMS_SHOWN else ""
+    return "in " + ", ".join(names[:PARAMS_SHOWN]) + more
 
 
 def outcome_of(values: str | None) -> str | None:

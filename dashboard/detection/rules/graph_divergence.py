@@ -1,9 +1,10 @@
-"""graph_divergence: the normalized Dynamo graphs of one compile slot differ across ranks."""
+"""graph_divergence: the normalized Dynamo graphs of one compile slot differ across ranks (two ranks
+that differ have no majority: both are named)."""
 
 from __future__ import annotations
 
 from dashboard.detection import subjects
-from dashboard.detection.consensus import consensus
+from dashboard.detection.consensus import at_fault, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule, with_settings
 
 
@@ -15,14 +16,17 @@ def graph_divergence(view: CompileSlotView):
     verdict = consensus(hashes)
     if not verdict.dissenters:
         return
-    message, settings = with_settings(
-        f"{ranks_text(verdict.dissenters).capitalize()} traced another graph for {view.frame} (compile #{view.index})",
-        view,
+    ranks = at_fault(verdict, hashes)
+    who = (
+        f"{disagree_text(ranks).capitalize()} on the graph"
+        if verdict.tie
+        else f"{ranks_text(ranks).capitalize()} traced another graph"
     )
+    message, settings = with_settings(f"{who} for {view.frame} (compile #{view.index})", view)
     yield Finding(
         severity="critical",
-        ranks=verdict.dissenters,
-        step=first_step(view.reports, verdict.dissenters),
+        ranks=ranks,
+        step=first_step(view.reports, ranks),
         frame=view.frame,
         message=message,
         details={

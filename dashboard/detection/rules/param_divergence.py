@@ -1,9 +1,21 @@
-"""param_divergence: weight fingerprints of replicas differ (reported every K steps as `param` events)."""
+"""param_divergence: weight fingerprints of replicas differ (reported every K steps as `param` events).
+
+Like grad_divergence, it names the parameters of the differing buckets, and two ranks that differ
+are both named."""
 
 from __future__ import annotations
 
 from dashboard.detection import subjects
-from dashboard.detection.rules import Finding, GradSlotView, differing_buckets, ranks_text, rule
+from dashboard.detection.consensus import at_fault, disagree_text
+from dashboard.detection.rules import (
+    Finding,
+    GradSlotView,
+    bucket_params,
+    differing_buckets,
+    ranks_text,
+    rule,
+    where_text,
+)
 from dashboard.ledger.slots import PARAM_PREFIX
 
 
@@ -24,13 +36,22 @@ def weights_agree(view: GradSlotView) -> list[str]:
 def param_divergence(view: GradSlotView):
     if not is_param(view) or view.consensus is None or not view.consensus.dissenters:
         return
-    dissenters = view.consensus.dissenters
+    ranks = at_fault(view.consensus, view.reports)
     buckets = differing_buckets(view)
+    who = (
+        f"Weights of {disagree_text(ranks)}"
+        if view.consensus.tie
+        else f"Weights of {ranks_text(ranks)} differ from the other replicas"
+    )
     yield Finding(
         severity="critical",
-        ranks=dissenters,
+        ranks=ranks,
         step=view.step,
-        message=f"Weights of {ranks_text(dissenters)} differ from the other replicas at step {view.step} "
-        f"(buckets {', '.join(map(str, buckets))})",
-        details={"group": view.group.removeprefix(PARAM_PREFIX), "buckets": buckets, "tie": view.consensus.tie},
+        message=f"{who} at step {view.step} ({where_text(view, buckets)})",
+        details={
+            "group": view.group.removeprefix(PARAM_PREFIX),
+            "buckets": buckets,
+            "parameters": bucket_params(view, buckets)[:50],  # of the differing buckets, module order
+            "tie": view.consensus.tie,
+        },
     )

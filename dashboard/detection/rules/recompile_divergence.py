@@ -5,9 +5,8 @@ A rank that went silent is not counted as "did not recompile" (that is rank_sile
 
 from __future__ import annotations
 
-from collections import Counter
-
 from dashboard.detection import subjects
+from dashboard.detection.consensus import at_fault, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
@@ -45,17 +44,20 @@ def _count_finding(view: CompileSlotView, compiled: set[int], skipped: set[int])
 
 def _reason_finding(view: CompileSlotView):
     reasons = {r: (e.recompile_reason or "") for r, e in view.reports.items()}
-    common, count = Counter(reasons.values()).most_common(1)[0]
-    if count == len(reasons):
+    if len(set(reasons.values())) == 1:
         return
-    if count * 2 <= len(reasons):
-        common = reasons[min(reasons)]
-    odd = tuple(sorted(r for r, reason in reasons.items() if reason != common))
+    verdict = consensus(reasons)
+    odd = at_fault(verdict, reasons)
+    who = (
+        f"{disagree_text(odd).capitalize()} on why they recompiled {view.frame}"
+        if verdict.tie
+        else f"{ranks_text(odd).capitalize()} recompiled {view.frame} for another reason"
+    )
     yield Finding(
         severity="critical",
         ranks=odd,
         step=first_step(view.reports, odd),
         frame=view.frame,
-        message=f"{ranks_text(odd).capitalize()} recompiled {view.frame} for another reason: {reasons[odd[0]]}",
-        details={"index": view.index, "reasons": {str(r): reasons[r] for r in sorted(reasons)}},
+        message=f"{who}: {reasons[verdict.dissenters[0]]}",
+        details={"index": view.index, "reasons": {str(r): reasons[r] for r in sorted(reasons)}, "tie": verdict.tie},
     )
