@@ -21,7 +21,8 @@ def serve_embedded() -> None:
     from dashboard.devstack import embedded
 
     base_dir = Path(__file__).resolve().parent
-    embedded.serve(Path(os.environ.get("LOCKSTEP_DATA_DIR") or embedded.default_data_dir(base_dir)))
+    data_dir = Path(os.environ.get("LOCKSTEP_DATA_DIR") or embedded.default_data_dir(base_dir))
+    embedded.serve(data_dir, int(os.environ.get("LOCKSTEP_REDIS_PORT") or 0) or None)
 
 
 if __name__ == "__main__":

@@ -19,3 +19,4 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
   touch "$stamp"
 fi
+[ -x .venv/bin/lockstep ] || scripts/cli-shim.sh .venv

@@ -54,7 +54,17 @@ STOP_TIMEOUT_S = 30
 EXIT_SETTLE_S = 2.0  # an exiting process between dropping its command line and being gone
 PROBE_TIMEOUT_S = 2  # libpq's smallest connect_timeout
 
-__all__ = ["DB_NAME", "addresses", "default_data_dir", "postgres_url", "redis_url", "running", "serve", "stop"]
+__all__ = [
+    "DB_NAME",
+    "addresses",
+    "log_tail",
+    "default_data_dir",
+    "postgres_url",
+    "redis_url",
+    "running",
+    "serve",
+    "stop",
+]
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -113,7 +123,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _log_tail(log: Path, lines: int = 20) -> str:
+def log_tail(log: Path, lines: int = 20) -> str:
     """The end of a server log, so that an error message says why."""
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -184,7 +194,7 @@ def _pgserver() -> ModuleType:
 
 def _pg_error(pgdata: Path, what: str) -> RuntimeError:
     log = pgdata / "log"
-    return RuntimeError(f"embedded PostgreSQL in {pgdata} {what}; server log: {log}\n{_log_tail(log)}")
+    return RuntimeError(f"embedded PostgreSQL in {pgdata} {what}; server log: {log}\n{log_tail(log)}")
 
 
 def _pg_start(pgdata: Path) -> _Postmaster:
@@ -322,8 +332,13 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _choose_redis_port(rdir: Path) -> int:
-    """The port used last time (a stable URL), else 6390, else any free port."""
+def _choose_redis_port(rdir: Path, wanted: int | None) -> int:
+    """The port asked for (LOCKSTEP_REDIS_PORT: it must be free), else the one used last time (a stable
+    URL), else 6390, else any free port."""
+    if wanted:
+        if not _port_free(wanted):
+            raise RuntimeError(f"embedded redis-server: {REDIS_HOST}:{wanted} (LOCKSTEP_REDIS_PORT) is taken")
+        return wanted
     for candidate in (_read_int(rdir / "port"), REDIS_DEFAULT_PORT):
         if candidate and candidate != 6379 and _port_free(candidate):
             return candidate
@@ -356,11 +371,11 @@ def _redis_options(rdir: Path, port: int) -> list[str]:
     ]
 
 
-def _redis_start(rdir: Path) -> int:
+def _redis_start(rdir: Path, wanted: int | None) -> int:
     """Launch a daemonized redis-server and wait until it answers PING; return its port."""
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "redis.pid").unlink(missing_ok=True)  # stale; we wait for the new one
-    port = _choose_redis_port(rdir)
+    port = _choose_redis_port(rdir, wanted)
     (rdir / "port").write_text(f"{port}\n")
     log = rdir / "redis.log"
     result = subprocess.run(
@@ -373,7 +388,7 @@ def _redis_start(rdir: Path) -> int:
     if result.returncode != 0:
         raise RuntimeError(
             f"embedded redis-server failed to start (exit {result.returncode}) "
-            f"{result.stdout.strip()} {result.stderr.strip()}; log: {log}\n{_log_tail(log)}"
+            f"{result.stdout.strip()} {result.stderr.strip()}; log: {log}\n{log_tail(log)}"
         )
     _wait_redis_ready(rdir, port, log)
     return port
@@ -387,21 +402,22 @@ def _wait_redis_ready(rdir: Path, port: int, log: Path) -> None:
         died = pid is not None and not _process_runs(pid, "redis-server")
         if died or time.monotonic() > deadline:
             why = "exited" if died else f"is not answering PING after {START_TIMEOUT_S}s"
-            raise RuntimeError(f"embedded redis-server on {REDIS_HOST}:{port} {why}; log: {log}\n{_log_tail(log)}")
+            raise RuntimeError(f"embedded redis-server on {REDIS_HOST}:{port} {why}; log: {log}\n{log_tail(log)}")
         time.sleep(0.02)
 
 
-def redis_url(data_dir: Path) -> str:
+def redis_url(data_dir: Path, wanted_port: int | None = None) -> str:
     """Start (or reuse) redis-server with data in data_dir/redis; return redis://127.0.0.1:PORT/0.
 
-    The port is recorded in data_dir/redis/port (6390 unless taken), so the URL stays the same
-    across restarts. The daemon outlives this process; `stop()` stops it.
+    The port is `wanted_port` if given, else the one recorded in data_dir/redis/port (6390 unless
+    taken), so the URL stays the same across restarts. A running server of data_dir is reused on
+    whatever port it has. The daemon outlives this process; `stop()` stops it.
     """
     rdir = _redis_dir(data_dir)
     port = _redis_live(rdir)  # fast path, no lock
     if port is None:
         with _locked(data_dir, "redis"):
-            port = _redis_live(rdir) or _redis_start(rdir)
+            port = _redis_live(rdir) or _redis_start(rdir, wanted_port)
     return f"redis://{REDIS_HOST}:{port}/0"
 
 
@@ -436,9 +452,10 @@ def default_data_dir(base_dir: Path) -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "lockstep"
 
 
-def serve(data_dir: Path) -> tuple[str, str]:
-    """Start (or reuse) both servers of data_dir; their URLs, as `addresses` reads them afterwards."""
-    return postgres_url(data_dir), redis_url(data_dir)
+def serve(data_dir: Path, redis_port: int | None = None) -> tuple[str, str]:
+    """Start (or reuse) both servers of data_dir; their URLs, as `addresses` reads them afterwards.
+    PostgreSQL listens on a unix socket inside data_dir only, so two stacks never share a port."""
+    return postgres_url(data_dir), redis_url(data_dir, redis_port)
 
 
 def addresses(data_dir: Path) -> tuple[str, str]:

@@ -229,3 +229,19 @@ def test_stale_pid_files_after_a_crash_are_ignored(data_dir: Path) -> None:
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert redis.Redis.from_url(r_url).ping()
+
+
+def test_redis_takes_the_port_asked_for_and_refuses_a_taken_one(data_dir: Path) -> None:
+    """LOCKSTEP_REDIS_PORT (manage.py up passes it here): a second stack on one machine picks its own."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(
+            RuntimeError, match=rf"127\.0\.0\.1:{taken.getsockname()[1]} \(LOCKSTEP_REDIS_PORT\) is taken"
+        ):
+            embedded.redis_url(data_dir, taken.getsockname()[1])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        wanted = probe.getsockname()[1]
+    assert embedded.redis_url(data_dir, wanted) == f"redis://127.0.0.1:{wanted}/0"
+    assert redis.Redis(port=wanted).ping()

@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -91,7 +92,7 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
     url = f"http://127.0.0.1:{port}"
     proc = start_up(data, port)
     try:
-        wait_line(proc, r"Lockstep is up: .* no demo login \(--no-demo")
+        wait_line(proc, r"^\[lockstep \d\d:\d\d:\d\d\] Lockstep is up: .* no demo login \(--no-demo")
         token = wait_line(proc, r"ingest token").rsplit(" ", 1)[1].strip()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -121,3 +122,37 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
             kill_tree(proc)  # its server and worker run in sessions of their own
         if embedded.running(data):
             embedded.stop(data)
+
+
+def test_up_on_a_taken_port_says_so_and_fails(tmp_path):
+    """Another server already listens there: no "Lockstep is up", the cause on the terminal, exit 1.
+    (DATABASE_URL / REDIS_URL of the suite are kept: nothing embedded starts, and nothing is migrated.)"""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = dict(os.environ, LOCKSTEP_DATA_DIR=str(tmp_path / "data"))
+        done = subprocess.run(
+            [sys.executable, "manage.py", "up", "--no-demo", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Lockstep is up" not in done.stdout
+    assert f"127.0.0.1:{port} is taken (Address already in use)" in done.stderr
+
+
+def test_the_cli_shim_runs_lockstep_from_any_folder(tmp_path):
+    """scripts/bootstrap.sh puts `lockstep` into the virtualenv's bin/ (scripts/cli-shim.sh)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    subprocess.run(["bash", str(ROOT / "scripts" / "cli-shim.sh"), str(venv)], check=True, timeout=30)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(venv / "bin" / "lockstep"), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "usage: lockstep" in done.stdout, done.stderr

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.detection import baseline
 from dashboard.detection.models import Alert
@@ -186,6 +186,19 @@ def demo_login(with_user: bool) -> str:
     return ProjectToken.issue(project)
 
 
+def port_taken(host: str, port: int) -> str:
+    """Why the server could not listen on host:port ("" when it can): checked before anything starts, so
+    a second stack on a taken port says so instead of reporting itself up."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT does not count
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return ""
+
+
 def is_loopback(host: str) -> bool:
     """Whether `--host` is reachable from this machine only."""
     if host == "localhost":
@@ -224,6 +237,12 @@ class Command(BaseCommand):
         # which Python keeps, so `up &` never saw Ctrl-C: found when the test hung in CI).
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.stopping.set())
+        busy = port_taken(host, port)
+        if busy:
+            self.stop_embedded()
+            raise CommandError(
+                f"{host}:{port} is taken ({busy}): stop what listens there or pick another port (--port or PORT)"
+            )
         self.say(f"data folder {settings.DATA_DIR}; database and Redis ready")
         call_command("migrate", interactive=False, verbosity=0)
         token, demo_user = self.logins(host, no_demo)
@@ -249,7 +268,9 @@ class Command(BaseCommand):
                     env,
                 ),  # beat's file: CELERY_BEAT_SCHEDULE_FILENAME
             ]
-            self.wait_listening(host, port, services[0])
+            if not self.wait_listening(host, port, services[0]):
+                log = settings.DATA_DIR / "server.log"
+                raise CommandError(f"the server did not start; the end of {log}:\n{embedded.log_tail(log)}")
             login = (
                 f"login: {DEMO_USER} / {DEMO_PASSWORD}"
                 if demo_user
@@ -276,7 +297,7 @@ class Command(BaseCommand):
         return token, demo_user
 
     def say(self, text: str) -> None:
-        self.stdout.write(f"[lockstep] {text}")
+        self.stdout.write(f"[lockstep {time.strftime('%H:%M:%S')}] {text}")
         self.stdout.flush()
 
     def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
@@ -287,16 +308,19 @@ class Command(BaseCommand):
         self.children.append(child)
         return child
 
-    def wait_listening(self, host: str, port: int, server: subprocess.Popen, timeout: float = 120) -> None:
-        """Return once the server accepts connections (so the URL printed next works when opened), it
-        exited (the watch loop then says so), Ctrl-C came, or `timeout` passed."""
+    def wait_listening(self, host: str, port: int, server: subprocess.Popen, timeout: float = 120) -> bool:
+        """Whether the server accepts connections (so the URL printed next works when opened); False
+        once it exited or `timeout` passed. Ctrl-C returns True: the watch loop then stops at once."""
         deadline = time.monotonic() + timeout
-        while server.poll() is None and not self.stopping.is_set() and time.monotonic() < deadline:
+        while server.poll() is None and time.monotonic() < deadline:
+            if self.stopping.is_set():
+                return True
             try:
                 socket.create_connection((host, port), timeout=1).close()
-                return
+                return True
             except OSError:
                 self.stopping.wait(0.2)
+        return False
 
     def watch(self, services: list[subprocess.Popen]) -> None:
         """Print every alert of the demo project as it fires and as it resolves (`stream.AlertStream`);
