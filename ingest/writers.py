@@ -169,6 +169,7 @@ class _Written:
     p: Prepared
     run: Run
     ready: list[tuple[str, int]]  # slots it completed: compile slots, late grad reports, grad slots after commit
+    compiles_open: bool = False  # a compile slot it reported, or one the run has open below its step, is incomplete
     before: dict[str, int] = field(default_factory=dict)
     asked: list[int] = field(default_factory=list)
 
@@ -266,8 +267,9 @@ def _write_events(job: int, index: int, p: Prepared, project: Project, now: date
     run = _run(p.batch, project)
     writes.write_events(run, p.batch.rank, p.by_type, now)
     # compile slots (the rare kind); grad slots in _claim
-    ready = slots.touch(run, p.by_type[protocol.Compile]) if protocol.Compile in p.by_type else []
-    return _Written(job, index, p, run, ready)
+    if protocol.Compile not in p.by_type:
+        return _Written(job, index, p, run, [])
+    return _Written(job, index, p, run, *slots.touch(run, p.by_type[protocol.Compile]))
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:
@@ -343,17 +345,18 @@ def _claim(wave: list[_Written]) -> None:
             [(w.p.batch.rank, group, steps) for w in wave for group, steps in w.p.grads.groups]
         ),
     }
-    claimed, watermarks, asked, late_ready = query(
+    claimed, watermarks, asked, late_ready, compiles_waiting = query(
         f"""
             WITH b AS (
               SELECT * FROM json_to_recordset(%(batches)s::json)
                 AS b(session text, seq bigint, digest text, rank int, events int, host text, pid bigint, info json, step bigint)
-            ), {writes.claim_cte("b")},{tenancy_sql.ranks_seen_cte("b")}, {details.handout_cte()},{slots.grad_reports_ctes()}
+            ), {writes.claim_cte("b")},{tenancy_sql.ranks_seen_cte("b")}, {details.handout_cte()},{slots.grad_reports_ctes()},{slots.compiles_waiting_cte("b")}
             SELECT ARRAY(SELECT rank FROM claim),
                    {slots.watermarks_before()},
                    (SELECT COALESCE(json_object_agg(rank, steps), '{{}}') FROM (
                       SELECT rank, array_agg(DISTINCT step ORDER BY step) AS steps FROM asked GROUP BY rank) a),
-                   ARRAY(SELECT id FROM late WHERE reported >= %(ws)s::int)
+                   ARRAY(SELECT id FROM late WHERE reported >= %(ws)s::int),
+                   (SELECT due FROM waiting)
             """,
         params,
     )[0]
@@ -365,7 +368,9 @@ def _claim(wave: list[_Written]) -> None:
         w.before = watermarks.get(rank, {})
         w.asked = asked.get(rank, [])
     wave[0].ready += [(slots.GRAD, slot_id) for slot_id in late_ready]
-    _record_ends(run, [w for w in wave if protocol.RankEnd in w.p.by_type])
+    ended = [w for w in wave if protocol.RankEnd in w.p.by_type]
+    wave[0].compiles_open |= compiles_waiting or bool(ended)  # a rank that ended has passed every step
+    _record_ends(run, ended)
 
 
 def _record_ends(run: Run, ended: list[_Written]) -> None:
@@ -385,7 +390,8 @@ def _record_ends(run: Run, ended: list[_Written]) -> None:
 
 
 def _after_commit(written: list[_Written | None]) -> list[Stored]:
-    """After the request committed: run liveness, then the grad slots every rank has now passed.
+    """After the request committed: run liveness, then the grad slots every rank has now passed, and
+    the compile slots (only where the batches left one open: `slots.compiles_passed`).
 
     Run liveness stays out of the batch transaction: every rank's batch touches this one row, so
     inside it its row lock would serialize all ingest of a run; skipped when nothing changes. It is
@@ -401,6 +407,8 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
     for run_id, of_run in runs.items():
         _run_liveness(run_id, of_run)
         of_run[0].ready += _grads_ready(of_run)
+        if any(w.compiles_open for w in of_run):
+            of_run[0].ready += slots.compiles_passed(of_run[0].run)
     return [_stored(w) if w else Stored(accepted=0, duplicate=True) for w in written]
 
 

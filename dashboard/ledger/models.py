@@ -39,10 +39,16 @@ class Slot(models.Model):
 
 
 class CompileSlot(Slot):
-    """(run, normalized frame key, n-th compile of that frame)."""
+    """(run, normalized frame key, n-th compile of that frame).
+
+    `step` is the earliest step a rank reported it at: a rank that has reported progress past it
+    without reporting the compile did not compile it (its events arrive in order), so once every
+    rank has, the slot is complete without waiting for the settle timeout (`slots.compiles_passed`).
+    """
 
     frame = models.CharField(max_length=512)
     index = models.PositiveIntegerField()
+    step = models.BigIntegerField(null=True)  # None: compiled outside the training steps
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "frame", "index"], name="compile_slot_once")]

@@ -10,6 +10,9 @@ reported, `GradWatermark`), the first rank to reach a step creates its slot, and
 `grads_ready_sql` (after the batch commits, so the last committer always sees every report) marks
 the slots below the lowest watermark complete (`reported = world_size`). Reports for a slot that
 already settled still count one by one, so a late report reopens it.
+
+A compile slot some ranks never report (one rank recompiled alone) need not wait for the timeout
+either: it is complete once every rank has reported progress past its step (`compiles_passed`).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from django.utils import timezone
 
 from agents import protocol
 from dashboard.ledger.models import CompileSlot, GradSlot, GradWatermark
-from dashboard.tenancy.models import Run
+from dashboard.tenancy.models import LOST, Rank, Run
 
 COMPILE, GRAD = "compile", "grad"
 COMPILE_SLOT, GRAD_SLOT = CompileSlot._meta.db_table, GradSlot._meta.db_table
 WATERMARK = GradWatermark._meta.db_table
+RANK = Rank._meta.db_table
 PARAM_PREFIX = "param:"  # weight fingerprints are stored as grad slots of group "param:<group>"
 
 
@@ -38,14 +42,73 @@ def replicated(group: str) -> bool:
     return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 
-def touch(run: Run, compiles: list[protocol.Compile]) -> list[tuple[str, int]]:
-    """Record a batch's compile reports (inside its transaction); return the compile slots it completed.
+def touch(run: Run, compiles: list[protocol.Compile]) -> tuple[list[tuple[str, int]], bool]:
+    """Record a batch's compile reports (inside its transaction): (the compile slots it completed,
+    whether it left one incomplete, for `compiles_passed` to look at after commit).
 
     Grad reports are part of ingest's claim statement (`grad_reports_ctes`); their completion by
     watermark is decided after commit (`grads_ready_sql`).
     """
-    compile_keys = sorted({(e.frame, e.index) for e in compiles})
-    return [(COMPILE, i) for i in _upsert(COMPILE_SLOT, ("frame", "index"), ("text", "int"), compile_keys, run)]
+    steps: dict[tuple[str, int], int | None] = {}
+    for e in compiles:
+        key = (e.frame, e.index)
+        steps[key] = min((n for n in (steps.get(key), e.step) if n is not None), default=None)
+    keys = sorted(steps)
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            INSERT INTO {COMPILE_SLOT} (run_id, frame, index, step, reported, first_seen, settled_n, dissenters, consensus)
+            SELECT %s, k.frame, k.index, k.step, 1, now(), 0, '{{}}', '{{}}'
+            FROM unnest(%s::text[], %s::int[], %s::bigint[]) AS k(frame, index, step)
+            ON CONFLICT (run_id, frame, index) DO UPDATE
+              SET reported = {COMPILE_SLOT}.reported + 1, step = LEAST({COMPILE_SLOT}.step, EXCLUDED.step)
+            RETURNING id, reported
+            """,
+            [run.id, [k[0] for k in keys], [k[1] for k in keys], [steps[k] for k in keys]],
+        )
+        rows = cur.fetchall()
+    complete = [(COMPILE, slot_id) for slot_id, reported in rows if reported >= run.world_size]
+    return complete, len(complete) < len(rows)
+
+
+def compiles_waiting_cte(source: str) -> str:
+    """CTE `waiting` of ingest's claim statement: whether the run has an incomplete compile slot of a
+    step below one of the batches' last steps (CTE `source`, column step), so that `compiles_passed`
+    is worth asking after commit. Binds %(run)s, %(ws)s; reads the few unsettled slots
+    (index compile_slot_sweep), usually none."""
+    return f"""
+            waiting AS (
+              SELECT EXISTS (SELECT 1 FROM {COMPILE_SLOT} s
+                             WHERE s.settled_at IS NULL AND s.run_id = %(run)s::bigint AND s.reported < %(ws)s::int
+                               AND s.step < (SELECT max(step) FROM {source})) AS due
+            )"""
+
+
+def compiles_passed(run: Run) -> list[tuple[str, int]]:
+    """The run's incomplete compile slots that every rank has passed (after the batches commit, so
+    the last committer sees every rank's progress).
+
+    A rank's events arrive in order (one sender per session, in seq order) and a compile of step N
+    is captured before any progress event of step N + 1, so a rank whose last step is past N and
+    that did not report the slot did not compile it: nothing more can come, settle now. A rank that
+    ended is done too; one whose last step is N is not (a loss it logged before stepping is step N,
+    and a compile can follow it). The slot's dissenters are then decided by the settle.
+    """
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            WITH progress AS (
+              SELECT min(CASE WHEN r.status IN ('running', '{LOST}') THEN COALESCE(r.last_step, -1) END) AS lowest,
+                     count(*) AS ranks
+              FROM {RANK} r WHERE r.run_id = %(run)s::bigint
+            )
+            SELECT s.id FROM {COMPILE_SLOT} s, progress p
+            WHERE s.settled_at IS NULL AND s.run_id = %(run)s::bigint AND s.reported < %(ws)s::int
+              AND p.ranks >= %(ws)s::int AND (p.lowest IS NULL OR s.step < p.lowest)
+            """,
+            {"run": run.id, "ws": run.world_size},
+        )
+        return [(COMPILE, row[0]) for row in cur.fetchall()]
 
 
 def array_literal(values: list[int]) -> str:
@@ -172,24 +235,6 @@ def grads_ready_params(before: dict[str, int], groups: list[str]) -> dict:
     return params
 
 
-def _upsert(table: str, cols: tuple[str, str], types: tuple[str, str], keys: list[tuple], run: Run) -> list[int]:
-    if not keys:
-        return []
-    a, b = cols
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            INSERT INTO {table} (run_id, "{a}", "{b}", reported, first_seen, settled_n, dissenters, consensus)
-            SELECT %s, k.a, k.b, 1, now(), 0, '{{}}', '{{}}'
-            FROM unnest(%s::{types[0]}[], %s::{types[1]}[]) AS k(a, b)
-            ON CONFLICT (run_id, "{a}", "{b}") DO UPDATE SET reported = {table}.reported + 1
-            RETURNING id, reported
-            """,
-            [run.id, [k[0] for k in keys], [k[1] for k in keys]],
-        )
-        return [slot_id for slot_id, reported in cur.fetchall() if reported >= run.world_size]
-
-
 def unsettled(run_id: int) -> bool:
     """Whether the run has a slot still to settle (never settled, or reported to since)."""
     pending = Q(settled_at__isnull=True) | Q(reported__gt=F("settled_n"))
@@ -206,3 +251,4 @@ def overdue(model, now: datetime | None = None) -> list[int]:
             [cutoff],
         )
         return [row[0] for row in cur.fetchall()]
+
