@@ -12,6 +12,7 @@ ranks' raw events (compile totals come from `RunTally`, one row per run):
   recompiles, graph breaks and seconds spent compiling (summed over the run's ranks, as the periodic
   check last counted them: `tally.py`, at most 2 s old; they fall back if a run outlives raw
   retention). How many active runs were left out is `lockstep_metrics_runs_omitted`.
+* per project, over all its runs: slots whose settle raised (`lockstep_slots_quarantined`).
 
 No label names a rank: a 1024-rank run is one series per metric. Active: a run that reported in
 the last `runs.ACTIVE_WINDOW`.
@@ -31,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from dashboard.detection import bills, cost
 from dashboard.detection.models import Alert, RunTally
 from dashboard.detection.runs import ACTIVE_WINDOW
+from dashboard.ledger import slots
 from dashboard.ledger.models import CompileSlot, GradSlot
 from dashboard.tenancy.models import Project, Rank, Run
 
@@ -56,6 +58,7 @@ class HealthCollector:
         yield from _project_families(projects, ids, silent, lag)
         yield from _run_families(shown, names, reporting, silent, lag)
         yield _compile_cost()
+        yield _quarantined()
         omitted = GaugeMetricFamily(
             "lockstep_metrics_runs_omitted", "Active runs without per-run series (past LOCKSTEP_METRICS_RUNS)"
         )
@@ -156,6 +159,18 @@ def _compile_cost() -> CounterMetricFamily:
     for project in Project.objects.order_by("name").values_list("name", flat=True):
         for cause in cost.CAUSES:  # every project and cause, 0 until it costs: series do not come and go
             family.add_metric([project, cause], counted.get((project, cause), 0.0))
+    return family
+
+
+def _quarantined() -> GaugeMetricFamily:
+    """Slots whose settle raised, by project (`slots.quarantine`): settled without a verdict, each
+    one logged by the worker that quarantined it. Every project, 0 until one happens."""
+    family = GaugeMetricFamily(
+        "lockstep_slots_quarantined", "Slots whose settle failed: settled without a verdict", labels=["project"]
+    )
+    counts = slots.quarantined_by_project()
+    for project_id, name in Project.objects.order_by("name").values_list("id", "name"):
+        family.add_metric([name], counts.get(project_id, 0))
     return family
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from dashboard.detection import baseline, detail, flight, runs, settle
 from dashboard.detection.models import Baseline
@@ -28,9 +28,26 @@ SETTLE_CHUNK = 32  # slots per message: one publish per chunk instead of per slo
 log = logging.getLogger(__name__)
 
 
+TRANSIENT = (OperationalError, InterfaceError)  # the database was away or a lock timed out: the sweep retries
+
+
+def settle_one(kind: str, slot_id: int) -> list[int]:
+    """Settle one slot; one whose settle raises is quarantined (`slots.quarantine`) and logged, so it
+    never stops the other slots of its message, its run or the sweep. A transient failure (database
+    unreachable, lock timeout) is left to the sweep."""
+    try:
+        return SETTLERS[kind](slot_id)
+    except TRANSIENT:
+        log.warning("settling %s slot %d failed; the sweep tries again", kind, slot_id, exc_info=True)
+    except Exception:
+        run_id = slots.quarantine(kind, slot_id)
+        log.exception("settling %s slot %d of run %s raised: quarantined", kind, slot_id, run_id)
+    return []
+
+
 @shared_task(acks_late=True, ignore_result=True)
 def settle_slot(kind: str, slot_id: int) -> int:
-    changed = SETTLERS[kind](slot_id)
+    changed = settle_one(kind, slot_id)
     announce(changed)
     return len(changed)
 
@@ -38,7 +55,7 @@ def settle_slot(kind: str, slot_id: int) -> int:
 @shared_task(acks_late=True, ignore_result=True)
 def settle_slots(kind: str, slot_ids: list[int]) -> int:
     """Settle the slots one batch completed (the last rank of a 256-step batch completes 256 at once)."""
-    changed = [alert_id for slot_id in slot_ids for alert_id in SETTLERS[kind](slot_id)]
+    changed = [alert_id for slot_id in slot_ids for alert_id in settle_one(kind, slot_id)]
     announce(changed)
     return len(changed)
 

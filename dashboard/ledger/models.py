@@ -19,7 +19,10 @@ class Slot(models.Model):
     """Something every rank must report once; settles when all did or the settle timeout passed.
 
     `reported` counts rank reports; the slot is pending while it was never settled or more
-    reports arrived since (`reported > settled_n`), so late reports re-run the rules.
+    reports arrived since (`reported > settled_n`), so late reports re-run the rules. A slot whose
+    settle raised is quarantined (`slots.quarantine`): settled without a verdict and marked
+    `quarantined_at`, so the sweep stops retrying it (a later report tries once more) and /metrics
+    counts it.
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE)
@@ -29,6 +32,7 @@ class Slot(models.Model):
     settled_n = models.PositiveIntegerField(default=0)
     dissenters = ArrayField(models.PositiveIntegerField(), default=list)
     consensus = models.JSONField(default=dict)
+    quarantined_at = models.DateTimeField(null=True)
 
     class Meta:
         abstract = True
@@ -52,7 +56,10 @@ class CompileSlot(Slot):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "frame", "index"], name="compile_slot_once")]
-        indexes = [models.Index(fields=["settled_at", "first_seen"], name="compile_slot_sweep")]
+        indexes = [
+            models.Index(fields=["settled_at", "first_seen"], name="compile_slot_sweep"),
+            models.Index(fields=["run"], name="compile_slot_quarantined", condition=Q(quarantined_at__isnull=False)),
+        ]
 
 
 class GradSlot(Slot):
@@ -65,6 +72,7 @@ class GradSlot(Slot):
         constraints = [models.UniqueConstraint(fields=["run", "step", "group"], name="grad_slot_once")]
         indexes = [
             models.Index(fields=["settled_at", "first_seen"], name="grad_slot_sweep"),
+            models.Index(fields=["run"], name="grad_slot_quarantined", condition=Q(quarantined_at__isnull=False)),
             # a batch's late reports (`slots.grad_reports_ctes`): one descent finds no settled slot
             # among its steps, where probing each step by grad_slot_once cost ~2 us per rank-step
             models.Index(

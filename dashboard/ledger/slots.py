@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 import msgspec
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from agents import protocol
@@ -251,4 +251,27 @@ def overdue(model, now: datetime | None = None) -> list[int]:
             [cutoff],
         )
         return [row[0] for row in cur.fetchall()]
+
+
+MODELS = {COMPILE: CompileSlot, GRAD: GradSlot}
+
+
+def quarantine(kind: str, slot_id: int) -> int | None:
+    """A slot whose settle raised: settled without a verdict and marked, so the sweep stops retrying
+    it (every sweep failing on it again stopped nothing else, but cost a failure every 2 s for ever)
+    while the other slots settle; a later report of it tries once more. Returns its run's id."""
+    now = timezone.now()
+    model = MODELS[kind]
+    model.objects.filter(id=slot_id).update(settled_at=now, settled_n=F("reported"), quarantined_at=now)
+    return model.objects.filter(id=slot_id).values_list("run_id", flat=True).first()
+
+
+def quarantined_by_project() -> dict[int, int]:
+    """project id -> its quarantined slots (both kinds), read through the partial indexes."""
+    out: dict[int, int] = {}
+    for model in MODELS.values():
+        rows = model.objects.filter(quarantined_at__isnull=False).values_list("run__project_id").annotate(n=Count("id"))
+        for project_id, n in rows.order_by():
+            out[project_id] = out.get(project_id, 0) + n
+    return out
 
