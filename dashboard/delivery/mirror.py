@@ -27,7 +27,7 @@ PLAN_LIMIT = 500  # incidents of a project looked at when one of its silences ch
 
 def wanted(incident: Incident, now: datetime) -> tuple[datetime | None, str]:
     """Until when Alertmanager should silence the incident (None: not at all), and why."""
-    if incident.state == Incident.State.RESOLVED:
+    if incident.state != Incident.State.FIRING:
         return None, ""
     ends: list[tuple[datetime, str]] = []
     if incident.acked_at is not None and incident.acked_by_id is not None:

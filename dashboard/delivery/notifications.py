@@ -59,9 +59,9 @@ def queue(incident: Incident, muted: bool = False, now: datetime | None = None) 
     told destinations that hold an open object for it (Alertmanager, PagerDuty: an ack or growth)."""
     now = now or timezone.now()
     hooks = Webhook.objects.filter(project_id=incident.run.project_id, active=True)
-    if muted or incident.state == Incident.State.RESOLVED:
+    if muted or incident.state != Incident.State.FIRING:
         hooks = hooks.filter(notification__incident=incident, notification__state="sent").distinct()
-    if muted and incident.state != Incident.State.RESOLVED:
+    if muted and incident.state == Incident.State.FIRING:
         hooks = hooks.filter(kind__in=STATEFUL)
     key = page_key(incident)
     ids = []

@@ -164,7 +164,7 @@ class Alertmanager(Transport):
 
     def posted(self, incident: Incident, labels: dict[str, str]) -> dict:
         root, consequences = root_of(incident), consequences_of(incident)
-        resolved = incident.state == Incident.State.RESOLVED
+        resolved = incident.state != Incident.State.FIRING  # fixed, or the run ended first
         ends = (incident.resolved_at or timezone.now()) if resolved else timezone.now() + self.HOLD
         annotations = {
             "summary": headline(incident)[:SHORT_MAX_CHARS],
@@ -239,7 +239,7 @@ class PagerDuty(Transport):
         url = self.webhook.url or self.EVENTS_URL
         key = dedup_key(incident)
         base = {"routing_key": self.webhook.secret, "dedup_key": key}
-        if incident.state == Incident.State.RESOLVED:
+        if incident.state != Incident.State.FIRING:  # fixed, or the run ended: nothing left to page about
             _post_json(url, {**base, "event_action": "resolve"}, {})
             return {"dedup_key": key, "action": "resolve"}
         if incident.acked_by_id is None or (previous or {}).get("action") not in ("trigger", "acknowledge"):
@@ -332,6 +332,8 @@ def headline(incident: Incident) -> str:
 def status_word(incident: Incident) -> str:
     if incident.state == Incident.State.RESOLVED:
         return "[RESOLVED]"
+    if incident.state == Incident.State.ENDED_UNRESOLVED:
+        return f"[{incident.severity.upper()}, RUN ENDED UNRESOLVED]"
     acked = f" ACKED by {incident.acked_by.get_username()}" if incident.acked_by_id else ""
     return f"[{incident.severity.upper()}{acked}]"
 
@@ -339,7 +341,7 @@ def status_word(incident: Incident) -> str:
 def folded(consequences: list[Alert]) -> str:
     """The consequences as a short list: one line each (kind, ranks, state), CONSEQUENCES_SHOWN at most."""
     lines = [
-        f"• {a.kind} on {ranks_text(a.ranks)}{' (resolved)' if a.state == Alert.State.RESOLVED else ''}: "
+        f"• {a.kind} on {ranks_text(a.ranks)}{'' if a.state == Alert.State.FIRING else f' ({a.get_state_display()})'}: "
         f"{a.message[:120]}"
         for a in consequences[:CONSEQUENCES_SHOWN]
     ]

@@ -168,21 +168,30 @@ def refresh(incident: Incident, grew: bool = False) -> bool:
     alerts = list(incident.alerts.all())
     if not alerts:
         return False
-    firing = [a for a in alerts if a.state == Alert.State.FIRING]
     root = min(alerts, key=precedence)
     severity = max((a.severity for a in alerts), key=lambda s: _SEVERITY.get(s, 0))  # never de-escalates
-    state = Incident.State.FIRING if firing else Incident.State.RESOLVED
+    state = state_of(alerts)
     changed = grew or root.id != incident.root_id or severity != incident.severity or state != incident.state
     if not changed:
         return False
     if state != incident.state:
-        incident.resolved_at = timezone.now() if state == Incident.State.RESOLVED else None
-        if state == Incident.State.RESOLVED and not closed_by_run_end(root):
+        incident.resolved_at = timezone.now() if state != Incident.State.FIRING else None
+        if state == Incident.State.RESOLVED:
             incident.acked_by, incident.acked_at = None, None  # an ack lasts until the trouble is over
     incident.root, incident.severity, incident.state = root, severity, state
     incident.revision += 1
     incident.save()
     return True
+
+
+def state_of(alerts: list[Alert]) -> str:
+    """Firing while any alert fires; else ended_unresolved while the run's end closed any of them
+    before it got better (the cause is not fixed); else resolved."""
+    states = {a.state for a in alerts}
+    for state in (Alert.State.FIRING, Alert.State.ENDED_UNRESOLVED):
+        if state in states:
+            return Incident.State(state.value)
+    return Incident.State.RESOLVED
 
 
 def refresh_of(alerts: Iterable[Alert]) -> list[int]:
@@ -224,17 +233,13 @@ def mark_notified(incident: Incident) -> None:
 
 
 RUN_ENDED = "run ended"  # lifecycle's resolve reason for alerts the end of their run closed
-
-
-def closed_by_run_end(root: Alert | None) -> bool:
-    """The run ended before any evidence said the ranks agree again (or a person closed it)."""
-    return root is not None and root.state == Alert.State.RESOLVED and root.resolve_reason == RUN_ENDED
+UNRESOLVED = (Incident.State.FIRING, Incident.State.ENDED_UNRESOLVED)  # states that still count
 
 
 def unresolved(incident: Incident) -> bool:
     """Open, or closed only because the run ended: a diverged rank must not clear itself when the job
     stops (the incidents API says it as `unresolved`)."""
-    return incident.state == Incident.State.FIRING or closed_by_run_end(incident.root)
+    return incident.state in UNRESOLVED
 
 
 def unhandled(incident: Incident) -> bool:

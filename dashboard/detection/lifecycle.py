@@ -1,7 +1,8 @@
 """The alert lifecycle, and the only code that writes alerts.
 
 Findings become alerts (Alertmanager's model): identity (run, kind, subject), firing -> resolved,
-counts and first/last seen; people acknowledge and unacknowledge them; detection enriches them
+counts and first/last seen, or ended_unresolved when the run ended first (it
+still counts: resolved means fixed); people acknowledge and unacknowledge them; detection enriches them
 (the parameters behind a divergence). Every change worth telling bumps `revision`, and only this
 module does; delivery reports back which revision it pushed (`mark_notified`).
 """
@@ -53,7 +54,7 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
     if created:
         return alert, True
     new_ranks = set(finding.ranks) - set(alert.ranks)
-    refired = alert.state == Alert.State.RESOLVED
+    refired = alert.state != Alert.State.FIRING
     alert.count += 1
     alert.ranks = sorted(set(alert.ranks) | new_ranks)
     if at is not None:
@@ -104,10 +105,12 @@ def resolve(run: Run, kind: str, subject: str, at: int | None) -> Alert | None:
 RUN_ENDED = incidents.RUN_ENDED  # the resolve_reason of alerts the end of their run closed
 
 
-def end_of_run(run: Run) -> list[int]:
-    """Every rank ended: the run's firing alerts reach their terminal state (resolved, "run ended"),
-    each a new revision so every sink hears the resolve. Only alerts whose firing revision was
-    delivered: no sink sees a resolve before the page it closes (the others wait for the next sweep)."""
+def end_of_run(run: Run, last_words: dict[tuple[str, str], str] | None = None) -> list[int]:
+    """The run ended: its firing alerts stop firing as ended_unresolved ("run ended": nothing got
+    better, so they still count), each a new revision so every sink hears the close. `last_words`:
+    (kind, subject) -> the message as it stands at the run's end, for alerts whose message would
+    otherwise go stale (a silent rank's "nothing for N s"). Only alerts whose firing revision was
+    delivered: no sink sees a close before the page it closes (the others wait for the next sweep)."""
     assert transaction.get_connection().in_atomic_block
     alerts = list(
         Alert.objects.select_for_update()
@@ -115,7 +118,8 @@ def end_of_run(run: Run) -> list[int]:
         .order_by("id")
     )
     for alert in alerts:
-        alert.state, alert.resolved_at, alert.resolve_reason = Alert.State.RESOLVED, timezone.now(), RUN_ENDED
+        alert.state, alert.resolved_at, alert.resolve_reason = Alert.State.ENDED_UNRESOLVED, timezone.now(), RUN_ENDED
+        alert.message = (last_words or {}).get((alert.kind, alert.subject), alert.message)
         alert.revision += 1
         alert.save()
     incidents.refresh_of(alerts)
@@ -145,7 +149,8 @@ BY_HAND = "resolved by hand"  # the resolve_reason of an alert a person (or a pr
 def resolve_by_hand(alert: Alert, user, reason: str) -> Alert:
     """An operator closes a stale alert: resolved, who (`user`, None for a project token: the caller
     names it in `reason`) and why, the ack expired as on any resolve; a new revision, so every sink
-    hears the resolve, and its incident follows. A resolved alert stays as it is."""
+    hears the resolve, and its incident follows. A resolved alert stays as it is; one the run's end
+    left unresolved becomes resolved (a person closed it)."""
     assert transaction.get_connection().in_atomic_block
     alert = Alert.objects.select_for_update().get(id=alert.id)
     if alert.state == Alert.State.RESOLVED:

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
+from dashboard.detection.remedies import incident_remedy
 from dashboard.tenancy.models import Project, Run
 
 
@@ -16,8 +17,9 @@ class Alert(models.Model):
     """One desync: identity (run, kind, subject); ranks and steps it spans live in the body."""
 
     class State(models.TextChoices):
-        FIRING = "firing"
-        RESOLVED = "resolved"
+        FIRING = "firing", "firing"
+        RESOLVED = "resolved", "resolved"  # fixed: it got better, or a person closed it
+        ENDED_UNRESOLVED = "ended_unresolved", "ended unresolved"  # the run ended first: it still counts
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alerts")
     kind = models.CharField(max_length=64)
@@ -78,8 +80,9 @@ class Incident(models.Model):
     grouping key inside the run (`incidents.cause_of`). Delivery is an outbox, as for alerts."""
 
     class State(models.TextChoices):
-        FIRING = "firing"
-        RESOLVED = "resolved"
+        FIRING = "firing", "firing"
+        RESOLVED = "resolved", "resolved"
+        ENDED_UNRESOLVED = "ended_unresolved", "ended unresolved"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="incidents")
     cause = models.CharField(max_length=600)
@@ -121,6 +124,7 @@ class Incident(models.Model):
             }
             if root
             else None,
+            "remedy": incident_remedy(root.kind, root.details) if root else None,
             "alerts": [a.id for a in members],
             "consequences": [
                 {

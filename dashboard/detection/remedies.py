@@ -106,3 +106,44 @@ def recompile_remedy(line: str) -> str:
             "a Python constant is baked into the graph"
         )
     return "torch.compile(..., dynamic=True), or keep what the guard checks constant across steps"
+
+
+ALERTS_DOC = "docs/alerts.md"
+# What to do first about an incident, by its root's kind (docs/alerts.md has the whole story).
+INCIDENT_REMEDIES = {
+    "graph_divergence": (
+        "make the rank-dependent branch rank-independent, mark dims dynamic up front "
+        "(torch._dynamo.mark_dynamic), or enable torch._dynamo.config.enable_compiler_collectives"
+    ),
+    "recompile_divergence": (
+        "give every rank the same shapes (pad or drop ragged batches, drop_last=True) or mark the changing dims dynamic"
+    ),
+    "compile_failure_divergence": "fix the failing ranks' hosts (their rank pages show the environment)",
+    "rank_specific_artifact": (
+        "clear the shared cache dir or give each node type its own TORCHINDUCTOR_CACHE_DIR; after a critical "
+        "one, resume from a checkpoint written before it"
+    ),
+    "collective_schedule_divergence": "fix the graph divergence first; expect a hang at the next collective",
+    "cache_divergence": "warm the caches uniformly (a shared or remote cache)",
+    "compile_straggler": "warm or share the Inductor cache; raise the collective timeout for the first steps",
+    "ineffective_compile": "use DDP(torch.compile(model)) or compile the inner module; fix the graph breaks",
+    "recompile_storm": "mark the changing dims dynamic or move changing scalars into tensors",
+    "grad_divergence": "check the named ranks' hosts, run with deterministic algorithms, compare with eager",
+    "param_divergence": "restart from a checkpoint written by a majority rank; find the first grad_divergence",
+    "nonfinite_grad": "inspect the named ranks' data at that step",
+    "rank_silent": "look at that rank's host (py-spy, Flight Recorder): the other ranks wait for it",
+    "hang_forecast": (
+        "decide before the collective timeout: let it finish, raise the timeout, warm the cache, or mark dims "
+        "dynamic so the recompile does not happen"
+    ),
+    "rank_crashed": "read the traceback at the named frame on that rank's host",
+    "baseline_divergence": "compare the two runs on the compare page; decide whether bitwise equality is expected",
+}
+
+
+def incident_remedy(kind: str, details: dict | None) -> dict:
+    """What to do about an incident rooted in an alert of `kind`, and where the alert reference says
+    more: the alert's own advice where its rule gave one (a crash's hint, a cost's remedy)."""
+    own = (details or {}).get("hint") or (details or {}).get("remedy")
+    text = own if isinstance(own, str) and own else INCIDENT_REMEDIES.get(kind, "see the alert reference")
+    return {"text": text, "doc": f"{ALERTS_DOC}#{kind}"}

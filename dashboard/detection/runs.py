@@ -1,5 +1,5 @@
 """Run-level checks the periodic sweep makes: silent ranks, crashed ranks and the share of time
-spent compiling; ranks given up as lost, and the end of a run (its open alerts resolved)."""
+spent compiling; ranks given up as lost, and the end of a run (its open alerts ended unresolved)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dashboard.detection.rules import (
     evaluate,
     hang_forecast,
 )
-from dashboard.detection.rules.rank_silent import LEFT_ALONE, silent_ranks
+from dashboard.detection.rules.rank_silent import LEFT_ALONE, ended_message, silent_ranks
 from dashboard.evidence import reads
 from dashboard.ledger import slots
 from dashboard.tenancy.models import LOST, Rank, Run, has_ended, mark_lost, rank_failed
@@ -38,7 +38,7 @@ def active_runs() -> list[Run]:
     """Runs that reported recently and still have a rank that has not ended, or that ended with a
     crashed rank a moment ago (torchrun stops the others within seconds of a crash, often before
     the next sweep, and rank_crashed must still see it), or that ended with alerts still open (the
-    run's end resolves them, `check`)."""
+    run's end closes them, `check`)."""
     now = timezone.now()
     ranks = Rank.objects.filter(run=OuterRef("pk"))
     running = Exists(ranks.filter(status="running"))
@@ -194,7 +194,7 @@ def check(run: Run) -> list[int]:
             findings = after_the_end(run, findings)
         changed = lifecycle.apply(run, findings, clean, None)
         if over and not changed and ended_long_enough(run):
-            changed += lifecycle.end_of_run(run)
+            changed += lifecycle.end_of_run(run, last_words(run))
         return changed
 
 
@@ -208,7 +208,7 @@ def just_ended() -> list[Run]:
 
 def check_ended(run: Run) -> list[int]:
     """The last look at a run that ended: its compiled work (the other periodic rules are about live
-    ranks) and its bill; an alert it raises keeps the run in `active_runs` until the run's end resolves it."""
+    ranks) and its bill; an alert it raises keeps the run in `active_runs` until the run's end closes it."""
     bills.final_bill(run)
     with transaction.atomic():
         work = compiled_work(run)
@@ -242,15 +242,34 @@ def lost_ranks(view: RunView) -> set[int]:
 
 
 def is_over(view: RunView, lost: set[int]) -> bool:
-    """Every rank that reported ended or is lost."""
-    return bool(view.last_seen) and all(r in view.ended or r in lost for r in view.last_seen)
+    """Every rank that reported ended or is lost, or none has said anything for
+    LOCKSTEP_SILENT_AFTER (the launcher or the scheduler killed the whole job: nobody says goodbye)."""
+    ages = view.last_seen
+    return bool(ages) and (all(r in view.ended or r in lost for r in ages) or min(ages.values()) >= view.silent_after)
 
 
 def after_the_end(run: Run, findings: list[Finding]) -> list[Finding]:
-    """The run's end is final for the periodic rules: what it resolved stays resolved (a lost rank
+    """The run's end is final for the periodic rules: what it closed stays closed (a lost rank
     stays silent, a crash stays a crash; nothing new can be learnt from them)."""
-    ended = set(Alert.objects.filter(run=run, resolve_reason=lifecycle.RUN_ENDED).values_list("kind", "subject"))
+    ended = set(Alert.objects.filter(run=run, state=Alert.State.ENDED_UNRESOLVED).values_list("kind", "subject"))
     return [f for f in findings if (f.kind, f.subject) not in ended]
+
+
+def last_words(run: Run) -> dict[tuple[str, str], str]:
+    """The messages that would count up with the clock, as they stand at the run's end: each silent
+    rank's quiet time before the last report of the run (`lifecycle.end_of_run`)."""
+    seen = dict(Rank.objects.filter(run=run).values_list("rank", "last_seen"))
+    if not seen:
+        return {}
+    end = max(seen.values())
+    silent = Alert.objects.filter(run=run, kind="rank_silent", state=Alert.State.FIRING)
+    return {
+        (a.kind, a.subject): ended_message(
+            a.ranks[0], (end - seen[a.ranks[0]]).total_seconds(), bool((a.details or {}).get("lost"))
+        )
+        for a in silent
+        if a.ranks and a.ranks[0] in seen
+    }
 
 
 def ended_long_enough(run: Run) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from dashboard.detection.models import Alert
 
-FIRING, RESOLVED = Alert.State.FIRING.value, Alert.State.RESOLVED.value
+FIRING = Alert.State.FIRING.value  # any other state closed the episode (resolved, or ended unresolved)
 
 
 @dataclass
@@ -33,13 +33,13 @@ class AlertStream:
                 continue
             if told != FIRING:
                 out.append(line(alert, FIRING))
-            if alert.state == RESOLVED:
-                out.append(line(alert, RESOLVED))
+            if alert.state != FIRING:
+                out.append(line(alert, alert.state))
             self.told[alert.id] = alert.state
         return out
 
 
 def line(alert: Alert, state: str) -> str:
     ranks = ",".join(map(str, alert.ranks)) or "-"
-    why = f" ({alert.resolve_reason})" if state == RESOLVED and alert.resolve_reason else ""
+    why = f" ({alert.resolve_reason})" if state != FIRING and alert.resolve_reason else ""
     return f"ALERT {state:<8} {alert.kind:<31} run {alert.run.key} ranks {ranks}: {alert.message[:160]}{why}"

@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard.delivery import notifications, notify
-from dashboard.detection import bills, incidents, lifecycle, signals, silences
+from dashboard.detection import bills, incidents, lifecycle, signals, silences, verdict
 from dashboard.detection import tasks as detection_tasks
 from dashboard.detection.models import Alert, Baseline, Incident, Silence
 from dashboard.tenancy import access
@@ -52,19 +52,32 @@ def runs_for(caller: Principal, keys: Iterable[str]) -> list[Run]:
 RUNS_WINDOW = 2000  # the newest runs a list (and its status or health filters) looks at
 
 
-def runs_list(caller: Principal, status: str = "") -> QuerySet[Run]:
-    """The caller's newest RUNS_WINDOW runs, newest first, annotated with firing alert counts
+def runs_list(caller: Principal, status: str = "", verdict_kind: str = "") -> QuerySet[Run]:
+    """The caller's newest RUNS_WINDOW runs, newest first, annotated with unresolved alert counts
     (`critical`, `warning`), ranks that ended (`ended`) and their status (so `Run.status` needs no
-    query per run); only those of `status` when one is given (an unknown one is a 400, not an empty
-    list). The window is taken before anything is counted: the counts cost per run, and a project
-    with years of runs must not pay for all of them on every page."""
+    query per run); only those of `status`, or of `verdict_kind` (`detection.verdict`), when one is
+    given (an unknown one is a 400, not an empty list). The window is taken before anything is
+    counted: the counts cost per run, and a project with years of runs must not pay for all of them
+    on every page."""
     newest = caller.runs().order_by("-started_at").values("id")[:RUNS_WINDOW]
     runs = _with_alert_counts(Run.objects.filter(id__in=newest).select_related("project")).order_by("-started_at")
-    if not status:
-        return runs
-    if status not in RUN_STATUSES:
-        raise Refusal(400, f"unknown status {status!r}: use one of {', '.join(RUN_STATUSES)}", path="status")
-    return runs.filter(run_status=status)
+    if status:
+        if status not in RUN_STATUSES:
+            raise Refusal(400, f"unknown status {status!r}: use one of {', '.join(RUN_STATUSES)}", path="status")
+        runs = runs.filter(run_status=status)
+    if verdict_kind:
+        if verdict_kind not in verdict.VERDICTS:
+            raise Refusal(
+                400, f"unknown verdict {verdict_kind!r}: use one of {', '.join(verdict.VERDICTS)}", path="verdict"
+            )
+        judged = verdict.of_runs(runs)
+        runs = runs.filter(id__in=[run_id for run_id, v in judged.items() if v.kind == verdict_kind])
+    return runs
+
+
+def verdicts(runs: Iterable[Run]) -> dict[int, verdict.Verdict]:
+    """Each run's verdict (runs from `runs_list` or `run_with_alert_counts`), one query for all."""
+    return verdict.of_runs(runs)
 
 
 def run_with_alert_counts(caller: Principal, key: str) -> Run:
@@ -113,9 +126,11 @@ def _with_alert_counts(runs: QuerySet[Run]) -> QuerySet[Run]:
 
 
 def _firing(severity: str) -> Coalesce:
-    """The outer run's firing alerts of `severity`, as a subquery: a join would multiply the rows
-    `with_status` counts over and force a GROUP BY over every run."""
-    alerts = Alert.objects.filter(run=OuterRef("pk"), state=Alert.State.FIRING, severity=severity)
+    """The outer run's unresolved alerts of `severity` (firing, or ended unresolved: a run's end
+    fixes nothing), as a subquery: a join would multiply the rows `with_status` counts over and
+    force a GROUP BY over every run."""
+    unresolved = (Alert.State.FIRING, Alert.State.ENDED_UNRESOLVED)
+    alerts = Alert.objects.filter(run=OuterRef("pk"), state__in=unresolved, severity=severity)
     return Coalesce(Subquery(alerts.order_by().values("run").annotate(n=Count("pk")).values("n")), 0)
 
 
@@ -159,7 +174,7 @@ def visible_incidents(caller: Principal, run_key: str = "", state: str = "firing
     found = Incident.objects.filter(run__project_id__in=caller.project_ids)
     if run_key:
         found = found.filter(run__key=run_key)
-    if state in ("firing", "resolved"):
+    if state in Incident.State.values:
         found = found.filter(state=state)
     return _incidents_json(found, limit)
 

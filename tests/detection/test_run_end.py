@@ -1,6 +1,7 @@
 """Truthful state at a run's end, through the real ingest endpoint, PostgreSQL and the periodic check
 (`runs.check`): a rank left running alone is `lost` (never `running`), and once every rank ended the
-run's open alerts are resolved ("run ended"), each a new revision, after their firing was delivered."""
+run's open alerts end unresolved ("run ended": they still count), each a new revision, after their
+firing was delivered."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_a_rank_silent_while_others_still_run_is_not_lost(post):
     assert Rank.objects.get(run=run, rank=2).status == "running"
 
 
-def test_the_end_of_a_run_resolves_its_open_alerts_once_delivered(post):
+def test_the_end_of_a_run_closes_its_open_alerts_unresolved_once_delivered(post):
     run = job(
         post,
         "ended",
@@ -106,13 +107,17 @@ def test_the_end_of_a_run_resolves_its_open_alerts_once_delivered(post):
     delivered(run)
     assert runs.check(run) == [divergence.id]
     divergence.refresh_from_db()
-    assert (divergence.state, divergence.resolve_reason, divergence.revision) == ("resolved", "run ended", first + 1)
-    assert divergence.revision > divergence.notified_revision  # the resolve is pending for every sink
-    assert Incident.objects.get(id=divergence.incident_id).state == "resolved"
+    assert (divergence.state, divergence.resolve_reason, divergence.revision) == (
+        "ended_unresolved",
+        "run ended",
+        first + 1,
+    )
+    assert divergence.revision > divergence.notified_revision  # the close is pending for every sink
+    assert Incident.objects.get(id=divergence.incident_id).state == "ended_unresolved"
     assert run not in runs.active_runs()
 
 
-def test_after_the_end_a_lost_rank_stays_resolved(post):
+def test_after_the_end_a_lost_rank_stays_closed_with_its_quiet_time_frozen(post):
     run = job(post, "killed-end", {0: RESET, 1: RESET})
     age(run, settings.LOCKSTEP_SETTLE_TIMEOUT + settings.LOCKSTEP_LOST_AFTER)
     for slot in GradSlot.objects.filter(run=run):
@@ -121,7 +126,34 @@ def test_after_the_end_a_lost_rank_stays_resolved(post):
     assert Alert.objects.filter(run=run, state="firing", kind="rank_silent").exists()
     delivered(run)
     runs.check(run)
-    assert set(Alert.objects.filter(run=run).values_list("state", "resolve_reason")) == {("resolved", "run ended")}
+    assert set(Alert.objects.filter(run=run).values_list("state", "resolve_reason")) == {
+        ("ended_unresolved", "run ended")
+    }
+    silent = Alert.objects.get(run=run, kind="rank_silent")
+    assert silent.message.startswith("Rank 2 sent nothing for the last 0 s before the run ended")  # not "for 16 s"
     for _ in range(2):  # the crash window keeps the run in the sweep: nothing fires again
         assert runs.check(run) == []
     assert not Alert.objects.filter(run=run, state="firing").exists()
+    assert Alert.objects.get(id=silent.id).message == silent.message  # frozen: it no longer counts up
+
+
+def test_a_stalled_run_its_launcher_killed_ends_with_its_silent_rank_unresolved(post):
+    """Rank 2 hung; then the whole job was killed (nobody says goodbye): once every rank is quiet past
+    LOCKSTEP_SILENT_AFTER the run is over, and rank_silent ends with it instead of firing for ever."""
+    run = job(post, "stalled-killed", {})
+    for slot in GradSlot.objects.filter(run=run):
+        settle.settle_grad(slot.id)
+    quiet = settings.LOCKSTEP_SILENT_AFTER
+    age(run, 2 * quiet + 16, ranks=[2])
+    age(run, quiet - 5, ranks=[0, 1])
+    runs.check(run)
+    silent = Alert.objects.get(run=run, kind="rank_silent")
+    assert silent.state == "firing" and silent.ranks == [2]
+    delivered(run)
+    age(run, quiet + 1, ranks=[0, 1])  # the launcher killed the others too
+    Rank.objects.filter(run=run, rank=2).update(last_seen=timezone.now() - timedelta(seconds=2 * quiet + 22))
+    runs.check(run)
+    silent.refresh_from_db()
+    assert (silent.state, silent.resolve_reason) == ("ended_unresolved", "run ended")
+    assert silent.message.startswith(f"Rank 2 sent nothing for the last {quiet + 21:.0f} s before the run ended")
+    assert Incident.objects.get(id=silent.incident_id).state == "ended_unresolved"

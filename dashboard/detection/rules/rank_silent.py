@@ -44,6 +44,13 @@ def left_behind(view: RunView, live: dict[int, float]) -> set[int]:
     return {r for r, age in live.items() if age > max(ended_ages)}
 
 
+def ended_message(rank: int, quiet_s: float, lost: bool) -> str:
+    """The alert's last word once the run ended: how long the rank was quiet before the end, no
+    longer counting up with the clock (a run over is over)."""
+    how = "and never ended (killed outright?)" if lost else "while the other ranks kept reporting"
+    return f"Rank {rank} sent nothing for the last {quiet_s:.0f} s before the run ended, {how}"
+
+
 @rule("rank_silent", RunView, subject=lambda v: [subjects.rank(r) for r in v.last_seen])
 def rank_silent(view: RunView):
     for rank, why in sorted(silent_ranks(view).items()):

@@ -22,7 +22,7 @@ def alerts_for(caller: Principal, filters: dict) -> QuerySet[Alert]:
     if filters.get("severity"):
         qs = qs.filter(severity=filters["severity"])
     state = filters.get("state", "firing")
-    if state in (Alert.State.FIRING, Alert.State.RESOLVED):
+    if state in Alert.State.values:
         qs = qs.filter(state=state)
     if filters.get("acked") == "yes":
         qs = qs.filter(acked_at__isnull=False)

@@ -11,18 +11,22 @@ through Django's autoescaping or JSON read with textContent.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from dashboard.detection import silences
 from dashboard.detection.models import Baseline
+from dashboard.detection.verdict import VERDICTS
 from dashboard.evidence.models import CompileEvent, GraphBreakEvent, StepReport
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import Principal
@@ -86,13 +90,20 @@ def runs(request: HttpRequest, caller: Principal) -> HttpResponse:
         "projects": Project.objects.filter(id__in=caller.project_ids).order_by("name"),
         "filters": request.GET,
         "statuses": RUN_STATUSES,
+        "verdicts": [(v, v.replace("_", " ")) for v in VERDICTS],
     }
     try:
-        listed = services.runs_list(caller, request.GET.get("status", "").strip())
+        listed = services.runs_list(
+            caller, request.GET.get("status", "").strip(), request.GET.get("verdict", "").strip()
+        )
     except Refusal as refusal:
         messages.error(request, refusal.message)
         return render(request, "dashboard/runs.html", {**context, "runs": []}, status=400)
-    return render(request, "dashboard/runs.html", {**context, "runs": _filtered(listed, request.GET)[:RUNS_LISTED]})
+    shown = list(_filtered(listed, request.GET)[:RUNS_LISTED])
+    verdicts = services.verdicts(shown)
+    for row in shown:
+        row.verdict = verdicts[row.id]
+    return render(request, "dashboard/runs.html", {**context, "runs": shown})
 
 
 def run_headline_counts(run: Run) -> dict:
@@ -124,6 +135,8 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
         "dashboard/run.html",
         {
             "run": found,
+            "verdict": services.verdicts([found])[found.id],
+            "over": is_over(found),
             "flight": flight_recorder_view(alerts),
             "ranks": found.ranks.values(
                 "rank", "host", "status", "last_step", "last_seen"
@@ -140,6 +153,13 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
             .values_list("key", flat=True)[:50],
         },
     )
+
+
+def is_over(run: Run) -> bool:
+    """Nothing live to show: every rank ended or was lost, or the whole run has said nothing for
+    LOCKSTEP_SILENT_AFTER (its launcher killed it; nobody said goodbye). `run` from `runs_list`."""
+    quiet = timezone.now() - run.last_seen >= timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER)
+    return run.ended >= run.world_size or quiet
 
 
 def flight_recorder_view(alerts) -> dict | None:

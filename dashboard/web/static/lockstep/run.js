@@ -41,10 +41,17 @@
     li.className = `incident ${incident.severity} ${incident.state}${incident.acked_by ? " acked" : ""}`;
     li.dataset.id = incident.id;
     li.dataset.rootKind = root.kind;
-    li.append(span("state", incident.state), span("kind", root.kind),
+    li.append(span("state", incident.state.replace("_", " ")), span("kind", root.kind),
               span("ranks", `root: rank${root.ranks.length === 1 ? "" : "s"} ${root.ranks.join(", ")}`));
     if (root.step !== null) li.append(span("step", `step ${root.step}`));
     li.append(span("message", root.message));
+    if (incident.remedy) {
+      const remedy = document.createElement("div");
+      remedy.className = "remedy";
+      remedy.append("What to do: ", span("remedy-text", incident.remedy.text), " ",
+                    span("doc", `(${incident.remedy.doc})`));
+      li.append(remedy);
+    }
     if (incident.acked_by) li.append(span("acked", `acked by ${incident.acked_by}`));
     const rest = incident.consequences || [];
     if (rest.length) {
@@ -115,7 +122,9 @@
 
   function connect(delay) {
     const ws = new WebSocket(url);
-    ws.onopen = () => { status.textContent = "live"; delay = 1000; };
+    // an ended run still listens (a late report may arrive) but says it ended, not "live"
+    const over = status.dataset.over === "true";
+    ws.onopen = () => { status.textContent = over ? "ended" : "live"; status.dataset.connected = "true"; delay = 1000; };
     ws.onmessage = (event) => {
       const msg = JSON.parse(event.data);
       if (msg.type === "alert") render(msg.alert);
@@ -124,7 +133,8 @@
       if (msg.type === "alert" || msg.type === "progress") refreshSoon();
     };
     ws.onclose = () => {
-      status.textContent = "reconnecting…";
+      delete status.dataset.connected;
+      status.textContent = over ? "ended" : "reconnecting…";
       setTimeout(() => connect(Math.min(delay * 2, 30000)), delay);
     };
   }
