@@ -30,6 +30,12 @@ def group(name: str) -> str:
     return _fit(f"group:{name}")
 
 
+def nonfinite_everywhere(name: str) -> str:
+    """NaN/Inf gradients on every rank of a group (the all-reduce spread them): apart from the group's
+    divergences, as agreeing (all NaN) weights do not resolve it; finite gradients on every rank do."""
+    return _fit(f"nonfinite-everywhere:{name}")
+
+
 def rank(number: int) -> str:
     return f"rank:{number}"
 

@@ -1,5 +1,14 @@
-"""nonfinite_grad: NaN/Inf gradients on some ranks only. Their update puts NaN into those ranks'
-weights: like grad_divergence, only agreeing weight fingerprints (or the run's end) resolve it."""
+"""nonfinite_grad: NaN/Inf gradients.
+
+On some ranks only: their update puts NaN into those ranks' weights; like grad_divergence, only
+agreeing weight fingerprints (or the run's end) resolve it.
+
+On every rank: one rank's loss or local gradients went inf and DDP's all-reduce spread it to every
+replica, so no rank differs from the others, yet every update now writes NaN into the weights. The
+agents fingerprint gradients in the optimizer's step pre-hook, so a step AMP's GradScaler skipped
+(inf gradients it recovers from) is never reported: a report is a step the optimizer really took.
+Agreeing weights prove nothing here (all NaN agree); finite gradients on every rank resolve it.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +17,31 @@ from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
 from dashboard.detection.rules.param_divergence import is_param, weights_agree
 
 
-@rule("nonfinite_grad", GradSlotView, subject=weights_agree)
+def finite_everywhere(view: GradSlotView) -> list[str]:
+    """The subject a gradient slot proves healthy again: every rank reported, none non-finite."""
+    if is_param(view) or len(view.reports) < view.world_size or any(r.nonfinite for r in view.reports.values()):
+        return []
+    return [subjects.nonfinite_everywhere(view.group)]
+
+
+@rule("nonfinite_grad", GradSlotView, subject=lambda v: weights_agree(v) + finite_everywhere(v))
 def nonfinite_grad(view: GradSlotView):
     if is_param(view):
         return
     bad = tuple(sorted(r for r, report in view.reports.items() if report.nonfinite))
-    if not bad or len(bad) == len(view.reports):
+    if not bad:
+        return
+    counts = {r: view.reports[r].nonfinite for r in bad}
+    if len(bad) == len(view.reports):
+        yield Finding(
+            severity="critical",
+            subject=subjects.nonfinite_everywhere(view.group),
+            ranks=bad,
+            step=view.step,
+            message=f"Gradients non-finite on all ranks from step {view.step}: the all-reduce spread one rank's "
+            "NaN/Inf to every replica, and each update writes it into the weights",
+            details={"group": view.group, "nonfinite": counts, "everywhere": True},
+        )
         return
     yield Finding(
         severity="critical",
@@ -21,5 +49,5 @@ def nonfinite_grad(view: GradSlotView):
         ranks=bad,
         step=view.step,
         message=f"NaN/Inf gradients on {ranks_text(bad)} at step {view.step}",
-        details={"group": view.group, "nonfinite": {r: view.reports[r].nonfinite for r in bad}},
+        details={"group": view.group, "nonfinite": counts},
     )
