@@ -13,6 +13,7 @@ import collections
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import urllib.error
@@ -163,6 +164,7 @@ class Transport:
         self._backlog: collections.deque[str] = collections.deque()  # spooled paths awaiting upload
         self._dropped: dict[str, int] = {}
         self._failures = 0
+        self._told = False  # rank 0 said once on stderr that batches are not getting through
         self._not_before = 0.0
         self._closing = False
         self._deadline = float("inf")
@@ -386,6 +388,7 @@ class Transport:
                 delay = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (self._failures - 1)) * random.uniform(0.5, 1.0)
             self._not_before = time.monotonic() + delay
             log.debug("lockstep: delivery failed (%s), retry in %.2fs", outcome.detail, delay)
+            self._tell_once(f"cannot deliver to {self.cfg.url} ({outcome.detail})")
             return
         self._failures = 0
         if outcome.kind == "split":
@@ -408,6 +411,19 @@ class Transport:
             self._upload_blobs(list(outcome.reply.want_blobs))
         if outcome.reply and outcome.reply.flight_recorder and self._on_flight_recorder:
             self._upload_flight_record()
+
+    def _tell_once(self, what: str) -> None:
+        """The first failed delivery of rank 0's process, on stderr: a wrong token or an unreachable
+        server would otherwise leave a job's team looking at an empty dashboard with no clue. Once: the
+        agent keeps retrying quietly, and the other ranks would only repeat it."""
+        if self._told or self.cfg.rank != 0:
+            return
+        self._told = True
+        spool = os.path.abspath(self.cfg.spool_dir)
+        sys.stderr.write(
+            f"lockstep: {what}; batches wait in {spool} and go out when the server answers "
+            f"(or later: python -m agents upload {spool} --url URL --token TOKEN)\n"
+        )
 
     def _upload_flight_record(self) -> None:
         """The server asked for a Flight Recorder dump (agents/flight_recorder.py): taken here, on the

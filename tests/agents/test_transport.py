@@ -347,3 +347,22 @@ def test_the_spool_cap_is_the_folders_when_ranks_share_it(tmp_path):
     rank0.remove(os.path.join(folder, "r0000000-a-000000000001.json"))
     assert rank1.write("r0000001-b-000000000001.json", b"x" * 500)
     assert sum(os.path.getsize(p) for p in list_batches(folder)) == 700
+
+
+def test_rank_0_says_once_on_stderr_why_nothing_gets_through(tmp_path, stub, capsys):
+    """A wrong token (401 every time): rank 0's process says what failed, where the batches wait and
+    how to send them, once; another rank says nothing (every rank would only repeat it)."""
+    stub.script = [(401, {"Retry-After": "0"}, {"error": "unknown token"})] * 1000
+    for rank in (0, 2):
+        cfg = resolve(
+            url=stub.url, token="bad", run="run-1", rank=rank, world_size=4, spool_dir=str(tmp_path / f"s{rank}")
+        )
+        t = Transport(cfg)
+        _send_steps(t, range(4), pause=0.05)
+        t.close(timeout=1)
+    err = capsys.readouterr().err
+    spool = tmp_path / "s0"
+    assert err.count("lockstep: ") == 1, err
+    assert f"cannot deliver to {stub.url} (HTTP 401: " in err and "unknown token" in err
+    assert f"batches wait in {spool} " in err and f"python -m agents upload {spool} " in err
+    assert read_spool(str(spool))  # and they do wait there
