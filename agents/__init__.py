@@ -68,6 +68,7 @@ class Agent:
         from agents.grads import GradTracker
         from agents.graph_texts import GraphTexts
         from agents.links import Links, lockstep_run_url
+        from agents.peers import Peers
         from agents.progress import Sampler
         from agents.transport import Transport
 
@@ -84,6 +85,7 @@ class Agent:
         self.progress = (
             Sampler(self.capture, lambda: self.grads.step, cfg.progress_every) if cfg.progress_every else None
         )
+        peers = Peers.of_launch(cfg.rank)
         self.transport = Transport(
             cfg,
             on_detail=self._details,
@@ -92,6 +94,7 @@ class Agent:
             progress=self.progress.to_send if self.progress else None,
             on_flight_recorder=self._flight_record if cfg.flight_recorder else None,
             on_weights=self.grads.weights_at,
+            peers_gone=peers.gone if peers else None,
         )
         try:
             self._emit(start)
@@ -133,7 +136,7 @@ class Agent:
             host=socket.gethostname()[:512],
             pid=os.getpid(),
             local_rank=self.cfg.local_rank,
-            device=env.device(self.cfg.local_rank),
+            device=env.device(self.grads.device),
             versions=env.versions(),
             config_hash=env.config_hash(),
             settings=env.settings(),

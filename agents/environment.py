@@ -70,13 +70,20 @@ def _driver_version() -> str | None:
         return None
 
 
-def device(local_rank: int | None) -> str:
+def device(computes_on: torch.device | None = None) -> str:
+    """The device this rank computes on: its parameters' (`computes_on`) once known, else CUDA's
+    current device once CUDA is initialized; "" while a CUDA rank has not touched the GPU yet. Never
+    the local rank: ranks that share one GPU (or pick theirs by other means) all say where they are."""
+    if computes_on is not None:
+        return str(computes_on)
     try:
-        if torch.cuda.is_available():
-            return f"cuda:{local_rank if local_rank is not None else torch.cuda.current_device()}"
+        if not torch.cuda.is_available():
+            return "cpu"
+        if torch.cuda.is_initialized():
+            return f"cuda:{torch.cuda.current_device()}"
     except Exception:
         pass
-    return "cpu"
+    return ""
 
 
 def canonical(value: object) -> str:

@@ -160,6 +160,7 @@ class GradTracker:
         self._emit = emit
         self._on_layout = on_layout
         self._layout: tuple[list[str], list[list[int]]] | None = None  # as last reported
+        self.device: torch.device | None = None  # where the first optimizer's first parameter lives
         # optimizer index -> (parameter identity, {group: buckets}, {group: names})
         self._bucket_cache: dict[
             int, tuple[tuple[tuple[str, tuple[int, ...]], ...], dict[str, list[list[int]]], dict[str, list[str]]]
@@ -316,6 +317,7 @@ class GradTracker:
                 for group, (_, params) in groups.items()
             }
             self._bucket_cache[k] = (key, layout, {group: names for group, (names, _) in groups.items()})
+            self.device = self.device or next((_local(p).device for _, params in groups.values() for p in params), None)
             self._report_layout()
         return self._bucket_cache[k][1]
 

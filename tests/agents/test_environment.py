@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from agents import environment
 from agents.crash import describe
 
@@ -48,3 +50,21 @@ def test_settings_name_compiler_values_that_differ_from_torchs_defaults():
     assert after["inductor.fallback_random"] == "True" and after["dynamo.automatic_dynamic_shapes"] == "False"
     assert set(after) - set(before) == {"inductor.fallback_random", "dynamo.automatic_dynamic_shapes"}
     assert environment.settings() == before
+
+
+def test_the_device_is_where_the_rank_computes_never_its_local_rank():
+    """Ranks sharing one GPU all compute on cuda:0, whatever their local rank; the parameters say where
+    (the grad tracker keeps the first optimizer's first parameter's device for rank_start)."""
+    from agents.grads import GradTracker
+
+    assert environment.device(torch.device("cuda", 0)) == "cuda:0"
+    tracker = GradTracker(lambda e: None, 1, 0)
+    tracker.install()
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+    finally:
+        tracker.uninstall()
+    assert tracker.device == torch.device("cpu") and environment.device(tracker.device) == "cpu"

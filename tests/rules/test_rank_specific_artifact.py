@@ -1,4 +1,6 @@
-"""rank_specific_artifact fires only where ranks really share a cache directory and one FX key."""
+"""rank_specific_artifact fires only where a rank runs code made for another target: ranks that traced
+the same graph, really share a cache directory and one FX key, and run one artifact their targets
+(codegen facts, rank-specific text of graph and code) say must differ."""
 
 from dashboard.detection.rules.rank_specific_artifact import cache_location
 from tests.rules import compile_view, findings_of
@@ -91,13 +93,52 @@ def test_a_rank_loading_an_entry_while_isas_differ_is_critical():
 
 
 def test_a_gpu_rank_loading_another_gpus_entry_is_critical():
+    """Code that names its device (raw and normalized text differ) loaded by ranks whose graphs name another."""
     info = {r: local_rank("node1", device=f"cuda:{r}") for r in range(3)}
     view = compile_view(
-        {r: on_device(compiled("miss" if r == 0 else "hit", "x"), r) for r in range(3)}, index=0, rank_info=info
+        {r: on_device(compiled("miss" if r == 0 else "hit", "x", "x-norm"), r) for r in range(3)},
+        index=0,
+        rank_info=info,
     )
     [f] = findings_of(view, "rank_specific_artifact")
-    assert f.severity == "critical" and f.ranks == (1, 2)
+    assert f.severity == "critical" and f.ranks == (1, 2) and f.details["loaded_from"] == {"1": 0, "2": 0}
     assert "rank 1 runs with device=cuda:1, rank 2 runs with device=cuda:2, the others cuda:0" in f.message
+
+
+def test_rank_constants_baked_under_one_key_are_critical():
+    """pytorch #188332: every rank on one device, the graphs differ only in the rank (normalized equal),
+    the code carries rank-specific text, and rank 1 loaded the code rank 0 compiled."""
+    info = {r: local_rank("node1", device="cuda:0") for r in range(2)}
+    view = compile_view(
+        {r: {**compiled("miss" if r == 0 else "hit", "rank0-code", "code-norm"), "graph_raw": f"g{r}"} for r in (0, 1)},
+        index=0,
+        rank_info=info,
+    )
+    [f] = findings_of(view, "rank_specific_artifact")
+    assert (f.severity, f.ranks, f.details["loaded_from"]) == ("critical", (1,), {"1": 0})
+    assert "their graphs differ in rank-specific text" in f.message
+
+
+def test_loading_what_another_rank_compiled_for_the_same_graph_is_the_cache_working():
+    """Ranks on one GPU sharing the default cache dir: rank 0 compiled, ranks 1 and 2 loaded its code,
+    which names cuda:0, as their own graphs do."""
+    info = {r: local_rank("node1", device="cuda:0") for r in range(3)}
+    view = compile_view(
+        {r: compiled("miss" if r == 0 else "hit", "cuda0-code", "code-norm") for r in range(3)},
+        index=0,
+        rank_info=info,
+    )
+    assert findings_of(view, "rank_specific_artifact") == []
+
+
+def test_never_on_a_slot_whose_graphs_differ():
+    """Rank 1 traced another graph (its forward under bf16 autocast) and compiled it, the others loaded
+    theirs; whatever devices the ranks report, that is graph_divergence's slot."""
+    info = {r: local_rank("node1", device=f"cuda:{r}") for r in range(3)}
+    reports = {r: on_device(compiled("hit", "fp32-code", "fp32-norm"), r) for r in (0, 2)}
+    reports[1] = {**compiled("miss", "bf16-code", "bf16-norm"), "graph_raw": "b" * 32, "graph_norm": "b" * 32}
+    reports[0] = {**reports[0], "cache": {"inductor": "miss", "aotautograd": "miss"}}
+    assert findings_of(compile_view(reports, index=0, rank_info=info), "rank_specific_artifact") == []
 
 
 def test_the_gpu_does_not_count_for_a_graph_that_does_not_name_it():
@@ -107,13 +148,22 @@ def test_the_gpu_does_not_count_for_a_graph_that_does_not_name_it():
     assert findings_of(view, "rank_specific_artifact") == []
 
 
-def test_critical_names_the_ranks_off_the_majority():
+def test_with_no_writer_in_the_run_critical_names_the_ranks_off_the_majority():
+    """Every rank loaded one entry an earlier run wrote: it cannot be right for both ISAs."""
+    info = {0: nfs_rank("a", "AVX512"), 1: nfs_rank("a", "AVX512"), 2: nfs_rank("b", "AVX2")}
+    view = compile_view({r: compiled("hit", "x") for r in range(3)}, index=0, rank_info=info)
+    [f] = findings_of(view, "rank_specific_artifact")
+    assert f.severity == "critical" and f.ranks == (2,) and not f.details["tie"] and f.details["loaded"] == [0, 1, 2]
+    assert f.details["loaded_from"] == {}
+
+
+def test_a_load_across_isas_of_code_no_other_target_runs_is_not_proof():
+    """Rank 2 (AVX2) loaded code no AVX512 rank runs here: nothing says it was made for another target."""
     info = {0: nfs_rank("a", "AVX512"), 1: nfs_rank("a", "AVX512"), 2: nfs_rank("b", "AVX2")}
     view = compile_view(
-        {0: compiled("miss", "x"), 1: compiled("hit", "y"), 2: compiled("hit", "z")}, index=0, rank_info=info
+        {0: compiled("miss", "x"), 1: compiled("hit", "x"), 2: compiled("hit", "z")}, index=0, rank_info=info
     )
-    [f] = findings_of(view, "rank_specific_artifact")
-    assert f.severity == "critical" and f.ranks == (2,) and not f.details["tie"] and f.details["loaded"] == [1, 2]
+    assert findings_of(view, "rank_specific_artifact") == []
 
 
 def test_a_load_of_exactly_another_targets_code_is_critical_whatever_the_keys():

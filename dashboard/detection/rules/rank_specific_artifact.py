@@ -1,18 +1,22 @@
-"""rank_specific_artifact: ranks that really share an Inductor cache directory look up one FX-graph
-cache key but need different code for it, so one rank's cache entry is wrong for another
-(pytorch #188332 class).
+"""rank_specific_artifact: a rank runs Inductor code that is not what its own graph and target give,
+because ranks that really share a cache directory looked up one FX-graph key for it (pytorch
+#188332: an all_gather fusion baked in another rank's constants under the same key; the CPU ISA
+case, reproduced on torch 2.13: an AVX2 rank loading AVX512 code got 496 of 1000 outputs wrong).
 
+Loading code another rank compiled for the same graph is the cache working, never an alert. Only
+ranks that traced the same graph are compared (a slot whose normalized Dynamo graphs differ is
+graph_divergence's, and this rule stays out of it), and only under one key in one directory.
 Sharing is about the place, not the path string: the same resolved path on one host, or the same
 path on one network filesystem (fsid) that every host mounts; two hosts' /tmp/torchinductor_root
-are two caches. Keys that differ per rank (multi-GPU nodes: the device index is in the key) are
-harmless, each rank gets its own entry, so ranks are compared only under one key in one directory:
+are two caches. Keys that differ per rank (the device index in the key) are harmless.
 
-- warning: ranks that compiled it (cache miss) produced different code: the last writer wins;
-- critical: a rank loaded it (cache hit) while the ranks differ in what shapes generated code but
-  not the key (the CPU vector ISA; the GPU a rank runs on, where the graphs name it): some rank
-  runs code generated for another's target. Reproduced on torch 2.13: an AVX2 rank loading AVX512 code got 496 of 1000
-  outputs wrong. Also critical when a loaded artifact is byte-identical to the code a rank with
-  other codegen facts compiled, whatever keys were reported.
+- critical: ranks of different targets run byte-identical code that at least one of them loaded
+  (a cache hit). A target is what shapes generated code but not the key: the agent's `codegen`
+  facts (the CPU vector ISA), and the rank-specific text of the raw graph (device index, rank,
+  process group), which counts only where the code carries rank-specific text itself (its raw and
+  normalized hashes differ): code without any is right on every rank.
+- warning: ranks that compiled it (cache miss) produced different code: the last writer wins, and
+  the next run's ranks load its code.
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ def describe(location: Location, info: dict) -> Dir:
 
 
 def codegen_facts(info: dict, device: bool) -> dict[str, str]:
-    """What shapes generated code but not the cache key: the agent's `codegen` facts, and the GPU."""
+    """What shapes generated code but not the cache key: the agent's `codegen` facts, and the GPU
+    (in words only: the raw graph is what tells whether the device shapes the code)."""
     facts = {name: str(value) for name, value in (info.get("codegen") or {}).items()}
     if device and (info.get("device") or "cpu") != "cpu":
         facts["device"] = info["device"]
@@ -74,7 +79,7 @@ def codegen_facts(info: dict, device: bool) -> dict[str, str]:
 
 
 def facts_of(view: CompileSlotView, ranks: list[int]) -> dict[int, dict]:
-    """Codegen facts of these ranks; the GPU counts only where their raw Dynamo graphs differ (they name
+    """Codegen facts of these ranks; the GPU is named only where their raw Dynamo graphs differ (they name
     the device): a graph of CPU work compiles alike on cuda:0 and cuda:1."""
     named = len({view.reports[r].graph_raw for r in ranks if view.reports[r].graph_raw}) > 1
     return {r: codegen_facts(view.rank_info[r], named) for r in ranks}
@@ -103,6 +108,35 @@ def codegen_split(facts: dict[int, dict]) -> tuple[Consensus, str]:
     return verdict, "; ".join(parts)
 
 
+def targets(view: CompileSlotView, ranks: list[int]) -> dict[int, tuple]:
+    """Per rank what its own code depends on beyond the key: codegen facts (not the device: the graph
+    says whether it matters), and the raw graph where the code carries rank-specific text."""
+    facts = comparable({r: codegen_facts(view.rank_info[r], device=False) for r in ranks})
+    specific = any(view.reports[r].code_raw != view.reports[r].code_norm for r in ranks)
+    return {r: (facts[r], view.reports[r].graph_raw if specific else "") for r in ranks}
+
+
+def foreign_runs(view: CompileSlotView, ranks: list[int]) -> dict[int, int | None]:
+    """Rank that runs code made for another target -> the rank of this run that compiled it (None: an
+    earlier run did; then the ranks off the majority target are named)."""
+    by_code = defaultdict(list)
+    for r in ranks:
+        if view.reports[r].code_raw:
+            by_code[view.reports[r].code_raw].append(r)
+    found: dict[int, int | None] = {}
+    for sharing in by_code.values():
+        loaded = [r for r in sharing if _outcome(view.reports[r]) == "hit"]
+        kinds = targets(view, sharing)
+        if not loaded or len(set(kinds.values())) < 2:
+            continue
+        writer = next((r for r in sharing if _outcome(view.reports[r]) == "miss"), None)
+        if writer is not None:
+            found.update({r: writer for r in loaded if kinds[r] != kinds[writer]})
+        else:
+            found.update({r: None for r in consensus(kinds).dissenters})
+    return found
+
+
 def code_diff(events: list) -> str | None:
     """How the code of these compiles differs: only in rank-specific text (normalized equal) or in itself."""
     raws = {e.code_raw for e in events if e.code_raw}
@@ -110,27 +144,6 @@ def code_diff(events: list) -> str | None:
     if len(norms) > 1:
         return "generated code"
     return "rank-specific text only" if len(raws) > 1 else None
-
-
-def foreign_loads(view: CompileSlotView, ranks: list[int], facts: dict[int, dict]) -> dict[int, int]:
-    """Rank that loaded code (hit) -> a rank of other codegen facts that compiled exactly that code."""
-    writers = defaultdict(list)
-    for r in ranks:
-        if _outcome(view.reports[r]) == "miss" and view.reports[r].code_raw:
-            writers[view.reports[r].code_raw].append(r)
-    found = {}
-    for r in ranks:
-        if _outcome(view.reports[r]) != "hit":
-            continue
-        other = [w for w in writers.get(view.reports[r].code_raw, []) if _differ(facts, r, w)]
-        if other:
-            found[r] = other[0]
-    return found
-
-
-def _differ(facts: dict[int, dict], a: int, b: int) -> bool:
-    pair = comparable({a: facts[a], b: facts[b]})
-    return pair[a] != pair[b]
 
 
 def _outcome(event) -> str | None:
@@ -153,33 +166,19 @@ def _details(view: CompileSlotView, key: str, place: Dir, ranks: list[int], fact
 
 
 def judge(view: CompileSlotView, key: str, place: Dir, ranks: list[int]) -> Iterator[Finding]:
-    """Ranks of one directory under one key: a load across codegen facts, or different code written."""
-    facts = facts_of(view, ranks)
-    split, how = codegen_split(facts)
-    loaded = [r for r in ranks if _outcome(view.reports[r]) == "hit"]
-    if loaded and split.dissenters:
-        yield Finding(
-            severity="critical",
-            ranks=split.dissenters,
-            step=first_step(view.reports, ranks),
-            frame=view.frame,
-            message=f"{view.frame} (compile #{view.index}): {ranks_text(ranks)} share Inductor cache dir {place.text} "
-            f"and FX key {short_key(key)}, but {how}; {ranks_text(loaded)} loaded the artifact from the cache, so "
-            f"at least one rank runs code generated for another rank's target (wrong results or crashes): {FIX}",
-            details={
-                **_details(view, key, place, ranks, facts),
-                "loaded": loaded,
-                "loaded_from": _keyed(foreign_loads(view, ranks, facts)),
-                "tie": split.tie,
-                "hint": FIX,
-            },
-        )
+    """Ranks of one directory under one key: code run on another target than it was made for, or
+    different code written."""
+    foreign = foreign_runs(view, ranks)
+    if foreign:
+        yield foreign_finding(view, key, place, ranks, foreign)
         return
+    facts = facts_of(view, ranks)
     written = {
         r: view.reports[r].code_raw for r in ranks if _outcome(view.reports[r]) == "miss" and view.reports[r].code_raw
     }
     if len(set(written.values())) < 2:
         return
+    _, how = codegen_split(facts)
     verdict = consensus(written)
     details = _details(view, key, place, ranks, facts)
     note, split = settings_split(view)
@@ -203,8 +202,35 @@ def judge(view: CompileSlotView, key: str, place: Dir, ranks: list[int]) -> Iter
     )
 
 
-def _keyed(mapping: dict[int, int]) -> dict[str, int]:
-    return {str(k): v for k, v in sorted(mapping.items())}
+def foreign_finding(view: CompileSlotView, key: str, place: Dir, ranks: list[int], foreign: dict) -> Finding:
+    """Critical: `foreign` (rank -> the rank that compiled what it runs, None: an earlier run) run code
+    made for another target."""
+    facts = facts_of(view, ranks)
+    named = tuple(sorted(foreign))
+    loaded = [r for r in ranks if _outcome(view.reports[r]) == "hit"]
+    split, how = codegen_split(facts)
+    whose = "; ".join(
+        f"rank {r} ({_facts_text(facts[r])}) loaded the code rank {w} compiled ({_facts_text(facts[w])})"
+        for r, w in sorted(foreign.items())
+        if w is not None
+    )
+    return Finding(
+        severity="critical",
+        ranks=named,
+        step=first_step(view.reports, named),
+        frame=view.frame,
+        message=f"{view.frame} (compile #{view.index}): {ranks_text(ranks)} share Inductor cache dir {place.text} "
+        f"and FX key {short_key(key)}, but {how or 'their graphs differ in rank-specific text and so does the code'}; "
+        f"{whose or ranks_text(loaded) + ' loaded the same artifact from the cache'}, so {ranks_text(named)} "
+        f"run{'s' if len(named) == 1 else ''} code generated for another rank's target (wrong results or crashes): {FIX}",
+        details={
+            **_details(view, key, place, ranks, facts),
+            "loaded": loaded,
+            "loaded_from": {str(r): w for r, w in sorted(foreign.items()) if w is not None},
+            "tie": split.tie,
+            "hint": FIX,
+        },
+    )
 
 
 def sharing_groups(view: CompileSlotView) -> dict[Location, list[int]]:
@@ -218,43 +244,18 @@ def sharing_groups(view: CompileSlotView) -> dict[Location, list[int]]:
 
 
 def problems(view: CompileSlotView) -> Iterator[Finding]:
+    if len({e.graph_norm for e in view.reports.values() if e.graph_norm}) > 1:
+        return  # the ranks traced different graphs: graph_divergence's slot, whatever the cache did
     for location, ranks in sharing_groups(view).items():
         place = describe(location, view.rank_info[ranks[0]])
         by_key = defaultdict(list)
-        for r in ranks:
-            if key := cache_key((view.reports[r].detail or {}).get("cache_keys") or {}):
-                by_key[key].append(r)
+        for r in ranks:  # a compile of several graphs reports their keys joined: each is an entry
+            for key in cache_key((view.reports[r].detail or {}).get("cache_keys") or {}).split(","):
+                if key:
+                    by_key[key].append(r)
         for key, sharing in sorted(by_key.items()):
             if len(sharing) >= 2:
                 yield from judge(view, key, place, sharing)
-        yield from proven_loads(view, place, ranks)
-
-
-def proven_loads(view: CompileSlotView, place: Dir, ranks: list[int]) -> Iterator[Finding]:
-    """A loaded artifact that is exactly what a rank of other codegen facts compiled, whatever the keys said."""
-    facts = facts_of(view, ranks)
-    found = foreign_loads(view, ranks, facts)
-    if not found:
-        return
-    loaded = tuple(sorted(found))
-    yield Finding(
-        severity="critical",
-        ranks=loaded,
-        step=first_step(view.reports, loaded),
-        frame=view.frame,
-        message=f"{view.frame} (compile #{view.index}): from the shared Inductor cache dir {place.text}, "
-        + "; ".join(
-            f"rank {r} ({_facts_text(facts[r])}) loaded the code rank {w} compiled ({_facts_text(facts[w])})"
-            for r, w in sorted(found.items())
-        )
-        + f": {FIX}",
-        details={
-            **_details(view, "", place, ranks, facts),
-            "loaded": list(loaded),
-            "loaded_from": _keyed(found),
-            "hint": FIX,
-        },
-    )
 
 
 def _facts_text(facts: dict) -> str:
