@@ -173,7 +173,7 @@ def test_a_silence_extended_in_alertmanager_is_replaced_only_when_alertmanager_n
     assert kept["id"] != first and len(am.silences) == 2
 
 
-def test_the_end_of_a_run_resolves_its_acknowledged_incident_at_every_sink(run, sinks):
+def test_the_end_of_a_run_closes_its_acknowledged_incident_at_every_sink_as_ended_unresolved(run, sinks):
     apply(run, crash(2))
     deliver()
     with transaction.atomic():
@@ -184,11 +184,11 @@ def test_the_end_of_a_run_resolves_its_acknowledged_incident_at_every_sink(run, 
         lifecycle.end_of_run(run)
     deliver()
     incident = Incident.objects.get(run=run)
-    assert incident.state == "resolved" and incident.root.resolve_reason == "run ended"
-    assert list(sinks["pagerduty"].incidents.values()) == ["resolved"]
+    assert incident.state == "ended_unresolved" and incident.root.resolve_reason == "run ended"
+    assert list(sinks["pagerduty"].incidents.values()) == ["resolved"]  # nothing left to page about
     assert sinks["alertmanager"].active() == [] and sinks["alertmanager"].active_silences() == []
-    assert "[RESOLVED]" in sinks["slack"].bodies()[-1]["text"]
-    assert sinks["json"].bodies()[-1]["incident"]["state"] == "resolved"
+    assert "[CRITICAL, RUN ENDED UNRESOLVED]" in sinks["slack"].bodies()[-1]["text"]  # not "[RESOLVED]"
+    assert sinks["json"].bodies()[-1]["incident"]["state"] == "ended_unresolved"
 
 
 def test_alertmanager_gets_a_short_endsAt_refreshed_and_a_changed_label_set_ended(run, sinks):

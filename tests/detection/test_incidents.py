@@ -157,7 +157,7 @@ def test_an_incident_only_the_runs_end_closed_still_fails_the_check_until_acknow
     with transaction.atomic():
         lifecycle.end_of_run(run)
     [incident] = pages(run)
-    assert incident.state == "resolved" and incident.as_json()["root"]["resolve_reason"] == "run ended"
+    assert incident.state == "ended_unresolved" and incident.as_json()["root"]["resolve_reason"] == "run ended"
     assert incidents.open_roots(run) == [incident]  # the diverged rank did not clear itself
     with transaction.atomic():
         lifecycle.acknowledge(incident.root, django_user_model.objects.create(username="oncall"))

@@ -54,7 +54,7 @@ def test_firing_once_then_its_resolve_even_when_both_fall_between_two_looks(proj
     with transaction.atomic():
         lifecycle.end_of_run(run)
     ended = stream.lines(alerts.all())
-    assert states(ended) == [("resolved", "hang_forecast"), ("resolved", "grad_divergence")]
+    assert states(ended) == [("ended_unresolved", "hang_forecast"), ("ended_unresolved", "grad_divergence")]
     assert all(text.endswith("(run ended)") for text in ended)
     assert stream.lines(alerts.all()) == []
 

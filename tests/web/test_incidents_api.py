@@ -82,8 +82,9 @@ def test_unresolved_while_firing_or_closed_only_by_the_runs_end(client, token, d
 
     incident = Incident.objects.get()
     assert unresolved() is True  # firing
-    Incident.objects.filter(id=incident.id).update(state="resolved")
-    Alert.objects.filter(id=incident.root_id).update(state="resolved", resolve_reason=incidents.RUN_ENDED)
+    Incident.objects.filter(id=incident.id).update(state="ended_unresolved")
+    Alert.objects.filter(id=incident.root_id).update(state="ended_unresolved", resolve_reason=incidents.RUN_ENDED)
     assert unresolved() is True  # the job stopped; nothing said rank 2 agrees again
-    Alert.objects.filter(id=incident.root_id).update(resolve_reason="")
+    Incident.objects.filter(id=incident.id).update(state="resolved")
+    Alert.objects.filter(id=incident.root_id).update(state="resolved", resolve_reason="")
     assert unresolved() is False  # the evidence cleared it
