@@ -1,12 +1,13 @@
-"""Content-addressed graph texts: each normalized text is asked for, and stored, once.
+"""Content-addressed graph texts: each normalized text is asked for, and stored, once per project.
 
-A compile event names its artifacts' normalized hashes. The first batch that names a hash the
-server lacks gets it in `want_blobs` and a lease (LOCKSTEP_BLOB_LEASE seconds) is recorded; the
-other ranks holding the same text are not asked while the lease runs, so 1024 ranks upload one
-copy. If the asked agent never uploads, the next batch after the lease expires is asked instead.
+A compile event names its artifacts' normalized hashes. The first batch that names a hash its
+project lacks gets it in `want_blobs` and a lease (LOCKSTEP_BLOB_LEASE seconds) is recorded; the
+project's other ranks holding the same text are not asked while the lease runs, so 1024 ranks upload
+one copy. If the asked agent never uploads, the next batch after the lease expires is asked instead.
 
-Only texts the server asked for are stored, and an upload's answer says only which of its texts
-it stored, so a token learns nothing of what other projects' agents sent. Texts no compile event
+Only texts the project was asked for are stored, and an upload's answer says only which of its texts
+it stored. Another project's texts count for nothing: a text it stored is still asked of this
+project's agents, so a token learns nothing of what other projects' agents sent. Texts no compile event
 has named for the raw retention period, and requests never answered for a day, are pruned
 (`dashboard.evidence.blobs`, which holds the table's statements; this module is the policy).
 
@@ -36,7 +37,7 @@ def wanted(named: dict[tuple[int, int], list[str]]) -> set[str]:
         hashes = sorted(set(hashes))
         budget = _asks_left(project_id, run_id)
         asked.update(table.ask(hashes[:budget], project_id, run_id, settings.LOCKSTEP_BLOB_LEASE))
-        table.name(hashes[budget:])
+        table.name(hashes[budget:], project_id)
     return asked
 
 

@@ -1,5 +1,7 @@
 """The statements of the graph-text table: who was asked for which text, the texts stored, and
-what retention prunes. When to ask and what a project may store is ingest's policy (`ingest.blobs`).
+what retention prunes. Every statement is within one project: its texts are its own, so what another
+project stored never changes what it is asked or told. When to ask and what a project may store is
+ingest's policy (`ingest.blobs`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ def asked_and_stored(project_id: int, run_id: int) -> tuple[int, int, int]:
 
 
 def ask(hashes: list[str], project_id: int, run_id: int, lease: float) -> list[str]:
-    """Record the hashes as named and, where absent or their lease (seconds) ran out, as asked of
-    this run now; returns those asked."""
+    """Record the hashes as named by the project and, where it lacks them and no lease (seconds) of
+    its own runs, as asked of this run now; returns those asked."""
     if not hashes:
         return []
     with connection.cursor() as cur:
@@ -41,10 +43,9 @@ def ask(hashes: list[str], project_id: int, run_id: int, lease: float) -> list[s
             f"""
             INSERT INTO {BLOB} AS b (hash, size, requested_at, named_at, project_id, run_id)
             SELECT h, 0, now(), now(), %(project)s, %(run)s FROM unnest(%(hashes)s::text[]) AS h ORDER BY h
-            ON CONFLICT (hash) DO UPDATE SET
+            ON CONFLICT (project_id, hash) DO UPDATE SET
               requested_at = CASE WHEN b.text IS NULL AND b.requested_at < now() - make_interval(secs => %(lease)s)
                                   THEN now() ELSE b.requested_at END,
-              project_id = CASE WHEN b.text IS NULL THEN EXCLUDED.project_id ELSE b.project_id END,
               run_id = CASE WHEN b.text IS NULL THEN EXCLUDED.run_id ELSE b.run_id END,
               named_at = now()
               WHERE (b.text IS NULL AND b.requested_at < now() - make_interval(secs => %(lease)s))
@@ -56,28 +57,28 @@ def ask(hashes: list[str], project_id: int, run_id: int, lease: float) -> list[s
         return [row[0] for row in cur.fetchall() if row[1]]
 
 
-def name(hashes: list[str]) -> None:
-    """Mark texts the server holds as named (retention), without asking for any."""
+def name(hashes: list[str], project_id: int) -> None:
+    """Mark the project's texts as named (retention), without asking for any."""
     if hashes:
         with connection.cursor() as cur:
             cur.execute(
-                f"UPDATE {BLOB} SET named_at = now() WHERE hash = ANY(%s::text[]) "
+                f"UPDATE {BLOB} SET named_at = now() WHERE project_id = %s AND hash = ANY(%s::text[]) "
                 f"AND (named_at IS NULL OR named_at < now() - interval '{NAMED_REFRESH}')",
-                [hashes],
+                [project_id, hashes],
             )
 
 
 def fill(texts: dict[str, str], project_id: int) -> set[str]:
-    """Store the texts that were asked for and are still missing, as the project's; returns their hashes."""
+    """Store the texts the project was asked for and still lacks; returns their hashes."""
     with connection.cursor() as cur:
         cur.execute(
             f"""
-            UPDATE {BLOB} AS b SET text = u.t, size = octet_length(u.t), stored_at = now(), project_id = %s
+            UPDATE {BLOB} AS b SET text = u.t, size = octet_length(u.t), stored_at = now()
             FROM unnest(%s::text[], %s::text[]) AS u(h, t)
-            WHERE b.hash = u.h AND b.text IS NULL
+            WHERE b.project_id = %s AND b.hash = u.h AND b.text IS NULL
             RETURNING b.hash
             """,
-            [project_id, list(texts), list(texts.values())],
+            [list(texts), list(texts.values()), project_id],
         )
         return {row[0] for row in cur.fetchall()}
 
@@ -111,8 +112,8 @@ def prune(now: datetime, retention: timedelta) -> int:
         while True:
             cur.execute(
                 f"""
-                DELETE FROM {BLOB} WHERE hash IN (
-                  SELECT hash FROM {BLOB}
+                DELETE FROM {BLOB} WHERE id IN (
+                  SELECT id FROM {BLOB}
                   WHERE (text IS NULL AND requested_at < %(now)s - interval '1 day')
                      OR COALESCE(named_at, stored_at, requested_at) < %(now)s - %(retention)s
                   LIMIT {PRUNE_CHUNK})

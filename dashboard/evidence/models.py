@@ -152,15 +152,17 @@ class CollectiveWait(models.Model):
 
 
 class Blob(models.Model):
-    """A normalized graph text, stored once per content hash however many ranks hold it.
+    """A normalized graph text of one project, stored once per content hash however many of its ranks
+    hold it. Per project, never shared: a project that could skip a text another project stored would
+    learn that the other holds it (migration 0005).
 
     A row without text is a request in flight: `requested_at` is when one agent was asked to
-    upload it (the others are not asked again until that lease expires). `project` and `run`: who
-    was asked last, then whose upload stored it; a project's stored bytes count against its quotas
-    and a run's asks against its bound (`blobs.py`, ingest/blobs.py).
+    upload it (the others are not asked again until that lease expires). `run`: which run was asked
+    last; the project's stored bytes count against its quotas and a run's asks against its bound
+    (`blobs.py`, ingest/blobs.py).
     """
 
-    hash = models.CharField(max_length=32, primary_key=True)
+    hash = models.CharField(max_length=32)
     text = models.TextField(null=True)
     size = models.PositiveIntegerField(default=0)
     requested_at = models.DateTimeField(null=True)
@@ -176,6 +178,7 @@ class Blob(models.Model):
     )
 
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "hash"], name="blob_per_project")]
         indexes = [
             models.Index(fields=["project", "stored_at"], name="blob_project"),
             models.Index(fields=["run"], name="blob_run"),

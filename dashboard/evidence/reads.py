@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Sum
+from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
@@ -25,6 +25,7 @@ from dashboard.evidence.models import (
     GradReport,
     GraphBreakEvent,
 )
+from dashboard.tenancy.models import Run
 
 # --- one slot's reports ------------------------------------------------------------------
 
@@ -171,9 +172,11 @@ def compile_finished(run_id: int, rank: int, since: datetime, until: datetime) -
     )
 
 
-def graph_texts(hashes: list[str]) -> dict[str, str]:
-    """Normalized artifact texts by hash, of those stored."""
-    return dict(Blob.objects.filter(hash__in=hashes, text__isnull=False).values_list("hash", "text"))
+def graph_texts(run_id: int, hashes: list[str]) -> dict[str, str]:
+    """Normalized artifact texts by hash, of those the run's project stored."""
+    project = Run.objects.filter(id=run_id).values("project_id")
+    found = Blob.objects.filter(project_id=Subquery(project), hash__in=hashes, text__isnull=False)
+    return dict(found.values_list("hash", "text"))
 
 
 # --- the event log -----------------------------------------------------------------------

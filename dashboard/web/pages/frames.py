@@ -64,7 +64,7 @@ def compile_record(event: CompileEvent) -> str:
         lines.append(f"cache key {name}: {value}")
     lines.append(f"graph breaks: {detail.get('graph_breaks', 0)}")
     artifacts = sorted((name, h.get("norm")) for name, h in (detail.get("hashes") or {}).items() if h.get("norm"))
-    texts = reads.graph_texts([h for _, h in artifacts])
+    texts = reads.graph_texts(event.run_id, [h for _, h in artifacts])
     for name, h in artifacts:
         if h in texts:
             lines += ["", f"=== {name} (normalized) ===", *texts[h].splitlines()]
@@ -166,7 +166,7 @@ def code_diff(events: dict[int, CompileEvent]) -> CodeDiff | None:
         verdict = consensus(norms)
         majority = min(r for r in norms if r not in verdict.dissenters)
         minority = verdict.dissenters[0]
-        texts = reads.graph_texts([norms[majority], norms[minority]])
+        texts = reads.graph_texts(events[majority].run_id, [norms[majority], norms[minority]])
         a, b = (texts.get(norms[r], f"(normalized code {norms[r]} not uploaded yet)") for r in (majority, minority))
         return CodeDiff(
             majority,
