@@ -291,6 +291,14 @@ class Dropped(Event, tag="dropped"):
     reason: Short = ""
 
 
+class PeerGone(Event, tag="peer_gone"):
+    """Another rank of this node whose process vanished without a rank_end (SIGKILL, the OOM killer, a
+    crash in native code), as its node's peers saw it go (agents/peers.py); `pid`: the process that went."""
+
+    rank: Rank
+    pid: NonNeg
+
+
 AnyEvent = (
     RankStart
     | Compile
@@ -306,6 +314,7 @@ AnyEvent = (
     | Detail
     | RankEnd
     | Dropped
+    | PeerGone
 )
 EVENT_CLASSES: tuple[type[Event], ...] = get_args(AnyEvent)
 EVENT_TYPES = tuple(cls.__struct_config__.tag for cls in EVENT_CLASSES)

@@ -147,6 +147,7 @@ class Transport:
         progress: Callable[[bool], protocol.Event | None] | None = None,
         on_flight_recorder: Callable[[str], bytes] | None = None,
         on_weights: Callable[[list[int]], None] | None = None,
+        peers_gone: Callable[[], list[protocol.PeerGone]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.session = str(uuid.uuid4())
@@ -157,6 +158,7 @@ class Transport:
         self._progress = progress
         self._on_flight_recorder = on_flight_recorder
         self._on_weights = on_weights
+        self._peers_gone = peers_gone
         self._queue: collections.deque[protocol.Event] = collections.deque()
         self._cv = threading.Condition()
         self._seq = 0
@@ -210,6 +212,7 @@ class Transport:
                         self._cv.wait(self._until_flush())
                     closing = self._closing
                 self._maybe_heartbeat(closing)
+                self._look_at_peers()
                 self._cycle(closing)
                 if closing and not self._queue:
                     if self._backlog and self._server() is not None and time.monotonic() < self._deadline:
@@ -250,6 +253,19 @@ class Transport:
         sample = self._progress(heartbeat) if self._progress is not None else None
         if sample is not None:
             self.put(sample)
+
+    def _look_at_peers(self) -> None:
+        """Report the node's ranks whose process vanished (agents/peers.py), at every flush and as
+        this process closes too: torchrun stops the others right after one dies, and the ones it
+        stops are the ones that saw it go."""
+        if self._peers_gone is None:
+            return
+        try:
+            for event in self._peers_gone():
+                self.put(event)
+        except Exception as e:  # a watcher that fails once stops watching; delivery goes on
+            log.debug("lockstep: peer watch failed, stopped: %s", e)
+            self._peers_gone = None
 
     def _cycle(self, closing: bool) -> None:
         """Drain the backlog if allowed, then turn the queue into batches."""

@@ -369,8 +369,10 @@ def _claim(wave: list[_Written]) -> None:
         w.asked = asked.get(rank, [])
     wave[0].ready += [(slots.GRAD, slot_id) for slot_id in late_ready]
     ended = [w for w in wave if protocol.RankEnd in w.p.by_type]
-    wave[0].compiles_open |= compiles_waiting or bool(ended)  # a rank that ended has passed every step
+    gone = [e for w in wave for e in w.p.by_type.get(protocol.PeerGone, ())]
+    wave[0].compiles_open |= compiles_waiting or bool(ended or gone)  # a rank that ended has passed every step
     _record_ends(run, ended)
+    _record_gone(run, gone)
 
 
 def _record_ends(run: Run, ended: list[_Written]) -> None:
@@ -387,6 +389,16 @@ def _record_ends(run: Run, ended: list[_Written]) -> None:
         },
         rows=False,
     )
+
+
+def _record_gone(run: Run, gone: list[protocol.PeerGone]) -> None:
+    """Ranks their node's peers saw vanish: ended now, so rank_crashed pages at the next sweep."""
+    if gone:
+        query(
+            tenancy_sql.RANKS_GONE,
+            {"run": run.id, "rank": [e.rank for e in gone], "pid": [e.pid for e in gone]},
+            rows=False,
+        )
 
 
 def _after_commit(written: list[_Written | None]) -> list[Stored]:

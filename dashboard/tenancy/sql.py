@@ -6,7 +6,7 @@ its claim statement where a round trip matters), but only this module names thes
 
 from __future__ import annotations
 
-from dashboard.tenancy.models import LOST, Rank, Run
+from dashboard.tenancy.models import LOST, VANISHED, Rank, Run
 
 RANK = Rank._meta.db_table
 RUN = Run._meta.db_table
@@ -35,6 +35,15 @@ RANK_ENDS = f"""
         UPDATE {RANK} r SET status = e.status, exit_code = COALESCE(e.exit_code, r.exit_code)
         FROM unnest(%(rank)s::int[], %(status)s::text[], %(exit)s::int[]) AS e(rank, status, exit_code)
         WHERE r.run_id = %(run)s::bigint AND r.rank = e.rank
+        """
+
+# A rank its node's peers saw vanish (`protocol.PeerGone`) ended then, unless it said goodbye first
+# (its own rank_end always arrives before its process exits) or its pid is another process's (a restart).
+RANKS_GONE = f"""
+        UPDATE {RANK} r SET status = '{VANISHED}'
+        FROM unnest(%(rank)s::int[], %(pid)s::bigint[]) AS g(rank, pid)
+        WHERE r.run_id = %(run)s::bigint AND r.rank = g.rank AND r.status IN ('running', '{LOST}')
+          AND (r.pid IS NULL OR r.pid = g.pid)
         """
 
 # Run liveness stays out of the batch transaction (every rank's batch touches this one row) and is
