@@ -19,8 +19,10 @@ from django.utils import timezone
 
 RUN_STATUSES = ("running", "finished", "failed", "stalled")
 # A rank's status: "running" until its rank_end says ok | error | signal | abort, or "lost" when it went
-# silent while every other rank ended (killed outright: it will never say goodbye; `mark_lost`).
+# silent while every other rank ended (killed outright: it will never say goodbye; `mark_lost`), or
+# "vanished" when a rank of its node saw its process go without one (`protocol.PeerGone`).
 LOST = "lost"
+VANISHED = "vanished"
 
 
 class Project(models.Model):

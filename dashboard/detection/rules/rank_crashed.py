@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RunView, cache_key, compile_outcome, ranks_text, rule, short_key
 from dashboard.detection.rules.rank_silent import silent_ranks
+from dashboard.tenancy.models import VANISHED
 
 RECENT_S = 60.0  # a compile outside the training steps this close before the end is "right before" it
 MAX_REASON = 300  # characters of the exception message in the alert's message (all of it in details)
@@ -55,6 +56,8 @@ def waiting(view: RunView, consequences: list[int]) -> bool:
 
 def how_it_ended(rank: int, crash: dict) -> str:
     code = f", exit code {crash['exit_code']}" if crash["exit_code"] is not None else ""
+    if crash["status"] == VANISHED:
+        return f"Rank {rank}'s process vanished without a word, as the ranks on its node saw"
     if is_signal(crash):
         return f"Rank {rank} was stopped by {crash['reason'] or 'a signal'}{code}"
     if crash["reason"]:
@@ -98,6 +101,11 @@ def doing(event: dict) -> str:
 
 
 def hint(crash: dict, event: dict | None) -> str:
+    if crash["status"] == VANISHED:
+        return (
+            "Killed outright (SIGKILL, the kernel's OOM killer: see dmesg on its node) or crashed in native "
+            "code (a segfault): torchrun's log names its exit code."
+        )
     if is_signal(crash):
         return (
             "Stopped from outside (torchrun after another rank failed, the scheduler's time limit, or a user): "
