@@ -74,7 +74,12 @@ def feed(client: Client, key: str, login: Login) -> Iterator[Callable[[], Iterat
         ws = connect(url, origin=client.url, additional_headers={"Cookie": login.cookie_header()}, open_timeout=15)
     except InvalidStatus as err:
         client.get(f"/runs/{path_of(key)}")  # says why when it can: 404, 401 ...
-        raise CliError(f"the server refused the live feed ({err.response.status_code})", exits.FORBIDDEN) from None
+        raise CliError(
+            f"the server refused the live feed ({err.response.status_code}): following takes the session of a "
+            f"member of the run's project (`lockstep login` as one; an admin adds members with "
+            f"`python manage.py addmember PROJECT USER`)",
+            exits.FORBIDDEN,
+        ) from None
     except (WebSocketException, OSError, TimeoutError) as err:
         raise CliError(f"cannot open the live feed {url}: {err}", exits.UNREACHABLE) from None
 

@@ -158,7 +158,8 @@ def test_follow_check_ack_silence_on_a_live_divergence(stack, team, tmp_path):
 
             failing = lockstep(stack, home, "check", key)
             assert failing.returncode == 1, failing.stdout + failing.stderr
-            assert "1 critical incident(s) open" in failing.stdout and "recompile_divergence" in failing.stdout
+            assert "1 critical incident(s) unresolved and unacknowledged" in failing.stdout
+            assert f"{key}: diverged at step {SHAPE_STEP} (rank 1, recompile_divergence)" in failing.stdout
             as_json = json.loads(lockstep(stack, home, "check", key, "--json").stdout)
             assert as_json["ok"] is False and [i["root"]["kind"] for i in as_json["firing"]] == ["recompile_divergence"]
             assert as_json["firing"][0]["root"]["ranks"] == [1]
@@ -307,3 +308,17 @@ def test_failures_have_distinct_exit_codes_and_change_nothing(stack, team, tmp_p
     refused = lockstep(stack, home, "silence", "--run", team.reference, "--hours", "100000", "--comment", "too long")
     assert refused.returncode == 7 and "hours" in refused.stderr
     assert Silence.objects.count() == before
+
+
+def test_follow_refused_to_a_non_member_says_why(stack, team, tmp_path):
+    """The project's token reads the run, but the live feed takes a member's session: a logged-in user
+    of no part in the project hears what following needs, not a bare 403."""
+    with_token_only = User.objects.create_user(unique("outsider"), password=PASSWORD)
+    login = lockstep(
+        stack, tmp_path, "login", "--user", with_token_only.username, "--password-stdin", stdin=PASSWORD + "\n"
+    )
+    assert login.returncode == 0, login.stderr
+    refused = lockstep(stack, tmp_path, "alerts", team.reference, "--follow", token=team.token)
+    assert refused.returncode == 5, refused.stderr
+    assert "refused the live feed (403): following takes the session of a member of the run's project" in refused.stderr
+    assert "manage.py addmember PROJECT USER" in refused.stderr

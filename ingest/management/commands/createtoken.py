@@ -35,4 +35,13 @@ class Command(BaseCommand):
         if created:
             self.stderr.write(f"created project {found.name}")
         self.stderr.write(f"token scopes: {', '.join(s for s in TOKEN_SCOPES if s in scopes)}")
+        self.stderr.write(_who_sees(found))
         self.stdout.write(ProjectToken.issue(found, scopes))
+
+
+def _who_sees(project: Project) -> str:
+    """Runs sent with this token show on the dashboard to the project's members only: say who they are."""
+    names = list(project.members.order_by("username").values_list("username", flat=True))
+    if names:
+        return f"its runs are visible to: {', '.join(names)} (more: manage.py addmember {project.name} USER)"
+    return f"no user sees its runs yet: manage.py addmember {project.name} USER"
