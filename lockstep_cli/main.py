@@ -46,8 +46,11 @@ def parser() -> argparse.ArgumentParser:
     def verb(name: str, text: str) -> argparse.ArgumentParser:
         return verbs.add_parser(name, parents=[common], help=text, description=text)
 
-    runs = verb("runs", "your runs, newest first, with their firing alerts")
+    runs = verb("runs", "your runs, newest first, with their verdict and unresolved alerts")
     runs.add_argument("--status", help="only runs of this status: running, finished, failed or stalled")
+    runs.add_argument(
+        "--verdict", help="only runs of this verdict: in_lockstep, diverged, failed, stalled or recovered"
+    )
     alerts = verb("alerts", "a run's alerts (the ranks named are the dissenters)")
     alerts.add_argument("run", help="run key")
     alerts.add_argument(
@@ -114,7 +117,8 @@ def _print_json(value: object) -> None:
 
 
 def runs_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
-    body = client.get("/runs", **({"status": args.status} if args.status else {}))
+    narrowed = {name: value for name in ("status", "verdict") if (value := getattr(args, name))}
+    body = client.get("/runs", **narrowed)
     if as_json:
         _print_json(body)
         return exits.OK
@@ -129,10 +133,11 @@ def runs_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
             r["alerts"]["critical"],
             r["alerts"]["warning"],
             r["started_at"][:19],
+            r["verdict"]["text"],
         ]
         for r in body["runs"]
     ]
-    headers = ("run", "project", "status", "ranks", "torch", "last_step", "critical", "warning", "started")
+    headers = ("run", "project", "status", "ranks", "torch", "last_step", "critical", "warning", "started", "verdict")
     print(tables.table(headers, rows) if rows else "no runs")
     return exits.OK
 
@@ -250,8 +255,10 @@ def silence_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
 def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     """Fails while a critical incident is open and nobody acknowledged it. An incident stays open
     until the evidence says the ranks agree again (a diverged rank's weights match at a later
-    fingerprint); one that only the run's end closed still fails the check until acknowledged, so a
-    diverged rank never clears itself when the job stops. An acknowledgement lasts until it resolves."""
+    fingerprint); one that only the run's end closed (ended unresolved) still fails the check until
+    acknowledged, so a diverged rank never clears itself when the job stops. An acknowledgement lasts
+    until it resolves. The run's verdict comes first."""
+    judged = client.get(f"/runs/{path_of(args.run)}")["verdict"]
     found = client.get(f"/runs/{path_of(args.run)}/incidents")["incidents"]
     critical = [i for i in found if i["severity"] == "critical" and i["unresolved"]]
     unhandled = [i for i in critical if i["acked_by"] is None]
@@ -259,17 +266,20 @@ def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
         _print_json(
             {
                 "run": args.run,
+                "verdict": judged,
                 "ok": not unhandled,
                 "firing": unhandled,
                 "acknowledged": [i for i in critical if i["acked_by"] is not None],
             }
         )
     elif unhandled:
-        print(f"{args.run}: {len(unhandled)} critical incident(s) open")
+        print(tables.clean(f"{args.run}: {judged['text']}"))
+        print(f"{len(unhandled)} critical incident(s) unresolved and unacknowledged")
         print(tables.incidents(unhandled))
     else:
         acked = len(critical) - len(unhandled)
-        print(f"{args.run}: no critical incident open" + (f" unacknowledged ({acked} acknowledged)" if acked else ""))
+        print(tables.clean(f"{args.run}: {judged['text']}"))
+        print("no critical incident unresolved" + (f" and unacknowledged ({acked} acknowledged)" if acked else ""))
     return exits.FIRING if unhandled else exits.OK
 
 

@@ -38,7 +38,12 @@ ALERT_COLUMNS = ("id", "kind", "severity", "state", "ranks", "step", "acked_by",
 
 
 def alert_row(alert: dict) -> list[object]:
-    return [alert.get(c) for c in ALERT_COLUMNS]
+    return [state_word(alert[c]) if c == "state" else alert.get(c) for c in ALERT_COLUMNS]
+
+
+def state_word(state: str) -> str:
+    """ "ended_unresolved" as a person reads it: the run ended before it got better."""
+    return state.replace("_", " ")
 
 
 def alerts(rows: Sequence[dict]) -> str:
@@ -49,15 +54,18 @@ INCIDENT_COLUMNS = ("id", "state", "severity", "root", "ranks", "step", "acked_b
 
 
 def incidents(rows: Sequence[dict]) -> str:
-    """One line per incident, its root first; its other alerts folded under it, indented."""
+    """One line per incident, its root first; what to do about it (and where the alert reference
+    says more), then its other alerts folded under it, indented."""
     if not rows:
         return "no incidents"
     lines = table(INCIDENT_COLUMNS, [_incident_row(i) for i in rows]).splitlines()
     out = [lines[0]]
     for line, incident in zip(lines[1:], rows):
         out.append(line)
+        if remedy := incident.get("remedy"):
+            out.append(clean(f"    what to do: {' '.join(remedy['text'].split())} (see {remedy['doc']})"))
         out += [
-            f"    └ {cell(c['kind'])} {cell(c['ranks'])} {cell(c['state'])}: {cell(c['message'])}"
+            f"    └ {cell(c['kind'])} {cell(c['ranks'])} {cell(state_word(c['state']))}: {cell(c['message'])}"
             for c in incident.get("consequences", [])
         ]
     return "\n".join(out)
@@ -67,7 +75,7 @@ def _incident_row(incident: dict) -> list[object]:
     root = incident.get("root") or {}
     return [
         incident["id"],
-        incident["state"],
+        state_word(incident["state"]),
         incident["severity"],
         root.get("kind"),
         root.get("ranks"),

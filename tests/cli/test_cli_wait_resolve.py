@@ -15,11 +15,13 @@ import time
 import pytest
 import requests
 from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F
 
-from dashboard.detection import settle
+from dashboard.detection import lifecycle, settle
 from dashboard.detection.models import Alert
 from dashboard.ledger.models import GradSlot
-from dashboard.tenancy.models import READ, RESOLVE, Project, ProjectToken
+from dashboard.tenancy.models import READ, RESOLVE, Project, ProjectToken, Run
 from lockstep_cli import logins
 from tests.conftest import make_batch
 from tests.stack import ROOT, free_port, unique
@@ -137,3 +139,42 @@ def test_resolve_by_hand_from_the_cli(stack, team, tmp_path):
     assert body["resolve_reason"] == f"resolved by hand: requeued (project token of {project.name})"
     alert.refresh_from_db()
     assert alert.state == "resolved" and alert.resolve_reason.startswith("resolved by hand: requeued")
+
+
+def test_a_diverged_run_that_ended_keeps_its_verdict_in_runs_check_and_incidents(stack, team, tmp_path):
+    """The run's end closes its incident as ended unresolved: `runs` still counts it and names the
+    verdict, `check` still fails and says so, and both say what to do."""
+    project, token, user = team
+    key = unique("ended-div")
+    for rank in range(3):
+        events = [{"t": "grad", "step": 0, "fps": [7 if rank == 2 else 1]}, {"t": "rank_end", "status": "ok"}]
+        _post(stack.url, token, make_batch(run=key, rank=rank, events=events))
+    deadline = time.monotonic() + 60
+    while not Alert.objects.filter(run__key=key).exists() and time.monotonic() < deadline:
+        time.sleep(0.5)  # the stack's worker settles the slot
+    if not Alert.objects.filter(run__key=key).exists():
+        settle.settle_grad(GradSlot.objects.get(run__key=key).id)
+    Alert.objects.filter(run__key=key).update(notified_revision=F("revision"))  # as delivery does
+    with transaction.atomic():
+        lifecycle.end_of_run(Run.objects.get(key=key))
+    assert set(Alert.objects.filter(run__key=key).values_list("state", flat=True)) == {"ended_unresolved"}
+
+    said = "diverged at step 0 (rank 2, grad_divergence)"
+    header, *rows = lockstep(stack.url, tmp_path, "runs", token=token).stdout.splitlines()
+    [row] = [line for line in rows if line.startswith(key)]
+    critical = header.index("CRITICAL")
+    assert row[critical:].split()[:2] == ["1", "0"] and row.endswith(said), row  # CRITICAL still counts it
+    picked = lockstep(stack.url, tmp_path, "runs", "--verdict", "diverged", "--json", token=token)
+    assert [r["key"] for r in json.loads(picked.stdout)["runs"]] == [key]
+    assert json.loads(picked.stdout)["runs"][0]["verdict"]["kind"] == "diverged"
+    clean = lockstep(stack.url, tmp_path, "runs", "--verdict", "in_lockstep", "--json", token=token)
+    assert key not in clean.stdout
+
+    check = lockstep(stack.url, tmp_path, "check", key, token=token)
+    assert check.returncode == 1, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert lines[0] == f"{key}: {said}" and "1 critical incident(s) unresolved" in lines[1]
+    assert lines[3].split()[1:3] == ["ended", "unresolved"]  # not "resolved"
+    assert lines[4].startswith("    what to do: ") and "(see docs/alerts.md#grad_divergence)" in lines[4]
+    listed = lockstep(stack.url, tmp_path, "incidents", key, token=token).stdout
+    assert "ended unresolved" in listed and "docs/alerts.md#grad_divergence" in listed
