@@ -13,9 +13,17 @@ Inductor builds real Triton kernels).
   fsdp2         fully_shard on each block and on the model, then torch.compile(model)
   containers    torch.compile(DDP(model)) of a model made only of torch.nn containers and layers:
                 Dynamo starts no frame inside torch, so it really runs eager (ineffective_compile)
+  gpt2          torch.compile(DDP(model)) of a Hugging Face transformers GPT-2 (a small random-init
+                GPT2Config, nothing downloaded), trained as a language model on random tokens
 Positive controls on top of any setup:
   --recompile-rank R --recompile-step S   rank R's batch has a longer sequence at step S (it alone recompiles)
   --break-rank R                          rank R's blocks call torch._dynamo.graph_break() (it alone breaks)
+  --autocast-rank R                       rank R alone runs its forward under bf16 autocast (another graph)
+  --raise-step S                          every rank raises the same RuntimeError at step S
+  --inf-rank R --inf-step S               rank R's loss turns inf at step S (the all-reduce spreads NaN to all)
+  --skew-rank R --skew-step S             from step S on, rank R scales its own gradients after the
+                                          all-reduce (its gradients and weights diverge); with
+                                          --recompile-rank R --recompile-step S its recompile is the cause
 """
 
 from __future__ import annotations
@@ -35,8 +43,8 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_job import end_distributed  # noqa: E402
 
-SETUPS = ("compile-ddp", "ddp-compile", "per-block", "checkpoint", "bf16", "no-sync", "fsdp2", "containers")
-FEATURES, SEQ = 16, 32
+SETUPS = ("compile-ddp", "ddp-compile", "per-block", "checkpoint", "bf16", "no-sync", "fsdp2", "containers", "gpt2")
+FEATURES, SEQ, VOCAB = 16, 32, 256
 
 
 class Attention(nn.Module):
@@ -85,6 +93,16 @@ def containers(dim: int = 64) -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, dim), nn.GELU(), nn.LayerNorm(dim), nn.Linear(dim, FEATURES))
 
 
+def gpt2() -> nn.Module:
+    """A 2-layer GPT-2 of transformers' own modeling code, random weights (no hub access)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+    )
+    return GPT2LMHeadModel(config)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setup", choices=SETUPS, required=True)
@@ -93,6 +111,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recompile-rank", type=int)
     p.add_argument("--recompile-step", type=int, default=3)
     p.add_argument("--break-rank", type=int)
+    p.add_argument("--autocast-rank", type=int)
+    p.add_argument("--raise-step", type=int)
+    p.add_argument("--inf-rank", type=int)
+    p.add_argument("--inf-step", type=int, default=3)
+    p.add_argument("--skew-rank", type=int)
+    p.add_argument("--skew-step", type=int, default=3)
     return p.parse_args()
 
 
@@ -101,6 +125,8 @@ def build(setup: str, rank: int, device: torch.device, break_rank: int | None) -
     torch.manual_seed(0)
     if setup == "containers":
         return torch.compile(DDP(containers().to(device)))
+    if setup == "gpt2":
+        return torch.compile(DDP(gpt2().to(device)))
     net = Net(checkpointed=setup == "checkpoint", graph_break=rank == break_rank).to(device)
     if setup == "compile-ddp":
         return torch.compile(DDP(net))
@@ -118,17 +144,32 @@ def build(setup: str, rank: int, device: torch.device, break_rank: int | None) -
     return DDP(torch.compile(net))
 
 
-def batch(rank: int, step: int, rows: int, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    setup: str, rank: int, step: int, rows: int, seq: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
+    if setup == "gpt2":
+        tokens = torch.randint(0, VOCAB, (rows, seq + 1), generator=g)
+        return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     x, y = torch.randn(rows, seq, FEATURES, generator=g), torch.randn(rows, seq, FEATURES, generator=g)
     return x.to(device), y.to(device)
 
 
-def train_step(model: nn.Module, setup: str, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> float:
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if setup == "bf16" else contextlib.nullcontext()
+def loss_of(model: nn.Module, setup: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if setup == "gpt2":
+        logits = model(input_ids=x).logits
+        return F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
+    return F.mse_loss(model(x).float(), y)
+
+
+def train_step(
+    model: nn.Module, setup: str, x: torch.Tensor, y: torch.Tensor, device: torch.device, bf16: bool, scale: float
+) -> float:
+    """One forward and backward; `scale` multiplies the loss (inf: the loss turns inf)."""
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     if setup != "no-sync":
         with autocast:
-            loss = F.mse_loss(model(x).float(), y)
+            loss = loss_of(model, setup, x, y) * scale
         loss.backward()
         return loss.item()
     half = x.shape[0] // 2
@@ -137,6 +178,14 @@ def train_step(model: nn.Module, setup: str, x: torch.Tensor, y: torch.Tensor, d
     loss = F.mse_loss(model(x[half:]), y[half:])
     loss.backward()
     return loss.item()
+
+
+def skew(model: nn.Module) -> None:
+    """A rank-local change to gradients already all-reduced: this rank's weights drift from the others'."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(1.001)
 
 
 def main() -> None:
@@ -148,11 +197,17 @@ def main() -> None:
     rank = dist.get_rank()
     model = build(args.setup, rank, device, args.break_rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    bf16 = args.setup == "bf16" or rank == args.autocast_rank
     for step in range(args.steps):
+        if step == args.raise_step:
+            raise RuntimeError(f"loss went out of range at step {step}: check the learning rate schedule")
         seq = SEQ + (8 if (rank, step) == (args.recompile_rank, args.recompile_step) else 0)
-        x, y = batch(rank, step, args.batch, seq, device)
+        x, y = batch(args.setup, rank, step, args.batch, seq, device)
         opt.zero_grad(set_to_none=True)
-        loss = train_step(model, args.setup, x, y, device)
+        scale = float("inf") if (rank, step) == (args.inf_rank, args.inf_step) else 1.0
+        loss = train_step(model, args.setup, x, y, device, bf16, scale)
+        if rank == args.skew_rank and step >= args.skew_step:
+            skew(model)
         opt.step()
         if rank == 0:
             print(f"{args.setup} step {step} loss {loss:.4f}", flush=True)
