@@ -1,0 +1,103 @@
+"""A run keeps its outcome after it ends, through the real ingest endpoint and settle: the runs API
+and the run detail carry a verdict and still count what the run's end closed; `?verdict=` narrows
+the list; the runs page shows the verdict with a filter on it, and an ended run's page says it ended,
+with each incident's remedy."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F
+
+from dashboard.detection import lifecycle, settle
+from dashboard.detection.models import Alert
+from dashboard.ledger.models import GradSlot
+from dashboard.tenancy.models import Run
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db
+SAID = "diverged at step 0 (rank 2, grad_divergence)"
+
+
+def job(post, key: str, odd: int | None, ended: bool = True) -> Run:
+    """Three ranks report step 0 (rank `odd`'s gradients differ) and, where `ended`, end."""
+    for rank in range(3):
+        events = [{"t": "grad", "step": 0, "fps": [7 if rank == odd else 1]}]
+        if ended:
+            events.append({"t": "rank_end", "status": "ok"})
+        assert post(make_batch(run=key, rank=rank, events=events)).status_code == 200
+    settle.settle_grad(GradSlot.objects.get(run__key=key).id)
+    return Run.objects.get(key=key)
+
+
+def end(run: Run) -> None:
+    Alert.objects.filter(run=run).update(notified_revision=F("revision"))  # delivered, as delivery marks it
+    with transaction.atomic():
+        lifecycle.end_of_run(run)
+
+
+@pytest.fixture
+def runs(post) -> dict[str, Run]:
+    diverged = job(post, "ended-diverged", odd=2)
+    end(diverged)
+    return {"diverged": diverged, "clean": job(post, "ended-clean", odd=None)}
+
+
+def bearer(token: str) -> dict:
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+def test_the_runs_api_keeps_a_diverged_runs_outcome_after_it_ended(client, token, runs):
+    assert set(Alert.objects.values_list("state", flat=True)) == {"ended_unresolved"}
+    listed = {r["key"]: r for r in client.get("/api/v1/runs", **bearer(token)).json()["runs"]}
+    diverged, clean = listed["ended-diverged"], listed["ended-clean"]
+    assert diverged["alerts"] == {"critical": 1, "warning": 0}  # the end fixed nothing: it still counts
+    assert diverged["verdict"] == {
+        "kind": "diverged",
+        "text": SAID,
+        "step": 0,
+        "ranks": [2],
+        "cause": "grad_divergence",
+        "incident": diverged["verdict"]["incident"],
+    }
+    assert clean["verdict"]["kind"] == "in_lockstep" and clean["alerts"] == {"critical": 0, "warning": 0}
+    detail = client.get("/api/v1/runs/ended-diverged", **bearer(token)).json()
+    assert detail["verdict"]["text"] == SAID and detail["alerts"]["critical"] == 1
+
+    picked = client.get("/api/v1/runs?verdict=diverged", **bearer(token)).json()["runs"]
+    assert [r["key"] for r in picked] == ["ended-diverged"]
+    picked = client.get("/api/v1/runs?verdict=in_lockstep", **bearer(token)).json()["runs"]
+    assert [r["key"] for r in picked] == ["ended-clean"]
+    refused = client.get("/api/v1/runs?verdict=bogus", **bearer(token))
+    assert refused.status_code == 400 and refused.json()["path"] == "verdict"
+
+
+def test_the_incidents_api_says_ended_unresolved_and_what_to_do(client, token, runs):
+    [incident] = client.get("/api/v1/runs/ended-diverged/incidents", **bearer(token)).json()["incidents"]
+    assert incident["state"] == "ended_unresolved" and incident["unresolved"] is True
+    assert (
+        incident["remedy"]["doc"] == "docs/alerts.md#grad_divergence" and "deterministic" in incident["remedy"]["text"]
+    )
+
+
+def test_the_pages_show_the_verdict_and_an_ended_run_says_it_ended(client, project, runs, post):
+    user = User.objects.create_user("browsing", password="pw-browsing-1")
+    project.members.add(user)
+    client.force_login(user)
+    page = client.get("/").content.decode()
+    assert f'data-verdict="diverged">{SAID}</span>' in page and 'data-verdict="in_lockstep">in lockstep</span>' in page
+    assert '<select name="verdict"' in page and '<option value="diverged">diverged</option>' in page
+    narrowed = client.get("/?verdict=diverged").content.decode()
+    assert "ended-diverged" in narrowed and "ended-clean" not in narrowed
+    assert client.get("/?verdict=bogus").status_code == 400
+
+    run = client.get("/runs/ended-diverged/").content.decode()
+    assert f'data-verdict="diverged">{SAID}</span>' in run
+    assert 'data-over="true">ended</span>' in run and "No progress sample yet" not in run
+    assert "The run ended after step 0" in run
+    assert '<span class="state">ended unresolved</span>' in run and "docs/alerts.md#grad_divergence" in run
+
+    job(post, "still-running", odd=None, ended=False)
+    live = client.get("/runs/still-running/").content.decode()
+    assert ">connecting…</span>" in live and "No progress sample yet" in live
