@@ -8,6 +8,10 @@ find symptoms, one alert each; this module decides which symptoms share a cause:
   incident of that rank.
 - A frame's follow-ups (the cache miss of a lone recompile, its compile cost, its storm) join an
   open incident that already holds an alert about the same frame and the same or more ranks.
+- A symptom (the run's gradients against its baseline, replicas' gradients or weights, a straggling
+  compile) and its cause (a rank's recompile or other graph at the same or an earlier step) share
+  one incident whichever arrived first: a recompile reported 10 s after the baseline divergence it
+  explains re-roots that incident (one page, updated) instead of opening a second.
 - Otherwise an alert joins the open incident of the same ranks (the dissenters: a rank that
   recompiled alone, then straggles, then holds other gradients is one story), or opens one.
 
@@ -54,6 +58,8 @@ ROOT_ORDER = (
 FRAME_FOLLOWERS = frozenset(
     {"cache_divergence", "compile_cost", "recompile_storm", "compile_straggler", "hang_forecast"}
 )
+CAUSES = frozenset({"graph_divergence", "recompile_divergence"})  # a rank that compiled something else
+SYMPTOMS = frozenset({"baseline_divergence", "grad_divergence", "param_divergence", "compile_straggler"})
 _SEVERITY = {"warning": 1, "critical": 2}
 RECOUNT_S = 30.0  # a page's counts are refreshed at most this often
 
@@ -139,6 +145,10 @@ def _match(alert: Alert, open_ones: list[Incident], members: dict[int, list[Aler
                 for m in members.get(incident.id, [])
             ):
                 return incident
+    if consequence_of(alert) is None:
+        for incident in open_ones:
+            if any(explains(alert, m) or explains(m, alert) for m in members.get(incident.id, [])):
+                return incident
     key = cause_of(alert)
     exact = next((i for i in open_ones if i.cause == key), None)
     if exact is not None or not ranks:
@@ -146,6 +156,18 @@ def _match(alert: Alert, open_ones: list[Incident], members: dict[int, list[Aler
     # a subset of a minority's ranks: the same dissenters, fewer of them (never every rank: a run-wide
     # finding such as ineffective_compile must not swallow a rank that dies later)
     return next((i for i in open_ones if ranks <= _ranks_of(i.cause) and len(_ranks_of(i.cause)) < world), None)
+
+
+def explains(cause: Alert, symptom: Alert) -> bool:
+    """`cause` (a recompile, another graph) at the same or an earlier step accounts for `symptom`: a
+    symptom of no ranks (the run against its baseline) or of the cause's ranks, or one that could
+    not say which of its ranks is off (no majority: `details["tie"]`) and holds the cause's ranks."""
+    if cause.kind not in CAUSES or symptom.kind not in SYMPTOMS or cause.step is None or symptom.step is None:
+        return False
+    if cause.step > symptom.step:
+        return False
+    mine, theirs = set(cause.ranks), set(symptom.ranks)
+    return not theirs or theirs <= mine or (bool((symptom.details or {}).get("tie")) and mine <= theirs)
 
 
 def _ranks_of(cause: str) -> set[int]:
@@ -178,6 +200,8 @@ def refresh(incident: Incident, grew: bool = False) -> bool:
         incident.resolved_at = timezone.now() if state != Incident.State.FIRING else None
         if state == Incident.State.RESOLVED:
             incident.acked_by, incident.acked_at = None, None  # an ack lasts until the trouble is over
+    if root.id != incident.root_id:  # re-rooted: later alerts of the new root's ranks find it
+        incident.cause = cause_of(root)
     incident.root, incident.severity, incident.state = root, severity, state
     incident.revision += 1
     incident.save()

@@ -64,6 +64,8 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
     if earlier or escalated or refired:  # the finding tells the story better (or tells a new episode)
         kept = {k: alert.details[k] for k in KEPT_ON_UPDATE if k in (alert.details or {}) and not refired}
         alert.message, alert.details = finding.message, {**finding.details, **kept}
+    elif new_ranks and finding.step == alert.step:  # the same moment, more ranks: the text names them all
+        alert.message, alert.details = finding.message, {**alert.details, **finding.details}
     if earlier:
         alert.step = finding.step
     if escalated:

@@ -11,6 +11,8 @@ from dashboard.detection import incidents, lifecycle
 from dashboard.detection.models import Alert, Incident
 from dashboard.detection.rules import Finding
 from dashboard.tenancy.models import Run
+from tests.rules import findings_of, grad_view
+from tests.rules.test_rank_crashed import crash, ended
 
 pytestmark = pytest.mark.django_db
 FRAME = "model.py:46:forward"
@@ -27,13 +29,20 @@ def apply(run: Run, *findings: Finding, clean: list[tuple[str, str]] = ()) -> li
 
 
 def finding(
-    kind: str, ranks: tuple[int, ...], subject: str, severity: str = "critical", frame: str | None = None, **details
+    kind: str,
+    ranks: tuple[int, ...],
+    subject: str,
+    severity: str = "critical",
+    frame: str | None = None,
+    step: int | None = None,
+    **details,
 ) -> Finding:
     return Finding(
         severity=severity,
         ranks=ranks,
         message=f"{kind} on {ranks}",
         frame=frame,
+        step=step,
         details=details,
         subject=subject,
         kind=kind,
@@ -172,3 +181,54 @@ def test_an_alert_that_fires_again_forgets_why_it_was_resolved(run):
     apply(run, finding("graph_divergence", (1,), f"frame:{FRAME}", frame=FRAME))
     alert = Alert.objects.get()
     assert alert.state == "firing" and alert.resolve_reason == "" and alert.resolved_by is None
+
+
+def test_a_cause_that_arrives_after_its_symptom_re_roots_that_incident(run):
+    """The demo's rank 1 recompile came 10 s after the baseline divergence it explains: one page, updated."""
+    apply(run, finding("baseline_divergence", (), "baseline:base-run:ddp", "warning", step=10))
+    [incident] = pages(run)
+    opened = incident.revision
+    apply(run, finding("recompile_divergence", (1,), f"frame:{FRAME}", frame=FRAME, step=8))
+    [incident] = pages(run)
+    assert (incident.root.kind, incident.root.ranks, incident.severity) == ("recompile_divergence", [1], "critical")
+    assert incident.revision > opened and incident.cause == "ranks:1"
+    apply(run, finding("grad_divergence", (1,), "group:ddp", step=12))  # the same story goes on
+    assert len(pages(run)) == 1
+
+
+def test_a_symptom_that_arrives_after_its_cause_joins_it(run):
+    apply(run, finding("graph_divergence", (1,), f"frame:{FRAME}", frame=FRAME, step=3))
+    apply(run, finding("baseline_divergence", (), "baseline:base-run:ddp", "warning", step=3))
+    apply(run, finding("grad_divergence", (0, 1), "group:ddp", step=4, tie=True))  # no majority: holds rank 1
+    [incident] = pages(run)
+    assert incident.root.kind == "graph_divergence" and incident.alerts.count() == 3
+
+
+def test_a_recompile_after_the_divergence_explains_nothing(run):
+    apply(run, finding("baseline_divergence", (), "baseline:base-run:ddp", "warning", step=5))
+    apply(run, finding("recompile_divergence", (1,), f"frame:{FRAME}", frame=FRAME, step=9))
+    assert [i.root.kind for i in pages(run)] == ["baseline_divergence", "recompile_divergence"]
+
+
+def test_ranks_that_raised_the_same_error_are_one_incident_rooted_at_all_of_them(run):
+    """Rank 0's crash is seen first, rank 1's (the same exception, the same step) a sweep later."""
+    reason = "RuntimeError: Expected to have finished reduction in the prior iteration"
+    crashes = {r: crash(reason=reason, ended_at=1000.0 + r) for r in (0, 1)}
+    apply(run, *findings_of(ended({0: crashes[0]}, live={1: 1.0, 2: 1.0}), "rank_crashed"))
+    apply(run, *findings_of(ended(crashes, live={2: 1.0}), "rank_crashed"))
+    [incident] = pages(run)
+    assert incident.as_json()["root"]["ranks"] == [0, 1] and incident.severity == "critical"
+    assert incident.root.message.startswith(f"Ranks 0, 1 raised the same error: {reason}")
+
+
+def test_nan_gradients_on_every_rank_are_one_critical_incident(run):
+    for step in (7, 8):
+        apply(
+            run,
+            *findings_of(
+                grad_view({0: [1], 1: [1], 2: [1]}, step=step, nonfinite={0: 2, 1: 2, 2: 2}), "nonfinite_grad"
+            ),
+        )
+    [incident] = pages(run)
+    assert (incident.severity, incident.root.ranks) == ("critical", [0, 1, 2])
+    assert incident.root.message.startswith("Gradients non-finite on all ranks from step 7")

@@ -83,7 +83,7 @@ def test_the_rank_end_body_names_the_exception_and_where(post):
 
 
 def test_the_crash_inhibits_the_ranks_other_alerts(post):
-    run = job(post, "crashy", crash_rank=1)
+    run = job(post, "crashy", crash_rank=1, world_size=3)  # three: a majority says rank 1's gradients are off
     settle.settle_grad(GradSlot.objects.get(run=run).id)
     divergence = Alert.objects.get(kind="grad_divergence")
     assert divergence.ranks == [1] and notify.message(divergence)["alert"]["inhibited"] is False

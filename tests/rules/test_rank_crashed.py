@@ -188,3 +188,24 @@ def test_crashed_ranks_are_not_silent_and_only_crashed_ranks_are_checked():
     clean = clean_subjects(view, evaluate(view))
     assert ("rank_crashed", "rank:1") not in clean and ("rank_crashed", "rank:0") not in clean
     assert findings_of(run_view({0: 1.0, 1: 2.0}), "rank_crashed") == []
+
+
+DDP_UNUSED = (
+    "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. "
+    "Parameter indices which did not receive grad for rank {rank}: 3"
+)
+
+
+def test_ranks_that_raise_the_same_error_in_the_same_step_are_one_finding_naming_them_all():
+    crashes = {
+        r: crash(reason=DDP_UNUSED.format(rank=r), where="train.py:30 step", ended_at=1000.0 + r / 10) for r in (1, 0)
+    }
+    [f] = findings_of(ended(crashes), "rank_crashed")
+    assert (f.severity, f.ranks, f.subject, f.step) == ("critical", (0, 1), "rank:0", 3)
+    assert f.message.startswith("Ranks 0, 1 raised the same error: RuntimeError: Expected to have finished reduction")
+    assert f.details["alike"] == [0, 1]
+
+
+def test_the_same_error_in_another_step_or_another_error_is_another_finding():
+    crashes = {0: crash(), 1: crash(last_step=5), 2: crash(reason="ValueError: bad batch")}
+    assert sorted(f.ranks for f in findings_of(ended(crashes), "rank_crashed")) == [(0,), (1,), (2,)]

@@ -4,6 +4,10 @@ alert names the exception, where it was raised, the step it ended in, and the co
 foreign or stale entry), one right after compiling at the compiler, one with no compile in its step
 at the model or the data.
 
+Ranks that raise the same exception in the same step (a SyntaxError in the script, DDP's "Expected
+to have finished reduction" on every rank) failed for one cause: one alert names them all ("ranks
+0, 1 raised the same error: ..."), under the subject of the first to end.
+
 A crash is a root (paged for itself) or a consequence. A rank that lost its peer (gloo's connection
 reset or closed by peer, NCCL's "remote process exited", a watchdog timeout, an aborted
 communicator) or was stopped by a signal after another rank failed only suffered: its alert is
@@ -26,6 +30,7 @@ from dashboard.tenancy.models import VANISHED
 
 RECENT_S = 60.0  # a compile outside the training steps this close before the end is "right before" it
 MAX_REASON = 300  # characters of the exception message in the alert's message (all of it in details)
+RANK_NUMBER = re.compile(r"\brank \d+", re.IGNORECASE)
 
 
 LOST_PEER = re.compile(
@@ -66,6 +71,12 @@ def how_it_ended(rank: int, crash: dict) -> str:
     if crash["status"] == "ok":
         return f"Rank {rank} exited with code {crash['exit_code']}"
     return f"Rank {rank} ended with status {crash['status']}{code}"
+
+
+def raised_alike(group: list[int], crash: dict) -> str:
+    reason = crash["reason"] if len(crash["reason"]) <= MAX_REASON else crash["reason"][:MAX_REASON] + "…"
+    where = f" at {crash['where']}" if crash["where"] else ""
+    return f"{ranks_text(group).capitalize()} raised the same error: {reason}{where}"
 
 
 def in_progress(crash: dict) -> int | None:
@@ -128,7 +139,9 @@ def hint(crash: dict, event: dict | None) -> str:
     )
 
 
-def _finding(view: RunView, rank: int, collateral: list[int]) -> Finding:
+def _finding(view: RunView, group: list[int], collateral: list[int]) -> Finding:
+    """One alert for ranks that failed alike, about its first (`group[0]`), which names it."""
+    rank = group[0]
     crash = view.crashes[rank]
     step = in_progress(crash)
     event = just_before(crash, step)
@@ -136,14 +149,19 @@ def _finding(view: RunView, rank: int, collateral: list[int]) -> Finding:
     return Finding(
         severity="critical",
         subject=subjects.rank(rank),
-        ranks=(rank,),
+        ranks=tuple(sorted(group)),
         step=step,
         frame=event["frame"] if event else None,
-        message=how_it_ended(rank, crash)
+        message=(how_it_ended(rank, crash) if len(group) == 1 else raised_alike(group, crash))
         + (f" (step {step})" if step is not None else "")
         + (f", {doing(event)}" if event else "")
         + after,
-        details={**_facts(crash, event), "stopped_after": collateral, "hint": hint(crash, event)},
+        details={
+            **_facts(crash, event),
+            "stopped_after": collateral,
+            "hint": hint(crash, event),
+            **({"alike": sorted(group)} if len(group) > 1 else {}),
+        },
     )
 
 
@@ -178,6 +196,26 @@ def _facts(crash: dict, event: dict | None) -> dict:
     }
 
 
+def same_error(crash: dict, step: int | None) -> tuple | None:
+    """What makes crashes of several ranks one cause: the exception (type, and message with the rank
+    numbers it names made alike: DDP's "did not receive grad for rank 1") and the step it ended in.
+    None for an end without an exception message (an exit code, a signal)."""
+    if not crash["reason"] or is_signal(crash):
+        return None
+    return crash["exc_type"], RANK_NUMBER.sub("rank N", crash["reason"]), step
+
+
+def alike(view: RunView, ranks: list[int]) -> list[list[int]]:
+    """The ranks grouped by `same_error`, each group led by the rank that ended first (whose alert, and
+    so whose incident, came first): a script every rank runs alike fails alike, and that is one cause."""
+    first = sorted(ranks, key=lambda r: (view.crashes[r]["ended_at"], r))
+    groups: dict[object, list[int]] = {}
+    for rank in first:
+        key = same_error(view.crashes[rank], in_progress(view.crashes[rank]))
+        groups.setdefault(key if key is not None else ("rank", rank), []).append(rank)
+    return sorted(groups.values(), key=lambda g: min(g))
+
+
 @rule("rank_crashed", RunView, subject=lambda v: [subjects.rank(r) for r in v.crashes])
 def rank_crashed(view: RunView) -> Iterator[Finding]:
     if not view.crashes:
@@ -191,7 +229,9 @@ def rank_crashed(view: RunView) -> Iterator[Finding]:
         first = min(followers, key=lambda r: (view.crashes[r]["ended_at"], r))
         own, followers = [first], [r for r in followers if r != first]
         causes = own
-    for rank in own:
-        yield _finding(view, rank, followers)
+    groups = alike(view, own)
+    for group in groups:
+        yield _finding(view, group, followers)
+    root = next((g[0] for g in groups if causes[0] in g), causes[0])
     for rank in followers:
-        yield _consequence(view, rank, causes[0])
+        yield _consequence(view, rank, root)
