@@ -14,8 +14,9 @@ Each flag adds one failure on top of demo/ddp_job.py's training loop:
                          (compile_failure_divergence)
   --nudge-weight-rank R --nudge-weight-step S  rank R's weights are nudged before step S's update, as a
                          rank-local weight update would (param_divergence at the next weight fingerprint)
-  --kill-rank R --kill-step S  rank R is SIGKILLed at step S, as by the OOM killer: torchrun stops the other
-                         ranks, which end, while rank R never says goodbye (rank_silent)
+  --kill-rank R --kill-step S  rank R is SIGKILLed at step S, as by the OOM killer (printing `FAULT_AT
+                         <epoch seconds>` first): it never says goodbye, the ranks of its node see it go
+                         (rank_crashed), torchrun stops them
   --collective-rank R    rank R folds a second all_reduce into a compiled helper that the other ranks
                          issue eagerly: the same traffic at run time, but another collective schedule
                          in that graph (collective_schedule_divergence), one reordering away from a hang
@@ -182,6 +183,7 @@ def main() -> None:
         if (rank, step) == (args.freeze_rank, args.freeze_step):
             os.kill(os.getpid(), signal.SIGSTOP)
         if (rank, step) == (args.kill_rank, args.kill_step):
+            print(f"FAULT_AT {time.time():.3f} rank {rank}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch_for(rank, step, args.batch)
         if args.branch_rank is not None:
