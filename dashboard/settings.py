@@ -287,6 +287,9 @@ LOCKSTEP_BLOB_LEASE = float(
 LOCKSTEP_BLOB_QUOTA = int(os.environ.get("LOCKSTEP_BLOB_QUOTA", str(1024 * 1024 * 1024)))
 LOCKSTEP_BLOB_QUOTA_DAY = int(os.environ.get("LOCKSTEP_BLOB_QUOTA_DAY", str(256 * 1024 * 1024)))
 LOCKSTEP_BLOB_ASKS_PER_RUN = int(os.environ.get("LOCKSTEP_BLOB_ASKS_PER_RUN", "1000"))
+# Rows a project's token can make (ingest/quotas.py): new runs within an hour (429 past it) and ranks of a run (400).
+LOCKSTEP_RUNS_PER_HOUR = int(os.environ.get("LOCKSTEP_RUNS_PER_HOUR", "600"))
+LOCKSTEP_MAX_RANKS = int(os.environ.get("LOCKSTEP_MAX_RANKS", "4096"))
 LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # /metrics needs it as bearer token
 # /metrics names every project and run: refused (403) until LOCKSTEP_METRICS_TOKEN is set, unless made public on purpose
 LOCKSTEP_METRICS_PUBLIC = _env_bool("LOCKSTEP_METRICS_PUBLIC", False)

@@ -1,8 +1,9 @@
 """What admits an agent's request, and what each refusal answers: the checks `ingest.door` runs.
 
 Error contract (docs/design.md, Wire protocol): 400 malformed (with the failing path), 401 bad token (a run key is
-per project, so another project's run is never in the way), 409 same (session, seq) with other content, 413 too large, 415 wrong content
-type, 429 + Retry-After when a project sends faster than LOCKSTEP_RATE_LIMIT, 503 +
+per project, so another project's run is never in the way), 403 a token without the ingest scope, 409 same (session, seq) with other content, 413 too large, 415 wrong content
+type, 429 + Retry-After when a project sends faster than LOCKSTEP_RATE_LIMIT or starts more runs than
+LOCKSTEP_RUNS_PER_HOUR (`ingest.quotas`, which also bounds a run's ranks), 503 +
 Retry-After while PostgreSQL or Redis is unreachable or the process is overloaded
 (`ingest.backpressure`; the batch was not accepted: the agent keeps it and resends), 422 for a batch the database refuses although it passed validation (a resend
 could not cure it; the agent quarantines it). Bad input never reaches the database and never
@@ -23,7 +24,7 @@ from django.utils.http import parse_header_parameters
 from agents import protocol
 from dashboard.tenancy import auth
 from dashboard.tenancy.models import INGEST, Project, ProjectToken
-from ingest import backpressure, ratelimit, retries, validation, writers
+from ingest import backpressure, quotas, ratelimit, retries, validation, writers
 from ingest.refusals import Refusal
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def refusal(exc: Exception) -> tuple[int, dict[str, Any], int | None]:
     """(status, JSON body, Retry-After or None) for what refused a request: a `Refusal`, Redis or
     the database unreachable (503), or a batch the database refuses (422); anything else is raised."""
     if isinstance(exc, Refusal):
-        retry = backpressure.retry_after() if exc.status in (429, 503) else None
+        retry = exc.retry_after or (backpressure.retry_after() if exc.status in (429, 503) else None)
         return exc.status, _error(exc.message, exc.path), retry
     if isinstance(exc, ratelimit.BrokerDown):
         return 503, _error("broker unavailable; retry later"), settings.LOCKSTEP_RETRY_AFTER
@@ -131,12 +132,19 @@ def _cached_token(token: str) -> Any:
 
 
 def job_of(project: Project, body: bytes, bulk: bool) -> writers.Job:
-    """A request's validated batches (a relay's several, each with its exact bytes' digest), or a 400."""
+    """A request's validated batches (a relay's several, each with its exact bytes' digest), or a 400;
+    a run wider than this server takes (`quotas.check_ranks`) too."""
     if bulk:
-        return writers.Job(
-            project, [(batch, writers.digest(raw)) for batch, raw in validation.decode_bulk(body)], bulk=True
-        )
-    return writers.Job(project, [(validation.decode(body), writers.digest(body))])
+        batches = validation.decode_bulk(body)
+        for i, (batch, _) in enumerate(batches):
+            try:
+                quotas.check_ranks(batch)
+            except Refusal as refusal:
+                raise refusal.within(f"batches[{i}]") from None
+        return writers.Job(project, [(batch, writers.digest(raw)) for batch, raw in batches], bulk=True)
+    batch = validation.decode(body)
+    quotas.check_ranks(batch)
+    return writers.Job(project, [(batch, writers.digest(body))])
 
 
 def reply_content(replies: list[protocol.IngestReply], bulk: bool) -> protocol.IngestReply | protocol.BulkReply:

@@ -18,6 +18,7 @@ class Refusal(Exception):
     status: int
     message: str
     path: str | None = None
+    retry_after: int | None = None  # seconds, where the refuser knows when trying again helps (a 429)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

@@ -28,7 +28,7 @@ from dashboard.evidence.binary_copy import GradEvents, query
 from dashboard.ledger import details, slots
 from dashboard.tenancy import sql as tenancy_sql
 from dashboard.tenancy.models import Project, Run
-from ingest import retries
+from ingest import quotas, retries
 from ingest.refusals import Refusal
 
 
@@ -56,7 +56,8 @@ class _Resent(Exception):
 
 
 class _Refused(Exception):
-    """A batch the database would take but the run forbids (a changed world size): its request is refused."""
+    """A batch the database would take but the run forbids (a changed world size, a run past the project's
+    runs per hour): its request is refused."""
 
     def __init__(self, job: int, refusal: Refusal):
         self.job = job
@@ -254,7 +255,7 @@ def _write_all(
         for i, prepared in enumerate(job.prepared):
             try:
                 written.append((j, None if (j, i) in duplicates else _write_events(j, i, prepared, job.project, now)))
-            except Refusal as refusal:  # a changed world size
+            except Refusal as refusal:  # a changed world size, a run past the quota
                 raise _Refused(j, refusal.within(f"batches[{i}]") if job.bulk else refusal) from None
     fresh = [w for _, w in written if w]
     writes.write_grads([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
@@ -300,7 +301,7 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
     if cached and cached[0] > time.monotonic():
         run = cached[1]
     else:
-        run = Run.reported(project, info.key, info.name or info.key, info.world_size, info.meta)
+        run = Run.objects.filter(project=project, key=info.key).first() or _new_run(project, info)
         # remembered once committed: a run created by a batch that then rolled back does not exist
         transaction.on_commit(lambda: _runs.__setitem__(cache_key, (time.monotonic() + RUN_CACHE_S, run)))
     if run.world_size != info.world_size:
@@ -308,6 +309,12 @@ def _run(batch: protocol.Batch, project: Project) -> Run:
             400, f"world_size changed from {run.world_size} to {info.world_size} within run", "run.world_size"
         )
     return run
+
+
+def _new_run(project: Project, info: protocol.RunInfo) -> Run:
+    """The run a batch names for the first time, within the project's runs per hour (a 429 past it)."""
+    quotas.check_new_run(project)
+    return Run.reported(project, info.key, info.name or info.key, info.world_size, info.meta)
 
 
 def _claim_all(written: list[_Written]) -> None:
