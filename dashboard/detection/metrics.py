@@ -5,13 +5,16 @@ and registers itself with `ingest.metrics` when the app is ready. Each scrape ru
 grouped queries in PostgreSQL whose cost follows the active runs and their ranks, never their
 ranks' raw events (compile totals come from `RunTally`, one row per run):
 
-* per project (label `project`): firing alerts by kind and severity, active runs, silent ranks,
-  settle lag. These cover every active run.
+* per project (label `project`): firing alerts by kind and severity, active runs and their
+  verdicts (`verdict.py`: a run that diverged stays diverged after it ended), silent ranks, settle
+  lag. These cover every active run.
 * per run (labels `project`, `run`), for at most LOCKSTEP_METRICS_RUNS active runs, newest first:
-  firing alerts by severity, ranks reporting, silent ranks, last step, settle lag, and counters of
-  recompiles, graph breaks and seconds spent compiling (summed over the run's ranks, as the periodic
-  check last counted them: `tally.py`, at most 2 s old; they fall back if a run outlives raw
-  retention). How many active runs were left out is `lockstep_metrics_runs_omitted`.
+  firing and unresolved (firing, or ended unresolved: they still count) alerts by severity, the
+  verdict (one series per verdict, 1 for the run's), ranks reporting, silent ranks, last step,
+  settle lag, and counters of recompiles, graph breaks and seconds spent compiling (summed over the
+  run's ranks, as the periodic check last counted them: `tally.py`, at most 2 s old; they fall back
+  if a run outlives raw retention). How many active runs were left out is
+  `lockstep_metrics_runs_omitted`.
 * per project, over all its runs: slots whose settle raised (`lockstep_slots_quarantined`).
 
 No label names a rank: a 1024-rank run is one series per metric. Active: a run that reported in
@@ -29,12 +32,12 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from dashboard.detection import bills, cost
+from dashboard.detection import bills, cost, verdict
 from dashboard.detection.models import Alert, RunTally
 from dashboard.detection.runs import ACTIVE_WINDOW
 from dashboard.ledger import slots
 from dashboard.ledger.models import CompileSlot, GradSlot
-from dashboard.tenancy.models import Project, Rank, Run
+from dashboard.tenancy.models import Project, Rank, Run, with_status
 
 RUN_LABELS = ["project", "run"]
 
@@ -57,6 +60,7 @@ class HealthCollector:
         lag = _settle_lag(ids, now)
         yield from _project_families(projects, ids, silent, lag)
         yield from _run_families(shown, names, reporting, silent, lag)
+        yield from _verdicts(projects, names)
         yield _compile_cost()
         yield _quarantined()
         omitted = GaugeMetricFamily(
@@ -144,6 +148,40 @@ def _run_families(
         names,
         {r: t.compile_seconds for r, t in tallies.items()},
     )
+
+
+def _verdicts(projects: dict[int, str], names: dict[int, tuple[str, str]]) -> Iterator[Metric]:
+    """Active runs by verdict per project, and each shown run's verdict (every verdict a series, 1
+    for the run's, so series do not come and go); its unresolved alerts by severity."""
+    judged = verdict.of_runs(with_status(Run.objects.filter(id__in=list(projects))))
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for run_id, project in projects.items():
+        counts[(project, judged[run_id].kind)] += 1
+    by_project = GaugeMetricFamily("lockstep_runs_by_verdict", "Active runs by verdict", labels=["project", "verdict"])
+    for project in sorted(set(projects.values())):
+        for kind in verdict.VERDICTS:
+            by_project.add_metric([project, kind], counts.get((project, kind), 0))
+    yield by_project
+    per_run = GaugeMetricFamily(
+        "lockstep_run_verdict", "1 for the run's verdict, 0 for the others", labels=[*RUN_LABELS, "verdict"]
+    )
+    for run_id, labels in names.items():
+        for kind in verdict.VERDICTS:
+            per_run.add_metric([*labels, kind], 1 if judged[run_id].kind == kind else 0)
+    yield per_run
+    unresolved = GaugeMetricFamily(
+        "lockstep_run_alerts_unresolved",
+        "Alerts of the run still unresolved: firing, or ended unresolved (the run ended first)",
+        labels=[*RUN_LABELS, "severity"],
+    )
+    for row in (
+        Alert.objects.filter(run_id__in=list(names), state__in=(Alert.State.FIRING, Alert.State.ENDED_UNRESOLVED))
+        .values("run_id", "severity")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        unresolved.add_metric([*names[row["run_id"]], row["severity"]], row["n"])
+    yield unresolved
 
 
 def _compile_cost() -> CounterMetricFamily:

@@ -11,10 +11,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboard.detection import runs, settle
+from dashboard.detection import lifecycle, runs, settle
+from dashboard.detection.models import Alert
 from dashboard.ledger.models import CompileSlot, GradSlot
 from dashboard.tenancy.models import Project, ProjectToken, Rank, Run
 from tests.conftest import make_batch
@@ -163,3 +166,26 @@ def test_every_metric_of_the_grafana_dashboard_is_served(client, post, project):
         "lockstep_x_total",
         "lockstep_y",
     }
+
+
+def test_a_diverged_run_keeps_its_verdict_and_unresolved_alerts_after_it_ended(client, post, project):
+    job(post, "over")
+    run = Run.objects.get(key="over")
+    Alert.objects.filter(run=run).update(notified_revision=F("revision"))  # delivered
+    with transaction.atomic():
+        lifecycle.end_of_run(run)
+    assert not Alert.objects.filter(run=run, state="firing").exists()
+
+    samples = scrape(client)
+    r = {"project": project.name, "run": "over"}
+    assert value(samples, "lockstep_run_alerts_firing", **r, severity="critical") is None
+    assert value(samples, "lockstep_run_alerts_unresolved", **r, severity="critical") == 2  # they still count
+    assert {s.labels["verdict"]: s.value for s in samples if s.name == "lockstep_run_verdict"} == {
+        "in_lockstep": 0,
+        "diverged": 1,
+        "failed": 0,
+        "stalled": 0,
+        "recovered": 0,
+    }
+    assert value(samples, "lockstep_runs_by_verdict", project=project.name, verdict="diverged") == 1
+    assert value(samples, "lockstep_runs_by_verdict", project=project.name, verdict="in_lockstep") == 0
