@@ -55,9 +55,9 @@ def settle_grad(slot_id: int) -> list[int]:
         reports = reads.grad_reports(slot.run_id, slot.step, slot.group)
         verdict = consensus({r: tuple(g.fps) for r, g in reports.items()}) if reports else None
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
-        view = GradSlotView(
-            slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key, _layout(slot.run_id, verdict)
-        )
+        off_baseline = verdict is not None and ref is not None and tuple(verdict.reference) != tuple(ref)
+        layout = _layout(slot.run_id, verdict) if verdict and (verdict.dissenters or off_baseline) else {}
+        view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key, layout)
         changed, findings = _conclude(slot, view, verdict, len(reports))
         if changed:  # an alert is new or changed: its first step may need naming (not on every later step)
             kinds = {f.kind for f in findings}
@@ -71,10 +71,8 @@ def settle_grad(slot_id: int) -> list[int]:
 
 
 def _layout(run_id: int, verdict) -> dict:
-    """The start facts (parameter names, buckets) of one reference rank, only where ranks differ: the
-    divergence rules name parameters from it."""
-    if verdict is None or not verdict.dissenters:
-        return {}
+    """The start facts (parameter names, buckets) of one reference rank, read only where ranks differ
+    (from each other or from the baseline): the divergence rules name parameters from it."""
     rows = Rank.objects.filter(run_id=run_id).exclude(rank__in=[] if verdict.tie else verdict.dissenters)
     return dict(rows.filter(info__has_key="buckets").order_by("rank").values_list("rank", "info")[:1])
 

@@ -22,6 +22,7 @@ from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import BASELINE, READ, RESOLVE, Rank, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
+from dashboard.web.paging import RANKS_PER_PAGE, ranks_page
 from ingest.refusals import Refusal
 
 RUNS_LISTED = 500
@@ -181,14 +182,23 @@ def runs(request: HttpRequest, who: Principal) -> JsonResponse:
 
 @api_view
 def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
+    """`ranks`: RANKS_PER_PAGE of them (`?page=`, from 1); `ranks_page` says which and links the next."""
     run = services.run_with_alert_counts(who, key)
-    ranks = [rank_json(r) for r in run.ranks.all()]
+    page = ranks_page(run, request.GET.get("page"))
     summary = {
-        "ranks_reporting": len(ranks),
+        "ranks_reporting": page.total,
         "compile_slots": run.compileslot_set.count(),
         "grad_slots": run.gradslot_set.count(),
     }
-    return JsonResponse({**run_json(run, services.verdicts([run])[run.id]), "ranks": ranks, "summary": summary})
+    paging = {
+        "page": page.number,
+        "pages": page.pages,
+        "per_page": RANKS_PER_PAGE,
+        "next": f"{request.path}?page={page.next}" if page.next else None,
+    }
+    ranks = [rank_json(r) for r in page.ranks]
+    body = {**run_json(run, services.verdicts([run])[run.id]), "ranks": ranks, "ranks_page": paging}
+    return JsonResponse({**body, "summary": summary})
 
 
 @api_view

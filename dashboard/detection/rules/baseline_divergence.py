@@ -1,9 +1,10 @@
-"""baseline_divergence: the run's agreed gradients differ from its baseline run's at the same step."""
+"""baseline_divergence: the run's agreed gradients differ from its baseline run's at the same step;
+the message names the parameters the differing buckets hold, in module order."""
 
 from __future__ import annotations
 
 from dashboard.detection import subjects
-from dashboard.detection.rules import Finding, GradSlotView, rule
+from dashboard.detection.rules import Finding, GradSlotView, bucket_params, rule, where_text
 
 
 @rule("baseline_divergence", GradSlotView)
@@ -19,6 +20,11 @@ def baseline_divergence(view: GradSlotView):
         ranks=(),
         step=view.step,
         message=f"Gradients differ from baseline run {view.baseline_key} from step {view.step} "
-        f"(buckets {', '.join(map(str, buckets))})",
-        details={"baseline": view.baseline_key, "group": view.group, "buckets": buckets},
+        f"({where_text(view, buckets)})",
+        details={
+            "baseline": view.baseline_key,
+            "group": view.group,
+            "buckets": buckets,
+            "parameters": bucket_params(view, buckets)[:50],  # of the differing buckets, module order
+        },
     )
