@@ -13,6 +13,7 @@ from functools import wraps
 
 from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
+from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from dashboard.detection.models import Silence
@@ -194,7 +195,7 @@ def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
         "page": page.number,
         "pages": page.pages,
         "per_page": RANKS_PER_PAGE,
-        "next": f"{request.path}?page={page.next}" if page.next else None,
+        "next": f"{reverse('api-run', args=[run.key])}?page={page.next}" if page.next else None,
     }
     ranks = [rank_json(r) for r in page.ranks]
     body = {**run_json(run, services.verdicts([run])[run.id]), "ranks": ranks, "ranks_page": paging}

@@ -33,6 +33,7 @@ from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import RUN_STATUSES, Project, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
+from dashboard.web.paging import RanksPage, ranks_page
 from dashboard.web.pages import alerting, frames
 from dashboard.web.pages import compare as comparing
 from dashboard.web.pages.links import run_links
@@ -138,9 +139,7 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
             "verdict": services.verdicts([found])[found.id],
             "over": is_over(found),
             "flight": flight_recorder_view(alerts),
-            "ranks": found.ranks.values(
-                "rank", "host", "status", "last_step", "last_seen"
-            ),  # not `info`: 1024 JSON docs
+            "ranks": _ranks(found, request.GET.get("page")),
             "alerts": alerts,
             "incidents": services.run_incidents(caller, key)[:ALERTS_ON_RUN_PAGE],
             "summary": run_headline_counts(found),
@@ -153,6 +152,14 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
             .values_list("key", flat=True)[:50],
         },
     )
+
+
+def _ranks(run: Run, page: str | None) -> RanksPage:
+    """The page of the run's ranks the table shows; a page that is not a number is a 404 page."""
+    try:
+        return ranks_page(run, page)
+    except Refusal as refusal:
+        raise Http404(refusal.message) from None
 
 
 def is_over(run: Run) -> bool:
