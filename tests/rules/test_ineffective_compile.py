@@ -61,3 +61,16 @@ def test_long_dynamo_break_text_is_cut_to_its_explanation():
     )
     assert headline(text).startswith("Explanation: Dynamo developers")
     assert "_inside_ddp_forward" in headline(text) and "traceback" not in headline(text)
+
+
+def test_a_shredded_frame_speaks_of_that_frame_not_of_the_model():
+    view = compile_view(
+        {0: {"detail": {"counts": {"graph_op_count": 3}, "graph_breaks": 12}}},
+        index=0,
+        frame="torch/optim/adam.py:200:step",
+    )
+    [f] = findings_of(view, "ineffective_compile")
+    assert f.message.startswith(
+        "torch/optim/adam.py:200:step is shredded by 12 graph breaks on rank 0: much of this frame"
+    )
+    assert "model" not in f.message

@@ -6,7 +6,8 @@ compile to empty graphs while each of the model's own modules compiles to a real
 model is compiled. A rank fires only when none of its compiles holds an op once it has finished the
 step they started in (or ended): e.g. a model made only of torch.nn containers under
 torch.compile(DDP(model)), where Dynamo starts no frame inside torch. A frame shredded by graph
-breaks is judged on its own slot.
+breaks is judged on its own slot, and its message speaks of that frame only: a compiled optimizer
+step with breaks says nothing about how the model runs.
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def shredded(view: CompileSlotView):
         return
     reasons = Counter(headline(reason) for r, reason in view.graph_breaks if r in ranks)
     top = [reason for reason, _ in reasons.most_common(3)]
+    breaks = max((view.reports[r].detail or {}).get("graph_breaks") or 0 for r in ranks)
     yield Finding(
         severity="warning",
         subject=subjects.frame(view.frame),
         ranks=tuple(sorted(ranks)),
         frame=view.frame,
-        message=f"{view.frame} is shredded by graph breaks on {ranks_text(ranks)}: the model runs mostly eager"
-        + (f". Graph breaks: {'; '.join(top)}" if top else ""),
+        message=f"{view.frame} is shredded by {breaks} graph breaks on {ranks_text(ranks)}: "
+        "much of this frame runs eager between its graphs" + (f". Graph breaks: {'; '.join(top)}" if top else ""),
         details={"index": view.index, "shredded_ranks": sorted(ranks), "break_reasons": top},
     )
