@@ -9,6 +9,7 @@ Set LOCKSTEP_SCREENSHOTS=docs/screenshots to save the main pages as PNGs on the 
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import requests
 from django.contrib.auth.models import User
 from django.test import Client
 
+from dashboard.detection.models import Alert
 from dashboard.tenancy.models import Project, ProjectToken
 from tests.browser import chromium_page
 from tests.fixtures.pages_data import FRAMES, TORCH_211, Job, graph_blobs, job_batches
@@ -124,6 +126,29 @@ def test_live_alert_then_acknowledge_and_silence(stack, page, team):
     time.sleep(3.5)  # the charts refetch after the alert; let them settle for the screenshot
     shot(page, "run")
 
+    # every rank ended: the sweep closes the run's alerts as ended unresolved, and the run keeps its outcome
+    deadline = time.monotonic() + 60
+    while Alert.objects.filter(run__key="live-run", state="firing").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert set(Alert.objects.filter(run__key="live-run").values_list("state", flat=True)) == {"ended_unresolved"}
+    page.reload()
+    page.wait_for_selector("#live-status[data-connected=true]", timeout=15_000)
+    assert page.locator("#live-status").inner_text() == "ended"
+    assert page.locator("#strip").inner_text().startswith("The run ended after step ")
+    verdict = page.locator("p.verdict [data-verdict]")
+    assert verdict.get_attribute("data-verdict") == "diverged" and verdict.inner_text().startswith("diverged at step")
+    incident = page.locator("li.incident", has_text="grad_divergence").first
+    assert incident.locator(".state").inner_text().lower() == "ended unresolved"
+    assert "docs/alerts.md#" in incident.locator(".remedy").inner_text()
+    page.goto(f"{stack.url}/")
+    row = page.locator("table.runs tr", has=page.locator("a[href='/runs/live-run/']"))
+    assert row.locator("td.verdict [data-verdict]").get_attribute("data-verdict") == "diverged"
+    assert "critical" in row.locator("td.verdict").inner_text() and "in lockstep" not in row.inner_text()
+    page.select_option("select[name=verdict]", "in_lockstep")
+    page.click("#run-filters button[type=submit]")
+    page.wait_for_load_state()
+    assert "verdict=in_lockstep" in page.url and page.locator("a[href='/runs/live-run/']").count() == 0
+
     page.goto(f"{stack.url}/alerts/?run=live-run&state=all")  # every rank ended: the run's alerts resolved with it
     row = page.locator("tr.alert-row[data-kind=grad_divergence]")
     row.locator("button.ack").click()
@@ -153,9 +178,11 @@ def test_compare_page_shows_the_torch_version_diff(stack, page, team):
     send(
         stack,
         token,
-        job_batches(Job("mlp-torch211", versions=dict(TORCH_211), fp_change_step=20, name="mlp torch 2.11")),
+        job_batches(
+            Job("mlp-torch211", versions=dict(TORCH_211), fp_change_step=20, name="mlp torch 2.11", loss=False)
+        ),
     )
-    send(stack, token, job_batches(Job("mlp-torch213", recompile=(1, 3), name="mlp torch 2.13")))
+    send(stack, token, job_batches(Job("mlp-torch213", recompile=(1, 3), name="mlp torch 2.13", loss=False)))
     login(page, stack, session)
     page.goto(f"{stack.url}/")
     shot(page, "runs")
@@ -179,6 +206,17 @@ def test_compare_page_shows_the_torch_version_diff(stack, page, team):
     assert "first differing step 20" in page.locator("ul.fingerprints").inner_text()
     page.wait_for_selector("#step-times canvas")
     shot(page, "compare")
+    # neither run reported a loss: said in words, separated from the gradient norm, no empty chart
+    assert "loss: no common steps; gradient norm: bitwise equal" in " ".join(
+        page.locator("ul.drift").inner_text().split()
+    )
+    page.wait_for_selector("#drift-grad canvas")
+    assert page.get_attribute("#drift-loss", "data-series") == "0"
+    assert page.locator("#drift-loss canvas").count() == 0
+    assert "none of these runs reported it" in page.locator("#drift-loss").inner_text()
+    # the worse column names what got worse, the compile-time ratio beside it in words
+    worse = page.locator("table.verdict-table tr", has_text="ddp_job.py:41").locator("td.worse-cell").inner_text()
+    assert re.fullmatch(r"(nothing|[a-z ,]+) \(compile time ×[0-9.]+\)", worse), worse
 
 
 def test_user_text_is_escaped_everywhere(stack, page, team):
@@ -196,7 +234,7 @@ def test_user_text_is_escaped_everywhere(stack, page, team):
     send(stack, token, before)
     login(page, stack, session)
     page.goto(f"{stack.url}/runs/xss-run/")
-    page.wait_for_selector("#live-status:text('live')", timeout=15_000)
+    page.wait_for_selector("#live-status[data-connected=true]", timeout=15_000)  # its ranks ended: "ended"
     send(stack, token, after)  # every rank reports the slot: it settles at once and the alert arrives live
     page.wait_for_selector("li.alert[data-kind=graph_divergence]", timeout=45_000)
     assert XSS in page.locator("li.alert[data-kind=graph_divergence]").inner_text()

@@ -19,6 +19,13 @@
   const drift = JSON.parse(driftData.textContent);
 
   function lines(target, title, series, yAxis) {
+    const plotted = series.filter((s) => s.data.length).length;
+    target.dataset.series = String(plotted);
+    if (!plotted) {  // an empty frame with axes reads as a broken chart: say what is missing instead
+      target.classList.add("chart-empty");
+      target.textContent = `${title}: none of these runs reported it`;
+      return;
+    }
     const chart = echarts.init(target, null, { renderer: "canvas" });
     target.style.height = "240px";
     chart.resize();
@@ -28,7 +35,6 @@
       legend: { top: 0, right: 10 }, grid: { left: 70, right: 20, top: 40, bottom: 30 },
       xAxis: { type: "value", name: "step" }, yAxis: yAxis || { type: "value", scale: true }, series,
     }, true);
-    target.dataset.series = String(series.filter((s) => s.data.length).length);
   }
 
   const curve = (name) => Object.entries(drift.series).map(([key, s]) => ({
