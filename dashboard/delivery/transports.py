@@ -77,11 +77,11 @@ class SlackWebhook(Transport):
     COLORS = {"critical": "#c62828", "warning": "#ef8f00"}
 
     def notify(self, incident: Incident, idempotency_key: str, previous: Receipt | None = None) -> Receipt:
-        _post_json(self.webhook.url, self.payload(incident), {"Idempotency-Key": idempotency_key})
+        _post_json(self.webhook.url, self.payload(incident, previous), {"Idempotency-Key": idempotency_key})
         return {}
 
     @classmethod
-    def payload(cls, incident: Incident) -> dict:
+    def payload(cls, incident: Incident, previous: Receipt | None = None) -> dict:
         root, consequences = root_of(incident), consequences_of(incident)
         fields = [
             {"title": "ranks", "value": slack_escape(ranks_text(root.ranks)), "short": True},
@@ -98,7 +98,7 @@ class SlackWebhook(Transport):
                 }
             )
         return {
-            "text": slack_escape(f"{status_word(incident)} {headline(incident)}"),
+            "text": slack_escape(f"{status_word(incident)} {update_note(incident, previous)}{headline(incident)}"),
             "attachments": [
                 {
                     "color": "#2e7d32"
@@ -327,6 +327,17 @@ def headline(incident: Incident) -> str:
     step = f" (step {root.step})" if root.step is not None else ""
     more = f" [+{len(consequences_of(incident))} consequences]" if consequences_of(incident) else ""
     return f"{root.kind}{where} in run {incident.run.key}{step}{more}: {root.message}"[:TEXT_MAX_CHARS]
+
+
+def update_note(incident: Incident, previous: Receipt | None) -> str:
+    """Where a destination holds no object per incident (a Slack channel), a later revision of a page
+    it was already sent says it updates that page, so nobody reads a second cause into it; a cause
+    that arrived after its symptom re-roots the incident, and the message says so."""
+    page = (previous or {}).get("page")
+    if not page:
+        return ""
+    rerooted = page.get("root") is not None and page.get("root") != incident.root_id
+    return f"Update of incident #{incident.id}{', its cause found' if rerooted else ''}: "
 
 
 def status_word(incident: Incident) -> str:

@@ -123,3 +123,13 @@ def test_transports_are_registered_by_kind():
     with pytest.raises(TypeError, match="slack"):
         type("AnotherSlack", (Transport,), {"kind": "slack"})
     assert transports.TRANSPORTS["slack"] is SlackWebhook
+
+
+def test_a_later_revision_of_a_page_slack_was_sent_says_it_updates_that_incident(incident):
+    """A cause that arrives after its symptom re-roots the incident: the channel reads an update of the
+    page it has, not a second page."""
+    rerooted = SlackWebhook.payload(incident, {"page": {"root": incident.root_id + 100, "state": "firing"}})
+    assert rerooted["text"].startswith(f"[CRITICAL] Update of incident #{incident.id}, its cause found: rank_silent")
+    grown = SlackWebhook.payload(incident, {"page": {"root": incident.root_id, "state": "firing"}})
+    assert grown["text"].startswith(f"[CRITICAL] Update of incident #{incident.id}: rank_silent")
+    assert SlackWebhook.payload(incident)["text"].startswith("[CRITICAL] rank_silent")  # the first page
