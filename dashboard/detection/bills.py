@@ -9,26 +9,46 @@ last look. A reader (API, pages) gets the kept bill: current when nothing reache
 was computed, it is younger than MIN_AGE_S, or it is younger than REFRESH_S and no compile reached
 the run since; else marked `stale` while the sweep still looks at the run (it refreshes it within
 seconds). Only a run no sweep billed (an uploaded spool read before the sweep's next pass, a run
-whose last look was missed) is computed by its reader, from its compile events and the waits in a
+whose last look was missed) is computed for its reader, from its compile events and the waits in a
 collective kept at the steps that compiled (`evidence.reads.collective_waits`): at 1,024 ranks x 10k
 steps about 200 ms against about 10 for the kept bill (bench/cost.py).
+
+A read never writes the database: the reader's bill is computed in memory and the keeping is the
+worker's (`tasks.keep_bills`, queued by the reader that computed it). A run's bill is computed once
+at a time (a Redis lock per run, `computing`): readers that arrive meanwhile wait for it and get the
+same bill, shared through Redis for REFRESH_S (50 parallel reads of a 256-rank run computed it 8
+times, 13 s, when each reader computed and stored its own), and the worker keeps that very bill
+when nothing reached the run since.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from dashboard.detection import cost, tally
 from dashboard.detection.models import RunCost
 from dashboard.tenancy.models import Project, Run
+from ingest import ratelimit
 
 MIN_AGE_S = 10.0
 REFRESH_S = 60.0
 SWEPT_S = 30.0  # runs.END_LOOK: a run that reported this recently is looked at by the sweep
 FRAMES_KEPT = 50
+LOCK_S = 120.0  # the lock of a computation whose process died frees itself after this
+WAIT_S = 30.0  # a reader waits this long for another's computation, then computes its own
+
+log = logging.getLogger(__name__)
 
 
 def store(run: Run, bill: dict, now: datetime | None = None) -> RunCost:
@@ -73,25 +93,108 @@ def summary_of(bill: dict) -> dict:
 
 
 def fresh_bill(run: Run, now: datetime | None = None) -> dict:
-    """The run's bill, computed now, and kept."""
+    """The run's bill as of now, and kept (the worker's: the sweep, `tasks.keep_bills`): the one a
+    reader computed is kept as it is when nothing reached the run since, else it is computed."""
     now = now or timezone.now()
-    bill = cost.bill_of(run, now)
-    store(run, bill, now)
-    return {**bill, "computed_at": now.isoformat(), "stale": False}
+    with computing(run):
+        shared = _shared(run)
+        if shared is not None and shared[1] >= run.last_seen:
+            bill, at = shared
+        else:
+            bill, at = cost.bill_of(run, now), now
+        store(run, bill, at)
+    return {**bill, "computed_at": at.isoformat(), "stale": False}
 
 
 def current_bill(run: Run, now: datetime | None = None) -> dict:
-    """The kept bill while it is current (`is_current`) or while the sweep still looks at the run (it
-    reported within SWEPT_S: the sweep refreshes the bill within MIN_AGE_S of new compiles, and bills an
-    ended run once more, `final_bill`), marked `stale` in that case; else `fresh_bill`. Readers so never
-    pay for a big run's bill while it trains, only for a run no sweep billed."""
+    """A reader's bill; reading writes nothing. The kept bill while it is current (`is_current`) or
+    while the sweep still looks at the run (it reported within SWEPT_S: the sweep refreshes the bill
+    within MIN_AGE_S of new compiles, and bills an ended run once more, `final_bill`), marked `stale`
+    in that case; else the bill computed in memory, once for all readers of the moment (`computing`),
+    and kept later by the worker. Readers so never pay for a big run's bill while it trains, only for a
+    run no sweep billed, and then once."""
     now = now or timezone.now()
+    kept = _kept(run, now)
+    if kept is not None:
+        return kept
+    with computing(run):
+        kept, shared = _kept(run, now), _shared(run)
+        if kept is not None:
+            return kept
+        if shared is not None and is_current(run, shared[1], shared[0]["compile_seconds"], now):
+            bill, at = shared
+        else:
+            bill, at = cost.bill_of(run, now), now
+            _share(run, bill, at)
+            _keep_later(run)
+    return {**bill, "computed_at": at.isoformat(), "stale": False}
+
+
+def _kept(run: Run, now: datetime) -> dict | None:
     row = RunCost.objects.filter(run=run).values_list("bill", "computed_at", "compile_seconds").first()
     if row and row[0]:
         current = is_current(run, row[1], row[2], now)
         if current or (now - run.last_seen).total_seconds() < SWEPT_S:
             return {**row[0], "computed_at": row[1].isoformat(), "stale": not current}
-    return fresh_bill(run, now)
+    return None
+
+
+def _name(run: Run, what: str) -> str:
+    """A Redis key of this run (its id and start: test databases and servers may share one Redis)."""
+    ident = hashlib.sha256(f"{run.id}:{run.key}:{run.started_at.isoformat()}".encode()).hexdigest()[:24]
+    return f"lockstep:bill:{what}:{ident}"
+
+
+@contextmanager
+def computing(run: Run) -> Iterator[None]:
+    """Hold the run's bill lock (Redis, across processes) while computing: one computation per run at
+    a time. Without Redis, or after WAIT_S, the caller computes unlocked rather than fail a read."""
+    lock = ratelimit.client().lock(_name(run, "lock"), timeout=LOCK_S, blocking_timeout=WAIT_S)
+    try:
+        held = lock.acquire()
+    except redis.RedisError:
+        log.warning("redis unavailable: run %s billed without its lock", run.id, exc_info=True)
+        held = False
+    try:
+        yield
+    finally:
+        if held:
+            try:
+                lock.release()
+            except redis.RedisError:  # expired (LOCK_S) or Redis gone: it frees itself
+                log.warning("bill lock of run %s not released", run.id, exc_info=True)
+
+
+def _share(run: Run, bill: dict, at: datetime) -> None:
+    """A bill a reader computed, for the other readers and the worker to keep, for REFRESH_S."""
+    value = json.dumps({"bill": bill, "computed_at": at.isoformat()}, cls=DjangoJSONEncoder)
+    try:
+        ratelimit.client().set(_name(run, "shared"), value, ex=int(REFRESH_S))
+    except redis.RedisError:
+        log.warning("redis unavailable: the bill of run %s is not shared", run.id, exc_info=True)
+
+
+def _shared(run: Run) -> tuple[dict, datetime] | None:
+    """The bill a reader computed within REFRESH_S, and when."""
+    try:
+        raw = ratelimit.client().get(_name(run, "shared"))
+    except redis.RedisError:
+        return None
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    at = parse_datetime(value["computed_at"])
+    return (value["bill"], at) if at is not None else None
+
+
+def _keep_later(run: Run) -> None:
+    """The worker keeps the bill a reader computed (a read never writes)."""
+    from dashboard.detection.tasks import keep_bills  # the tasks module imports this one
+
+    try:
+        keep_bills.delay([run.id])
+    except Exception:  # the broker is down: the next reader computes it again
+        log.warning("broker unavailable: the bill of run %s is not kept", run.id, exc_info=True)
 
 
 def is_current(run: Run, computed_at: datetime, compile_seconds: float, now: datetime) -> bool:

@@ -15,7 +15,7 @@ import logging
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
 
-from dashboard.detection import baseline, detail, flight, runs, settle
+from dashboard.detection import baseline, bills, detail, flight, runs, settle
 from dashboard.detection.models import Baseline
 from dashboard.detection.signals import announce
 from dashboard.ledger import slots
@@ -72,6 +72,16 @@ def queue_settles(ready: list[tuple[str, int]], expires: float | None = None) ->
     for kind, ids in by_kind.items():
         for i in range(0, len(ids), SETTLE_CHUNK):
             settle_slots.apply_async((kind, ids[i : i + SETTLE_CHUNK]), expires=expires)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def keep_bills(run_ids: list[int]) -> int:
+    """Keep the compile bills of runs no sweep billed (a reader computed one in memory, the project's
+    cost page found some missing): readers never write, the worker does (`bills.fresh_bill`)."""
+    runs = list(Run.objects.filter(id__in=run_ids).select_related("project"))
+    for run in runs:
+        bills.fresh_bill(run)
+    return len(runs)
 
 
 @shared_task(acks_late=True, ignore_result=True)

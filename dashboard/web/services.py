@@ -91,7 +91,8 @@ def run_timeline(caller: Principal, key: str) -> dict:
 
 
 def run_cost(caller: Principal, key: str) -> dict:
-    """The run's compile bill: the kept one while current, else computed now (and kept)."""
+    """The run's compile bill: the kept one while current, else computed now, once for all readers of
+    the moment, and kept by the worker: reading writes nothing (`bills.current_bill`)."""
     return bills.current_bill(run_for(caller, key))
 
 

@@ -1,8 +1,8 @@
 """Which bill a reader gets (`bills.current_bill`): the kept one while no compile reached the run since
 and it is younger than REFRESH_S, however often other events arrive; once a compile arrived (after
 MIN_AGE_S) or it is older than REFRESH_S, the kept one marked stale while the sweep still looks at the
-run, a new one after. An ended run's last sweep bills it once more (`final_bill`). On the real H200
-recording."""
+run, a new one after, computed in memory (the worker keeps it). An ended run's last sweep bills it once
+more (`final_bill`). On the real H200 recording."""
 
 from __future__ import annotations
 
@@ -46,9 +46,13 @@ def test_a_reader_gets_the_kept_bill_until_a_compile_arrives_or_it_is_older_than
     RunCost.objects.filter(run=run).update(compile_seconds=kept["compile_seconds"] - 1.0)  # a compile since
     assert _read(run, later) == kept_at.isoformat() and _stale(run, later)  # the sweep is on it
     unswept = later + timedelta(seconds=bills.SWEPT_S + 1)
-    assert _read(run, unswept) == unswept.isoformat()  # nobody sweeps it any more: computed anew, and kept
-    assert RunCost.objects.get(run=run).compile_seconds == pytest.approx(kept["compile_seconds"])
+    assert _read(run, unswept) == unswept.isoformat()  # nobody sweeps it any more: computed anew, in memory
+    assert RunCost.objects.get(run=run).compile_seconds == pytest.approx(kept["compile_seconds"] - 1.0)  # not kept
+    assert _read(run, unswept + timedelta(seconds=1)) == unswept.isoformat()  # the next reader gets that bill
     assert not _stale(run, unswept)
+    bills.fresh_bill(run, unswept + timedelta(seconds=2))  # the worker keeps the very bill the reader computed
+    row = RunCost.objects.get(run=run)
+    assert row.computed_at == unswept and row.compile_seconds == pytest.approx(kept["compile_seconds"])
 
     stale = unswept + timedelta(seconds=bills.REFRESH_S + 1)
     Run.objects.filter(id=run.id).update(last_seen=stale)

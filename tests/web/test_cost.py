@@ -10,10 +10,13 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboard.detection import bills
+from dashboard.detection import bills, tasks
+from dashboard.detection.models import RunCost
 from dashboard.tenancy.models import Project, ProjectToken, Run
 from tests.agents.test_fixtures_ingest import _unpack, _upload
 
@@ -79,12 +82,26 @@ def test_project_page_lists_the_costliest_frames_to_members_only(client, project
     client.force_login(stranger)
     assert client.get(url).status_code == 404
     project.members.add(stranger)
+    assert "2 runs are being billed" in client.get(url).content.decode()  # the view handed them to the worker
+    tasks.keep_bills(list(Run.objects.values_list("id", flat=True)))  # as the worker runs it
     html = client.get(url).content.decode()
     assert 'id="cost-7d"' in html and 'id="cost-30d"' in html
     assert html.index("compare_job.py:46 Net.forward") < html.index(
         "compare_job.py:50 loss_fn"
     )  # 50-70 s compiles first
     assert "TORCHINDUCTOR_CACHE_DIR" in html and "compare-213" in html
+
+
+def test_reading_a_bill_writes_nothing(client, token, project, member, versions):
+    """The API, the compare page and the project's page on runs without a kept bill: each reader gets a
+    bill computed in memory (or none yet, on the project's page) and the database is left as it was."""
+    with CaptureQueriesContext(connection) as queries:
+        cost = client.get(f"/api/v1/runs/{V211}/cost", HTTP_AUTHORIZATION=f"Bearer {token}")
+        compare = client.get(f"/api/v1/compare?runs={V211},{V213}", HTTP_AUTHORIZATION=f"Bearer {token}")
+        page = client.get(f"/projects/{project.name}/cost/")
+    assert cost.status_code == compare.status_code == page.status_code == 200 and cost.json()["gpu_seconds"] > 0
+    writes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
+    assert writes == [] and not RunCost.objects.exists()
 
 
 def counter(client, project: str, cause: str) -> float:
@@ -113,7 +130,8 @@ def test_metrics_counter_sums_kept_bills_and_never_goes_down(client, settings, p
 
 def test_the_7_day_window_leaves_out_a_run_of_10_days_ago(client, project, member, versions):
     Run.objects.filter(key=V211).update(started_at=timezone.now() - timedelta(days=10))
-    html = client.get(f"/projects/{project.name}/cost/").content.decode()  # bills the window's runs first
+    tasks.keep_bills(list(Run.objects.values_list("id", flat=True)))  # the worker bills them
+    html = client.get(f"/projects/{project.name}/cost/").content.decode()
     week, month = html[html.index('id="cost-7d"') : html.index('id="cost-30d"')], html[html.index('id="cost-30d"') :]
     assert "compare-211" not in week and "compare-213" in week and "compare-211" in month
     forward = {

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from dashboard.detection import bills
+from dashboard.detection import bills, tasks
 from dashboard.detection.models import RunCost
 from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import Project, Run
@@ -17,14 +18,15 @@ from dashboard.web import services
 from dashboard.web.pages.views import page
 
 WINDOWS = (7, 30)
-BILLS_PER_VIEW = (
-    5  # runs of the window without a kept bill, billed by one page view (newest first): a big run takes a second
-)
+BILLS_PER_VIEW = 5  # runs of the window without a kept bill handed to the worker per view (newest first)
+
+log = logging.getLogger(__name__)
 
 
 def bill_missing(project: Project, days: int) -> int:
-    """Bill the window's runs that have no kept bill yet (finished before any sweep saw them: an
-    uploaded spool), at most BILLS_PER_VIEW per view; how many are still left."""
+    """Have the worker bill the window's runs that have no kept bill yet (finished before any sweep
+    saw them: an uploaded spool), at most BILLS_PER_VIEW per view; how many are still unbilled. The
+    view itself writes nothing (`tasks.keep_bills`)."""
     since = timezone.now() - timedelta(days=days)
     missing = (
         Run.objects.filter(project=project, started_at__gte=since)
@@ -32,9 +34,13 @@ def bill_missing(project: Project, days: int) -> int:
         .order_by("-started_at")
     )
     left = missing.count()
-    for run in missing.select_related("project")[:BILLS_PER_VIEW]:
-        bills.fresh_bill(run)
-    return max(0, left - BILLS_PER_VIEW)
+    ids = list(missing.values_list("id", flat=True)[:BILLS_PER_VIEW])
+    if ids:
+        try:
+            tasks.keep_bills.delay(ids)
+        except Exception:  # the broker is down: a later view asks again
+            log.warning("broker unavailable: %d runs left unbilled", len(ids), exc_info=True)
+    return left
 
 
 @page
