@@ -11,6 +11,7 @@ import argparse
 import getpass
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 
@@ -27,6 +28,13 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument("--token", default=argparse.SUPPRESS, help="project token (default $LOCKSTEP_TOKEN)")
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON (the API's own) instead of tables"
+    )
+    common.add_argument(
+        "--wide",
+        "-w",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print every cell in full, one line per row (a terminal otherwise wraps the last column; a pipe cuts long cells)",
     )
     return common
 
@@ -98,6 +106,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    tables.LAYOUT.wide = getattr(args, "wide", False)
+    tables.LAYOUT.columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     url = getattr(args, "url", None) or os.environ.get("LOCKSTEP_URL", "")
     try:
         if not url:

@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 MAX_CELL = 80
+MIN_WRAP = 24  # narrower than this, a wrapped last column reads worse than a cut one
+
+
+@dataclass
+class Layout:
+    """How cells fit: `wide` (--wide) prints every cell in full on one line; `columns` (stdout is a
+    terminal that wide) wraps the last column (the message, the remedy) under itself instead of
+    cutting it; neither cuts long cells at MAX_CELL, one line per row for pipes and grep."""
+
+    wide: bool = False
+    columns: int | None = None
+
+
+LAYOUT = Layout()
 # C0 and C1 controls, DEL, and the bidirectional overrides: server text (run names, messages) comes
 # from agents and must never move the cursor, clear the screen, set a title or hide a link (OSC 8).
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -17,21 +33,41 @@ def clean(text: str) -> str:
     return CONTROL.sub(REPLACEMENT, text)
 
 
-def cell(value: object) -> str:
+def cell(value: object, limit: int | None = MAX_CELL) -> str:
+    """One line of terminal-safe text, cut at `limit` characters (None, or --wide: never)."""
     if value is None:
         return "-"
     if isinstance(value, (list, tuple)):
         return clean(",".join(str(v) for v in value)) or "-"
     text = clean(" ".join(str(value).split()))  # one line per row, whatever the message holds
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+    if limit is None or LAYOUT.wide or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Columns padded to their widest cell; the last column is left ragged."""
-    cells = [[cell(v) for v in row] for row in rows]
+    """Columns padded to their widest cell; the last column is left ragged, and wrapped under itself
+    on a terminal wide enough for it (LAYOUT)."""
+    last = len(headers) - 1
+    cells = [[cell(v, None if i == last else MAX_CELL) for i, v in enumerate(row)] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    indent = sum(widths[:last]) + 2 * last
+    room = None if LAYOUT.wide else (LAYOUT.columns or 0) - indent
     lines = [[cell(h).upper() for h in headers], *cells]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    return "\n".join(
+        "  ".join([*(c.ljust(w) for c, w in zip(line[:last], widths)), _fit(line[last], room, indent)]).rstrip()
+        for line in lines
+    )
+
+
+def _fit(text: str, room: int | None, indent: int) -> str:
+    """The last cell: in full (room None), wrapped into `room` columns, or cut where no terminal is
+    known (or it is too narrow to wrap)."""
+    if room is None:
+        return text
+    if room < MIN_WRAP:
+        return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+    return ("\n" + " " * indent).join(textwrap.wrap(text, room, break_on_hyphens=False)) or text
 
 
 ALERT_COLUMNS = ("id", "kind", "severity", "state", "ranks", "step", "acked_by", "message")
