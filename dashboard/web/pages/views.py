@@ -33,10 +33,10 @@ from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import RUN_STATUSES, Project, Run
 from dashboard.web import services
 from dashboard.web.forms import SilenceForm
-from dashboard.web.paging import RanksPage, ranks_page
 from dashboard.web.pages import alerting, frames
 from dashboard.web.pages import compare as comparing
 from dashboard.web.pages.links import run_links
+from dashboard.web.paging import RanksPage, ranks_page
 from ingest.refusals import Refusal
 
 ALERTS_ON_RUN_PAGE = 100
