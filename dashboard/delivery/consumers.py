@@ -8,7 +8,9 @@ that logged out or expired, is closed (4403) instead of going on receiving.
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 from importlib import import_module
 
 from channels.db import database_sync_to_async
@@ -94,3 +96,21 @@ class AlertFeed(_Feed):
     @database_sync_to_async
     def groups_for(self, user) -> list[str] | None:
         return [project_group(p) for p in sorted(user_project_ids(user))]
+
+
+async def unknown_path(scope: dict, receive: Callable, send: Callable) -> None:
+    """Every websocket path no feed has: a 404 the client can read, naming the path (was: the router
+    raised, a 500). Without uvicorn's denial-response extension, a plain refusal (403)."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close"})
+        return
+    content = json.dumps({"error": f"no websocket at {scope['path']}", "path": "path"}).encode()
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": 404,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": content})

@@ -21,7 +21,7 @@ from dashboard.detection.verdict import Verdict
 from dashboard.tenancy import auth
 from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import BASELINE, READ, RESOLVE, Rank, Run
-from dashboard.web import services
+from dashboard.web import input_bounds, services
 from dashboard.web.forms import SilenceForm
 from dashboard.web.paging import RANKS_PER_PAGE, ranks_page
 from ingest.refusals import Refusal
@@ -115,10 +115,17 @@ def api_automation(scope: str) -> Callable[[View], View]:
 
 
 def _json_body(request: HttpRequest, message: str) -> object:
+    """The parsed body; not JSON, nested past the parser's depth or holding a NUL (no column holds
+    one) is a 400 naming the field."""
     try:
-        return json.loads(request.body or b"{}")
+        body = json.loads(request.body or b"{}")
     except ValueError:
-        raise Refusal(400, message) from None
+        raise Refusal(400, message, path="body") from None
+    except RecursionError:
+        raise Refusal(400, "the body nests too deeply", path="body") from None
+    if (field := input_bounds.json_nul(body)) is not None:
+        raise Refusal(400, f"{field} contains a NUL byte", path=field)
+    return body
 
 
 # --- JSON shapes (docs/design.md, Read API) --------------------------------------------------

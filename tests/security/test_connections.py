@@ -1,6 +1,7 @@
 """Issue 39 against a real uvicorn started here with small bounds: what one connection may hold
 before anyone knows who sent it. Item 4 (per-route body limits and a bound on bodies read at once),
-item 5 (X-Forwarded-For believed from LOCKSTEP_TRUSTED_PROXIES only), item 9 (a header deadline).
+item 5 (X-Forwarded-For believed from LOCKSTEP_TRUSTED_PROXIES only), item 7 (a websocket to an
+unknown path; the rest of item 7 is in test_bad_input.py), item 9 (a header deadline).
 
 Loopback has every 127.x.y.z: a socket bound to PROXY is the trusted proxy, one from 127.0.0.1 an
 ordinary client."""
@@ -8,6 +9,7 @@ ordinary client."""
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import socket
 import time
@@ -151,6 +153,22 @@ def test_a_spoofed_forwarded_for_changes_nothing_from_a_client_and_names_the_cli
         assert _login(server, _users(1)[0], source=PROXY, forwarded="6.6.6.6, 198.51.100.2") == 200  # not the proxy
     finally:
         reset()
+
+
+# item 7 ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/ws/nowhere/", "/ws/runs/a/b/", "/", "/api/v1/runs"])
+def test_a_websocket_to_an_unknown_path_is_a_404_naming_it(server, path):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    with pytest.raises(InvalidStatus) as refused:
+        connect(server.url.replace("http", "ws") + path, open_timeout=10, additional_headers={"Origin": server.url})
+    answer = refused.value.response
+    assert answer.status_code == 404
+    assert json.loads(answer.body) == {"error": f"no websocket at {path}", "path": "path"}
+    assert "Exception" not in server.server.tail()  # nothing raised on the server
 
 
 # item 9 ------------------------------------------------------------------------------------------
