@@ -141,7 +141,7 @@ def test_unknown_status_is_a_400_on_both_doors(api, browser, one_of_each):
 def test_runs_list_query_count_does_not_grow_with_runs(project, api, browser, django_assert_max_num_queries, count):
     for n in range(count):
         make_run(project, f"r-{n}", CASES["stalled"][n % 4][0], run_seen=QUIET)
-    with django_assert_max_num_queries(7):  # two of them set and reset the request's statement timeout
+    with django_assert_max_num_queries(8):  # two set and reset the request's statement timeout; one reads verdicts
         assert len(browser.get("/?status=stalled").context["runs"]) == count
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(5):
         assert len(api.get("/api/v1/runs").json()["runs"]) == count
