@@ -236,3 +236,24 @@ def test_runs_list_filters(logged_in, runs):
     assert b"job-213" in critical and b"job-211" not in critical
     assert b"job-211" in logged_in.get("/?health=ok").content
     assert b"job-213" in logged_in.get("/?status=finished").content
+
+
+def test_run_page_reads_right_without_a_rank_or_a_baseline(logged_in, post):
+    """A baseline divergence concerns the whole run (no rank is the root): never "root: ranks". A run
+    without a baseline offers a choice, not an unrelated run preselected beside "Baseline: none"."""
+    from dashboard.detection import baseline
+
+    ingest(post, Job("ref-run"))
+    ingest(post, Job("other-run"))
+    for batch in job_batches(Job("new-run", fp_change_step=10)):
+        assert post(batch).status_code == 200
+    new = Run.objects.get(key="new-run")
+    baseline.choose(new, Run.objects.get(key="ref-run"))
+    settle_all(new)
+    page = logged_in.get("/runs/new-run/").content.decode()
+    assert "root: the whole run" in page and "root: ranks" not in page
+    assert "selected" in page.split('name="baseline"')[1].split("</select>")[0]  # the chosen baseline
+    fresh = logged_in.get("/runs/other-run/").content.decode()
+    select = fresh.split('name="baseline"')[1].split("</select>")[0]
+    assert "Baseline: none" in fresh and '<option value="" selected disabled>choose a run</option>' in select
+    assert select.count("selected") == 1
