@@ -11,7 +11,8 @@ find symptoms, one alert each; this module decides which symptoms share a cause:
 - A symptom (the run's gradients against its baseline, replicas' gradients or weights, a straggling
   compile) and its cause (a rank's recompile or other graph at the same or an earlier step) share
   one incident whichever arrived first: a recompile reported 10 s after the baseline divergence it
-  explains re-roots that incident (one page, updated) instead of opening a second.
+  explains re-roots that incident (one page, updated) instead of opening a second. NaN gradients
+  on one rank, spread to every rank by the next all-reduce, are likewise one incident.
 - Otherwise an alert joins the open incident of the same ranks (the dissenters: a rank that
   recompiled alone, then straggles, then holds other gradients is one story), or opens one.
 
@@ -159,15 +160,23 @@ def _match(alert: Alert, open_ones: list[Incident], members: dict[int, list[Aler
 
 
 def explains(cause: Alert, symptom: Alert) -> bool:
-    """`cause` (a recompile, another graph) at the same or an earlier step accounts for `symptom`: a
-    symptom of no ranks (the run against its baseline) or of the cause's ranks, or one that could
-    not say which of its ranks is off (no majority: `details["tie"]`) and holds the cause's ranks."""
-    if cause.kind not in CAUSES or symptom.kind not in SYMPTOMS or cause.step is None or symptom.step is None:
+    """`cause` at the same or an earlier step accounts for `symptom`. A recompile or another graph
+    explains a symptom of no ranks (the run against its baseline) or of the cause's ranks, or one
+    that could not say which of its ranks is off (no majority: `details["tie"]`) and holds the
+    cause's ranks. NaN gradients on some ranks explain NaN gradients on every rank later: their NaN
+    weights went into the all-reduce."""
+    if cause.step is None or symptom.step is None or cause.step > symptom.step:
         return False
-    if cause.step > symptom.step:
+    if cause.kind == symptom.kind == "nonfinite_grad":
+        return _everywhere(symptom) and not _everywhere(cause)
+    if cause.kind not in CAUSES or symptom.kind not in SYMPTOMS:
         return False
     mine, theirs = set(cause.ranks), set(symptom.ranks)
     return not theirs or theirs <= mine or (bool((symptom.details or {}).get("tie")) and mine <= theirs)
+
+
+def _everywhere(alert: Alert) -> bool:
+    return bool((alert.details or {}).get("everywhere"))
 
 
 def _ranks_of(cause: str) -> set[int]:

@@ -232,3 +232,13 @@ def test_nan_gradients_on_every_rank_are_one_critical_incident(run):
     [incident] = pages(run)
     assert (incident.severity, incident.root.ranks) == ("critical", [0, 1, 2])
     assert incident.root.message.startswith("Gradients non-finite on all ranks from step 7")
+
+
+def test_nan_on_one_rank_that_spreads_to_every_rank_is_one_incident_rooted_at_that_rank(run):
+    """Rank 2's NaN weights go into the next all-reduce: every rank's gradients are NaN from then on."""
+    apply(run, *findings_of(grad_view({0: [1], 1: [1], 2: [1]}, step=4, nonfinite={2: 1}), "nonfinite_grad"))
+    apply(
+        run, *findings_of(grad_view({0: [1], 1: [1], 2: [1]}, step=5, nonfinite={0: 2, 1: 2, 2: 2}), "nonfinite_grad")
+    )
+    [incident] = pages(run)
+    assert (incident.root.ranks, incident.root.step, incident.alerts.count()) == ([2], 4, 2)
