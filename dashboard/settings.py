@@ -46,8 +46,8 @@ def _database(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": query.pop("host", parts.hostname or ""),
         "PORT": str(parts.port or query.pop("port", "") or ""),
-        "CONN_MAX_AGE": 60,
-        "CONN_HEALTH_CHECKS": True,
+        "CONN_MAX_AGE": 0,  # pooled (LOCKSTEP_DB_POOL, below)
+        "CONN_HEALTH_CHECKS": True,  # the pool checks a connection before handing it out
         "OPTIONS": query,
         "TEST": {"NAME": os.environ.get("LOCKSTEP_TEST_DB")},  # per-process test DB (tests/service_env.py)
     }
@@ -179,21 +179,35 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": _database(DATABASE_URL)}
-# ASGI runs each request's sync view in a fresh thread, and Django's connections are per thread: with
-# persistent connections, many concurrent ingest requests exhaust max_connections. LOCKSTEP_DB_POOL=N
-# gives every server process one psycopg pool of at most N connections instead (set it in production).
-LOCKSTEP_DB_POOL = int(os.environ.get("LOCKSTEP_DB_POOL", "0"))
-if LOCKSTEP_DB_POOL > 0:
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # reconnect_timeout: psycopg_pool retries a failed connect with doubling delays, so after an outage of
-    # t seconds its next attempt could come t seconds after PostgreSQL is back, past a waiter's 10 s; giving
-    # up after 2 s lets the next request's checkout connect at once (every request of an outage is a 503 anyway)
-    DATABASES["default"]["OPTIONS"]["pool"] = {
-        "min_size": 1,
-        "max_size": LOCKSTEP_DB_POOL,
-        "timeout": 10,
-        "reconnect_timeout": 2,
-    }
+# Every process (uvicorn's, a Celery worker's prefork children, beat, manage.py commands) takes its
+# PostgreSQL sessions from one psycopg pool of at most LOCKSTEP_DB_POOL connections (unset or 0: 8),
+# whatever its load: under ASGI each request's sync code runs on a thread of its own, and Django's
+# per-thread connections without a pool grew with the load until PostgreSQL refused every client of
+# the server ("too many clients already"), other databases' too. A request that finds every pooled
+# connection taken waits LOCKSTEP_DB_POOL_TIMEOUT seconds for one, then gets a 503 with Retry-After
+# (dashboard/web/middleware.py; ingest answers its own 503). A pooled connection unused for
+# LOCKSTEP_DB_POOL_IDLE seconds is closed (one per such interval), so a quiet process holds none.
+# Sizing: docs/operating.md (processes x LOCKSTEP_DB_POOL below PostgreSQL's max_connections).
+DEFAULT_DB_POOL = 8
+LOCKSTEP_DB_POOL = int(os.environ.get("LOCKSTEP_DB_POOL", "0") or "0") or DEFAULT_DB_POOL
+LOCKSTEP_DB_POOL_TIMEOUT = float(os.environ.get("LOCKSTEP_DB_POOL_TIMEOUT", "5"))
+LOCKSTEP_DB_POOL_IDLE = float(os.environ.get("LOCKSTEP_DB_POOL_IDLE", "60"))
+if LOCKSTEP_DB_POOL < 0 or LOCKSTEP_DB_POOL_TIMEOUT <= 0 or LOCKSTEP_DB_POOL_IDLE <= 0:
+    raise ImproperlyConfigured(
+        "LOCKSTEP_DB_POOL must be a number of connections (0: the default, 8), and LOCKSTEP_DB_POOL_TIMEOUT"
+        " and LOCKSTEP_DB_POOL_IDLE positive seconds"
+    )
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # a pooled connection goes back to the pool after each request
+# reconnect_timeout: psycopg_pool retries a failed connect with doubling delays, so after an outage of
+# t seconds its next attempt could come t seconds after PostgreSQL is back, past a waiter's timeout; giving
+# up after 2 s lets the next request's checkout connect at once (every request of an outage is a 503 anyway)
+DATABASES["default"]["OPTIONS"]["pool"] = {
+    "min_size": 0,
+    "max_size": LOCKSTEP_DB_POOL,
+    "timeout": LOCKSTEP_DB_POOL_TIMEOUT,
+    "max_idle": LOCKSTEP_DB_POOL_IDLE,
+    "reconnect_timeout": 2,
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = {
