@@ -4,7 +4,7 @@ so they will wait on each other forever (a hang in waiting)."""
 from __future__ import annotations
 
 from dashboard.detection import subjects
-from dashboard.detection.consensus import consensus
+from dashboard.detection.consensus import at_fault, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
@@ -18,13 +18,18 @@ def collective_schedule_divergence(view: CompileSlotView):
     if len(schedules) < 2 or not any(schedules.values()) or len(set(schedules.values())) == 1:
         return
     verdict = consensus(schedules)
+    ranks = at_fault(verdict, schedules)
+    who = (
+        f"{disagree_text(ranks).capitalize()} on the collective sequence"
+        if verdict.tie
+        else f"{ranks_text(ranks).capitalize()} compiled another collective sequence"
+    )
     yield Finding(
         severity="critical",
-        ranks=verdict.dissenters,
-        step=first_step(view.reports, verdict.dissenters),
+        ranks=ranks,
+        step=first_step(view.reports, ranks),
         frame=view.frame,
-        message=f"{ranks_text(verdict.dissenters).capitalize()} compiled another collective sequence for "
-        f"{view.frame}: expect a hang at the next collective",
+        message=f"{who} for {view.frame}: expect a hang at the next collective",
         details={
             "index": view.index,
             "tie": verdict.tie,
