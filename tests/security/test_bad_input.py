@@ -93,6 +93,13 @@ def test_a_nul_byte_in_a_query_parameter_or_a_path_segment_is_a_400_naming_it(wo
     assert _json_error(answer) == {"error": f"{field} contains a NUL byte", "path": field}
 
 
+def test_a_nul_byte_in_a_cookie_is_a_400_before_the_session_is_looked_up(world):
+    client = Client()
+    client.cookies["sessionid"] = "abcdefgh\x00ijkl"
+    answer = client.get("/")
+    assert answer.status_code == 400 and _json_error(answer)["path"] == "sessionid"
+
+
 def test_a_silence_for_rank_2_to_the_70_is_a_400_naming_the_rank(world):
     far = {"rank": 2**70, "hours": 1, "comment": "far", "run": "fuzz-run"}
     answer = world["session"].post("/api/v1/silences", json.dumps(far), content_type="application/json")
