@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-SHOWN = 8  # ranks a split without majority names
+from dashboard.detection.text import ranks_text
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,9 @@ def at_fault(verdict: Consensus, ranks: Iterable[int]) -> tuple[int, ...]:
 
 
 def disagree_text(ranks: Iterable[int]) -> str:
-    """ "ranks 0 and 1 disagree"; a larger split names its first few ranks and how many there are."""
-    names = [str(r) for r in sorted(ranks)]
-    if len(names) <= 2:
-        return f"ranks {' and '.join(names)} disagree"
-    shown = ", ".join(names[:SHOWN]) + (", …" if len(names) > SHOWN else "")
-    return f"the {len(names)} ranks {shown} disagree with no majority"
+    """ "ranks 0 and 1 disagree"; a larger split names its ranks as ranges (`text.ranks_text`) and how
+    many there are: "the 1024 ranks 0-1023 disagree with no majority"."""
+    ranks = sorted(ranks)
+    if len(ranks) <= 2:
+        return f"ranks {' and '.join(map(str, ranks))} disagree"
+    return f"the {len(ranks)} {ranks_text(ranks)} disagree with no majority"
