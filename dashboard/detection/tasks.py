@@ -11,6 +11,7 @@ next sweep and yields each alert exactly once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
@@ -116,15 +117,25 @@ def sweep() -> int:
     queue_settles(due, expires=SWEEP_EXPIRES_S)
     active = runs.active_runs()
     for run in active:
-        changed = runs.check(run)
+        changed = each_run(runs.check, run)
         announce(changed)
         for alert_id, revision in runs.ask_flight_records(run, changed):
             summarize_flight_records.apply_async((alert_id, revision), countdown=flight.wait_s())
     checked = {run.id for run in active}
     for run in runs.just_ended():
         if run.id not in checked:
-            announce(runs.check_ended(run))
+            announce(each_run(runs.check_ended, run))
     return len(due)
+
+
+def each_run(check: Callable[[Run], list[int]], run: Run) -> list[int]:
+    """One run's periodic check; one that raises is logged and tried again by the next sweep, never
+    stopping the other runs' checks (one run's data must not silence every project)."""
+    try:
+        return check(run)
+    except Exception:
+        log.exception("checking run %s raised; the sweep goes on with the other runs", run.id)
+        return []
 
 
 @shared_task(acks_late=True, ignore_result=True)

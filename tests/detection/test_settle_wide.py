@@ -1,7 +1,8 @@
 """A wide run cannot stop detection: 1024 ranks that all recompile, through the real bulk ingest, settle
 every slot into alerts and an incident whose texts name the ranks as ranges and fit their columns; and
 a slot whose settle raises (a real PostgreSQL error) is quarantined, logged and counted in /metrics
-while the other slots of its run and of its message settle."""
+while the other slots of its run and of its message settle; a run whose periodic check raises leaves
+the sweep going on to the other runs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dashboard.detection.models import Alert, Incident
 from dashboard.ledger import slots
 from dashboard.ledger.models import CompileSlot
 from tests.conftest import make_batch
+from tests.detection.test_rank_crashed_sweep import job
 
 pytestmark = pytest.mark.django_db
 WORLD, COMPILES = 1024, 9  # the 8th compile of a frame is a recompile storm on every rank
@@ -96,14 +98,15 @@ def metric(client, name: str, labels: dict) -> float:
 
 
 @pytest.fixture
-def alerts_refused_for(db):
-    """A real PostgreSQL error on writing one frame's alerts (a trigger), as any settle might meet one."""
+def alerts_refused_where(db):
+    """A real PostgreSQL error on writing some alerts (a trigger on a condition of the new row), as any
+    settle or check might meet one; gone with the test's transaction."""
 
-    def refuse(frame: str) -> None:
+    def refuse(condition: str) -> None:
         with connection.cursor() as cur:
             cur.execute(
                 "CREATE FUNCTION lockstep_test_refuse() RETURNS trigger AS $$ BEGIN "
-                f"IF NEW.frame = '{frame}' THEN RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; "
+                f"IF {condition} THEN RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; "
                 "END $$ LANGUAGE plpgsql"
             )
             cur.execute(
@@ -115,14 +118,14 @@ def alerts_refused_for(db):
 
 
 def test_a_slot_whose_settle_raises_is_quarantined_while_the_others_settle(
-    client, token, project, settings, caplog, alerts_refused_for
+    client, token, project, settings, caplog, alerts_refused_where
 ):
     settings.LOCKSTEP_METRICS_PUBLIC = True
     bad, good = "bad.py:1:step", "good.py:1:step"
     for rank in range(3):
         events = compiles(rank, bad, 2) + compiles(rank, good, 2)
         bulk(client, token, [make_batch(run="mixed", rank=rank, world_size=3, events=events)])
-    alerts_refused_for(bad)
+    alerts_refused_where(f"NEW.frame = '{bad}'")
     ids = list(CompileSlot.objects.filter(run__key="mixed", index=1).order_by("frame").values_list("id", flat=True))
     assert metric(client, "lockstep_slots_quarantined", {"project": project.name}) == 0
     with caplog.at_level(logging.ERROR, logger="dashboard.detection.tasks"):
@@ -135,3 +138,12 @@ def test_a_slot_whose_settle_raises_is_quarantined_while_the_others_settle(
     later = timezone.now() + timedelta(seconds=settings.LOCKSTEP_SETTLE_TIMEOUT + 1)
     assert quarantined.id not in slots.overdue(CompileSlot, now=later)  # the sweep stops retrying it
     assert metric(client, "lockstep_slots_quarantined", {"project": project.name}) == 1
+
+
+def test_a_run_whose_check_raises_leaves_the_other_runs_checked(post, caplog, alerts_refused_where):
+    first, second = job(post, "check-a", crash_rank=1), job(post, "check-b", crash_rank=1)
+    alerts_refused_where(f"NEW.run_id = {first.id}")
+    with caplog.at_level(logging.ERROR, logger="dashboard.detection.tasks"):
+        tasks.sweep()
+    assert f"checking run {first.id} raised" in caplog.text and not Alert.objects.filter(run=first).exists()
+    assert Alert.objects.filter(run=second, kind="rank_crashed").exists()  # the sweep went on to it
