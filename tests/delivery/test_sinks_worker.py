@@ -2,7 +2,7 @@
 grouped into an incident by the Celery worker (with its beat sweep), the incident's pages sent by its
 tasks to local receivers that speak Alertmanager's, PagerDuty's and a JSON webhook's API; a refused
 first attempt is sent again by the sweep after its backoff, with the same dedup key; the run's end
-resolves it everywhere."""
+closes it everywhere (ended unresolved: PagerDuty resolves its page, Lockstep keeps the outcome)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_the_worker_delivers_to_every_sink_retries_with_one_dedup_key_and_resolv
         assert firing["labels"]["incident"] == str(incident["id"]) and incident["root"]["ranks"] == [1]
         assert len(pd.requests) == 2  # the refused attempt, then the sweep's retry after the backoff
 
-        report(1, set(), end=True)  # the run ends: its incident resolves everywhere
+        report(1, set(), end=True)  # the run ends: its incident ends unresolved, closed everywhere
         wait(
             lambda: not am.active() and list(pd.incidents.values()) == ["resolved"] and len(js.requests) == 2,
             "resolve delivered",
@@ -70,8 +70,8 @@ def test_the_worker_delivers_to_every_sink_retries_with_one_dedup_key_and_resolv
         events = pd.bodies()
         assert [e["event_action"] for e in events] == ["trigger", "trigger", "resolve"]
         assert {e["dedup_key"] for e in events} == {f"lockstep-incident-{incident['id']}"}
-        assert js.bodies()[1]["incident"]["state"] == "resolved" and len(am.alerts) == 1
-        assert {c.get("state") for c in js.bodies()[1]["incident"]["consequences"]} <= {"resolved"}
+        assert js.bodies()[1]["incident"]["state"] == "ended_unresolved" and len(am.alerts) == 1
+        assert {c.get("state") for c in js.bodies()[1]["incident"]["consequences"]} <= {"ended_unresolved"}
     finally:
         for receiver in (am, pd, js):
             receiver.close()
