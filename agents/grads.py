@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import gc
 import itertools
+import math
 import struct
 import threading
 import time
@@ -145,6 +146,14 @@ def _grad_stats(present: list[torch.Tensor]) -> torch.Tensor:
     sumsq = (norms * norms).sum()
     nonfinite = (~torch.isfinite(norms)).sum()
     return torch.stack([sumsq.view(torch.int64), nonfinite.to(torch.int64)])
+
+
+def loss_event(step: int, loss: float) -> protocol.Step:
+    """A logged loss; a NaN or inf one is flagged (JSON would carry it as null, the same as no loss),
+    so the server can tell which rank's loss went non-finite first."""
+    if math.isfinite(loss):
+        return protocol.Step(ts=time.time(), step=step, loss=loss)
+    return protocol.Step(ts=time.time(), step=step, nonfinite_loss=True)
 
 
 class GradTracker:
@@ -349,11 +358,11 @@ class GradTracker:
         if step < 0:
             return
         if not isinstance(loss, torch.Tensor):
-            self._emit(protocol.Step(ts=time.time(), step=step, loss=float(loss)))
+            self._emit(loss_event(step, float(loss)))
             return
         value = loss.detach().reshape(-1)[:1].to(torch.float64)
         if value.device.type != "cuda":
-            self._emit(protocol.Step(ts=time.time(), step=step, loss=float(value.sum())))
+            self._emit(loss_event(step, float(value.sum())))
             return
         host = torch.empty(value.shape, dtype=torch.float64, pin_memory=True)
         host.copy_(value, non_blocking=True)
@@ -369,7 +378,7 @@ class GradTracker:
             self._losses = [item for item, d in zip(self._losses, done) if not d]
         for step, host, event in ready:
             event.synchronize()
-            self._emit(protocol.Step(ts=time.time(), step=step, loss=float(host.sum())))
+            self._emit(loss_event(step, float(host.sum())))
 
     # reading results ----------------------------------------------------------------
     def drain(self, block: bool = True) -> None:

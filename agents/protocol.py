@@ -261,6 +261,7 @@ class Step(Event, tag="step"):
     step: NonNeg
     loss: float | None = None
     step_time: Seconds | None = None
+    nonfinite_loss: bool = False  # the loss was NaN or inf: JSON has no such number (`loss` is then absent)
 
 
 class Heartbeat(Event, tag="heartbeat"):

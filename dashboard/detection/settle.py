@@ -58,6 +58,8 @@ def settle_grad(slot_id: int) -> list[int]:
         off_baseline = verdict is not None and ref is not None and tuple(verdict.reference) != tuple(ref)
         layout = _layout(slot.run_id, verdict) if verdict and (verdict.dissenters or off_baseline) else {}
         view = GradSlotView(slot.step, slot.group, reports, verdict, slot.run.world_size, ref, ref_key, layout)
+        if reports and all(r.nonfinite for r in reports.values()):  # NaN everywhere: whose loss went first?
+            view.nonfinite_losses = reads.first_nonfinite_losses(slot.run_id, slot.step)
         changed, findings = _conclude(slot, view, verdict, len(reports))
         if changed:  # an alert is new or changed: its first step may need naming (not on every later step)
             kinds = {f.kind for f in findings}

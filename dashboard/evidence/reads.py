@@ -24,6 +24,7 @@ from dashboard.evidence.models import (
     FlightRecord,
     GradReport,
     GraphBreakEvent,
+    StepReport,
 )
 from dashboard.tenancy.models import Run
 
@@ -53,6 +54,18 @@ def grad_reports(run_id: int, step: int, group: str) -> dict[int, GradRow]:
         .values_list("ranks", "fps", "nonfinite", "norm")
     )
     return {rank: GradRow(tuple(fps), nonfinite, norm) for ranks, fps, nonfinite, norm in rows for rank in ranks}
+
+
+def first_nonfinite_losses(run_id: int, until: int) -> dict[int, int]:
+    """rank -> the first step, up to `until`, whose logged loss was NaN or inf (stored as NaN, which
+    PostgreSQL, unlike IEEE, holds equal to itself)."""
+    rows = (
+        StepReport.objects.filter(run_id=run_id, step__lte=until, loss=float("nan"))
+        .values("rank")
+        .annotate(first=Min("step"))
+        .values_list("rank", "first")
+    )
+    return dict(rows)
 
 
 def break_reasons(run_id: int, frame: str, limit: int = 200) -> list[tuple[int, str]]:

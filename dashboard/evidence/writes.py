@@ -7,6 +7,7 @@ statement, built here from this app's table, as tenancy and the ledger build the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -139,8 +140,13 @@ def _write_steps(run: Run, rank: int, events: list[protocol.Step], now: datetime
             ("ts", "timestamptz"),
             ("received", "timestamptz"),
         ),
-        ((run.id, rank, e.step, e.loss, e.step_time, when(e.ts, now), now) for e in events),
+        ((run.id, rank, e.step, _loss(e), e.step_time, when(e.ts, now), now) for e in events),
     )
+
+
+def _loss(event: protocol.Step) -> float | None:
+    """A non-finite loss is stored as NaN (the agent flags it: JSON carries no NaN)."""
+    return math.nan if event.nonfinite_loss else event.loss
 
 
 def _write_breaks(run: Run, rank: int, events: list[protocol.GraphBreak], now: datetime) -> None:

@@ -2,6 +2,7 @@
 
 import math
 
+import msgspec
 import torch
 from torch import nn
 
@@ -231,3 +232,19 @@ def test_a_logged_loss_belongs_to_its_step_whether_logged_before_or_after_optimi
         assert sorted(losses) == [0, 1, 2, 3], before
         assert [int(losses[s] // 100) for s in range(4)] == [0, 1, 2, 3], before  # step s's loss is 100 s + ...
     assert _losses(True, steps=1, explicit={7: 2.5})[7] == 2.5
+
+
+def test_a_non_finite_loss_is_flagged_not_lost_as_null():
+    """JSON has no NaN: a plain NaN loss would arrive as null, the same as no loss at all."""
+    events: list = []
+    tracker = GradTracker(events.append, grad_every=1, param_every=0)
+    tracker.log_loss(float("inf"), step=3)
+    tracker.log_loss(torch.tensor(float("nan")), step=4)
+    tracker.log_loss(1.5, step=5)
+    tracker.drain(block=True)
+    wire = [msgspec.json.decode(protocol.encode(e)) for e in events if isinstance(e, protocol.Step)]
+    assert [(w["step"], w.get("loss"), w.get("nonfinite_loss", False)) for w in wire] == [
+        (3, None, True),
+        (4, None, True),
+        (5, 1.5, False),
+    ]

@@ -143,3 +143,20 @@ def test_grad_divergence_asks_for_and_names_the_parameters(post):
     assert alert.details["params"] == ["net.2.weight"]
     assert alert.message.endswith("parameters: net.2.weight")
     assert not detail.explain(alert.id)  # explained once
+
+
+def test_nan_on_every_rank_is_rooted_at_the_rank_whose_loss_went_non_finite_first(post):
+    """Rank 2's loss turned inf at step 1; the all-reduce spread NaN to every rank's gradients."""
+    for rank in range(3):
+        losses = [{"t": "step", "step": s, "loss": 0.5} for s in (0, 1) if not (rank == 2 and s == 1)]
+        losses += [{"t": "step", "step": 1, "nonfinite_loss": True}] if rank == 2 else []
+        send(post, rank, 0, [*losses, {**grad(1, [7]), "nonfinite": 4}])
+    settle.settle_grad(GradSlot.objects.get().id)
+    alert = Alert.objects.get()
+    assert (alert.kind, alert.ranks, alert.step, alert.details["loss_first"]) == (
+        "nonfinite_grad",
+        [2],
+        1,
+        {"rank": 2, "step": 1},
+    )
+    assert alert.message.startswith("Gradients non-finite on all ranks from step 1: rank 2's loss went non-finite")

@@ -28,3 +28,13 @@ def test_nan_everywhere_is_resolved_by_finite_gradients_not_by_agreeing_weights(
     assert ("nonfinite_grad", "nonfinite-everywhere:ddp") in clean_subjects(finite, evaluate(finite))
     still = grad_view({0: [1], 1: [1]}, step=14, nonfinite={0: 1, 1: 1})
     assert ("nonfinite_grad", "nonfinite-everywhere:ddp") not in clean_subjects(still, evaluate(still))
+
+
+def test_the_rank_whose_loss_went_non_finite_first_is_the_root():
+    view = grad_view({0: [1], 1: [1], 2: [1]}, step=12, nonfinite={0: 3, 1: 3, 2: 3})
+    view.nonfinite_losses = {1: 11, 0: 12, 2: 12}
+    [finding] = nonfinite(view)
+    assert finding.ranks == (1,) and finding.details["loss_first"] == {"rank": 1, "step": 11}
+    assert "rank 1's loss went non-finite first (step 11)" in finding.message
+    view.nonfinite_losses = {0: 11, 1: 11}  # two at once: nobody went first
+    assert nonfinite(view)[0].ranks == (0, 1, 2)

@@ -60,6 +60,8 @@ class GradSlotView:
     baseline: tuple | None = None  # the baseline run's consensus for the same step and group
     baseline_key: str | None = None
     rank_info: dict = field(default_factory=dict)  # rank -> rank_start facts (the parameters' names and buckets)
+    nonfinite_losses: dict = field(default_factory=dict)  # rank -> first step of a NaN/inf loss, read where
+    # every rank's gradients are non-finite (whose loss went first)
 
 
 @dataclass(frozen=True)

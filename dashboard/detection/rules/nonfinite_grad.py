@@ -8,6 +8,9 @@ replica, so no rank differs from the others, yet every update now writes NaN int
 agents fingerprint gradients in the optimizer's step pre-hook, so a step AMP's GradScaler skipped
 (inf gradients it recovers from) is never reported: a report is a step the optimizer really took.
 Agreeing weights prove nothing here (all NaN agree); finite gradients on every rank resolve it.
+Where the logged losses tell whose went NaN/inf first (the earliest step, and the only rank then:
+the agent flags a non-finite loss, which JSON would carry as null), that rank is the root; else
+every rank is.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ def finite_everywhere(view: GradSlotView) -> list[str]:
     return [subjects.nonfinite_everywhere(view.group)]
 
 
+def first_loss(view: GradSlotView) -> tuple[int, int] | None:
+    """(rank, step) of the rank whose loss went non-finite first: the earliest step, and at that step
+    the only one; None when no loss tells (not logged, or several ranks at once)."""
+    firsts = view.nonfinite_losses
+    if not firsts:
+        return None
+    earliest = min(firsts.values())
+    ranks = [r for r, step in firsts.items() if step == earliest]
+    return (ranks[0], earliest) if len(ranks) == 1 else None
+
+
 @rule("nonfinite_grad", GradSlotView, subject=lambda v: weights_agree(v) + finite_everywhere(v))
 def nonfinite_grad(view: GradSlotView):
     if is_param(view):
@@ -33,14 +47,25 @@ def nonfinite_grad(view: GradSlotView):
         return
     counts = {r: view.reports[r].nonfinite for r in bad}
     if len(bad) == len(view.reports):
+        first = first_loss(view)
+        origin = (
+            f"rank {first[0]}'s loss went non-finite first (step {first[1]}), and the all-reduce spread it"
+            if first
+            else "the all-reduce spread one rank's NaN/Inf to every replica"
+        )
         yield Finding(
             severity="critical",
             subject=subjects.nonfinite_everywhere(view.group),
-            ranks=bad,
+            ranks=(first[0],) if first else bad,
             step=view.step,
-            message=f"Gradients non-finite on all ranks from step {view.step}: the all-reduce spread one rank's "
-            "NaN/Inf to every replica, and each update writes it into the weights",
-            details={"group": view.group, "nonfinite": counts, "everywhere": True},
+            message=f"Gradients non-finite on all ranks from step {view.step}: {origin}; each update writes it "
+            "into the weights",
+            details={
+                "group": view.group,
+                "nonfinite": counts,
+                "everywhere": True,
+                **({"loss_first": {"rank": first[0], "step": first[1]}} if first else {}),
+            },
         )
         return
     yield Finding(
