@@ -94,3 +94,13 @@ def test_the_most_severe_then_the_earliest_unresolved_incident_decides(run):
 def test_a_failed_status_fails_the_run_without_an_incident(run):
     Rank.objects.filter(run=run, rank=0).update(status="error", exit_code=1)
     assert verdict.of_run(run) == verdict.Verdict("failed", "failed")
+
+
+def test_a_person_closing_what_the_run_ended_with_makes_it_resolved_and_the_run_recovered(run):
+    fire(run, "grad_divergence", (2,), step=5)
+    end(run)
+    with transaction.atomic():
+        lifecycle.resolve_by_hand(Alert.objects.get(), None, "the node was replaced, the run restarted")
+    alert = Alert.objects.select_related("incident").get()
+    assert alert.state == "resolved" and alert.incident.state == "resolved"
+    assert verdict.of_run(run).kind == "recovered"
