@@ -19,6 +19,8 @@ Positive controls on top of any setup:
   --recompile-rank R --recompile-step S   rank R's batch has a longer sequence at step S (it alone recompiles)
   --break-rank R                          rank R's blocks call torch._dynamo.graph_break() (it alone breaks)
   --autocast-rank R                       rank R alone runs its forward under bf16 autocast (another graph)
+  --late-rank R                           rank R starts its first step once the shared cache holds an FX graph
+                                          entry (its data came later): it loads what the others compile
   --raise-step S                          every rank raises the same RuntimeError at step S
   --inf-rank R --inf-step S               rank R's loss turns inf at step S (the all-reduce spreads NaN to all)
   --skew-rank R --skew-step S             from step S on, rank R scales its own gradients after the
@@ -30,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -112,6 +116,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recompile-step", type=int, default=3)
     p.add_argument("--break-rank", type=int)
     p.add_argument("--autocast-rank", type=int)
+    p.add_argument("--late-rank", type=int)
     p.add_argument("--raise-step", type=int)
     p.add_argument("--inf-rank", type=int)
     p.add_argument("--inf-step", type=int, default=3)
@@ -180,6 +185,14 @@ def train_step(
     return loss.item()
 
 
+def wait_for_cache_entry(timeout_s: float = 120.0) -> None:
+    """Sleep until another rank wrote an FX graph entry into the shared Inductor cache dir."""
+    entries = os.path.join(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"), "fxgraph", "*", "*")
+    deadline = time.monotonic() + timeout_s
+    while not glob.glob(entries) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def skew(model: nn.Module) -> None:
     """A rank-local change to gradients already all-reduced: this rank's weights drift from the others'."""
     with torch.no_grad():
@@ -198,6 +211,8 @@ def main() -> None:
     model = build(args.setup, rank, device, args.break_rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     bf16 = args.setup == "bf16" or rank == args.autocast_rank
+    if rank == args.late_rank:
+        wait_for_cache_entry()
     for step in range(args.steps):
         if step == args.raise_step:
             raise RuntimeError(f"loss went out of range at step {step}: check the learning rate schedule")
