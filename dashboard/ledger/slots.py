@@ -274,4 +274,3 @@ def quarantined_by_project() -> dict[int, int]:
         for project_id, n in rows.order_by():
             out[project_id] = out.get(project_id, 0) + n
     return out
-
