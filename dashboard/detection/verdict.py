@@ -24,6 +24,8 @@ COST_ONLY = frozenset({"compile_cost", "recompile_storm", "ineffective_compile",
 STALLS = frozenset({"hang_forecast"})
 _SEVERITY = {"critical": 0, "warning": 1}
 MAX_ERROR = 160
+READ = ("run_id", "state", "severity", "opened_at", "root_id")  # what a verdict reads of an incident
+ROOT_READ = ("kind", "ranks", "step", "message", "details")  # and of its root alert
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,13 @@ def of_runs(runs: Iterable[Run]) -> dict[int, Verdict]:
     """run id -> verdict, for runs annotated with their status (`with_status`): one query for all."""
     found = list(runs)
     by_run: dict[int, list[Incident]] = {run.id: [] for run in found}
-    for incident in Incident.objects.filter(run_id__in=list(by_run)).select_related("root").order_by("opened_at", "id"):
+    found_incidents = (
+        Incident.objects.filter(run_id__in=list(by_run))
+        .select_related("root")
+        .only(*READ, *(f"root__{field}" for field in ROOT_READ))
+        .order_by("opened_at", "id")
+    )
+    for incident in found_incidents:
         by_run[incident.run_id].append(incident)
     return {run.id: decide(run.status, by_run[run.id]) for run in found}
 
