@@ -199,8 +199,8 @@ def _facts(crash: dict, event: dict | None) -> dict:
 def same_error(crash: dict, step: int | None) -> tuple | None:
     """What makes crashes of several ranks one cause: the exception (type, and message with the rank
     numbers it names made alike: DDP's "did not receive grad for rank 1") and the step it ended in.
-    None for an end without an exception message (an exit code, a signal)."""
-    if not crash["reason"] or is_signal(crash):
+    None for an end without an exception message (an exit code, a signal, a vanished process)."""
+    if not crash["reason"] or crash["status"] not in ("error", "abort"):
         return None
     return crash["exc_type"], RANK_NUMBER.sub("rank N", crash["reason"]), step
 
