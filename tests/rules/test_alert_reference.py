@@ -1,6 +1,7 @@
 """docs/alerts.md is what an on-call engineer reads at 3 a.m.: every registered kind has its row
 there (severity, when it fires, typical causes, what to do) and its own test module."""
 
+import re
 from pathlib import Path
 
 from dashboard.detection import rules
@@ -13,8 +14,9 @@ def _reference_rows() -> dict[str, list[str]]:
     rows = {}
     for line in (ROOT / "docs" / "alerts.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| `") and len(cells) >= 5:
-            rows[cells[0].strip("`")] = cells[1:]
+        kind = re.sub(r'^<a id="[^"]*"></a>', "", cells[0])  # a row opens with its kind's anchor
+        if line.startswith("| ") and kind.startswith("`") and len(cells) >= 5:
+            rows[kind.strip("`")] = cells[1:]
     return rows
 
 
