@@ -205,6 +205,32 @@ def test_a_connection_sending_its_headers_slowly_is_closed_at_the_header_deadlin
         conn.close()
 
 
+def test_headers_past_64_kib_are_a_431_and_hold_no_memory(server):
+    pid = server.server.popen.pid
+    before = _rss_kib(pid)
+    endless = [_open(server, "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ") for _ in range(5)]
+    for conn in endless:
+        try:
+            for _ in range(64):  # 4 MiB each, if the server kept reading
+                conn.sendall(b"a" * 65536)
+        except OSError:  # reset: closed while we sent
+            pass
+    held = _rss_kib(pid) - before
+    for conn in endless:
+        conn.settimeout(5)
+        try:
+            assert conn.recv(200).startswith(b"HTTP/1.1 431 ")
+        except ConnectionResetError:  # the answer was lost to the reset of what we kept sending
+            pass
+        conn.close()
+    print(f"\n5 endless headers: server RSS +{held / 1024:.1f} MiB")
+    assert held < 16 * 1024  # KiB
+    normal = http.client.HTTPConnection("127.0.0.1", _port(server), timeout=15)
+    normal.request("GET", "/login/", headers={"X-Fair": "b" * 16_000})
+    assert normal.getresponse().status == 200  # big, but within the bound
+    normal.close()
+
+
 def test_a_keep_alive_client_that_keeps_up_outlives_the_header_deadline(server):
     conn = http.client.HTTPConnection("127.0.0.1", _port(server), timeout=15)
     started = time.monotonic()
