@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from dashboard.detection import text
 from dashboard.detection.models import Alert, Incident
+from dashboard.detection.rules import INFO
 from dashboard.tenancy.models import Run
 
 # Most causal first. A kind missing here ranks after all of them.
@@ -87,13 +88,15 @@ def cause_of(alert: Alert) -> str:
 def precedence(alert: Alert) -> tuple[int, int, float, int]:
     """Sort key of root candidates: a consequence never leads while another alert can."""
     kind = ROOT_ORDER.index(alert.kind) if alert.kind in ROOT_ORDER else len(ROOT_ORDER)
-    return (consequence_of(alert) is not None, kind, alert.first_seen.timestamp(), alert.id)
+    follows = consequence_of(alert) is not None or alert.severity == INFO
+    return (follows, kind, alert.first_seen.timestamp(), alert.id)
 
 
 def place(run: Run, alert_ids: Iterable[int]) -> list[int]:
     """Put changed alerts into incidents (in the caller's transaction); ids of incidents whose page changed."""
     assert transaction.get_connection().in_atomic_block
     alerts = list(Alert.objects.filter(id__in=set(alert_ids)).order_by("first_seen", "id"))
+    alerts.sort(key=lambda a: a.severity == INFO)  # information joins what the same batch opened
     if not alerts:
         return []
     open_ones = list(Incident.objects.select_for_update().filter(run=run, state=Incident.State.FIRING).order_by("id"))
@@ -121,7 +124,7 @@ def _home(alert: Alert, open_ones: list[Incident], members: dict[int, list[Alert
         return own
     firing = alert.state == Alert.State.FIRING
     if alert.incident_id is not None:  # its incident had resolved: reopen it for a new episode
-        if not firing:
+        if not firing or alert.severity == INFO:
             return None
         reopened = Incident.objects.select_for_update().get(id=alert.incident_id)
         open_ones.append(reopened)
@@ -130,6 +133,8 @@ def _home(alert: Alert, open_ones: list[Incident], members: dict[int, list[Alert
     if not firing:
         return None
     match = _match(alert, open_ones, members, world)
+    if match is None and alert.severity == INFO:
+        return None
     if match is None:
         match = Incident.objects.create(run_id=alert.run_id, cause=cause_of(alert), severity=alert.severity, root=alert)
         open_ones.append(match)
@@ -220,7 +225,7 @@ def refresh(incident: Incident, grew: bool = False) -> bool:
 def state_of(alerts: list[Alert]) -> str:
     """Firing while any alert fires; else ended_unresolved while the run's end closed any of them
     before it got better (the cause is not fixed); else resolved."""
-    states = {a.state for a in alerts}
+    states = {a.state for a in alerts if a.severity != INFO}
     for state in (Alert.State.FIRING, Alert.State.ENDED_UNRESOLVED):
         if state in states:
             return Incident.State(state.value)

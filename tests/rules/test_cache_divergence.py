@@ -8,7 +8,7 @@ def test_cold_cache_on_one_rank():
         index=0,
     )
     [f] = findings_of(view, "cache_divergence")
-    assert (f.ranks, f.frame) == ((1,), "train.py:10:forward")
+    assert (f.ranks, f.frame, f.severity) == ((1,), "train.py:10:forward", "info")  # a race, never a page
     assert f.details == {
         "index": 0,
         "compile_index": 0,
@@ -64,7 +64,7 @@ def test_the_lookups_of_a_lone_recompile_are_caused_by_it():
         accountable={0, 1, 2},
     )
     [f] = findings_of(view, "cache_divergence")
-    assert (f.ranks, f.frame, f.step) == ((1,), "train.py:10:forward", 2)
+    assert (f.ranks, f.frame, f.step, f.severity) == ((1,), "train.py:10:forward", 2, "info")
     assert (f.details["compile_index"], f.details["cause"], f.details["not_compiled"]) == (
         1,
         "recompile_divergence",

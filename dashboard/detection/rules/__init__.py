@@ -19,6 +19,10 @@ from functools import wraps
 from dashboard.detection.consensus import Consensus, consensus
 from dashboard.detection.text import ranks_text  # every rule names ranks through it: ranges, bounded
 
+# Severities: "critical", "warning", and information (a cache hit/miss race): it explains the
+# incident it joins and never opens one, leads one or keeps one open, so it never pages.
+INFO = "info"
+
 
 @dataclass(frozen=True)
 class Finding:

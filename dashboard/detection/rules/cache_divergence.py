@@ -13,12 +13,20 @@ Two ways a rank's pattern differs, both per compile slot (frame, n-th compile), 
   cold rank's misses and another rank's lone recompile stay two alerts with their own ranks.
 
 A later compile of the frame that every rank looked up alike resolves both.
+
+Both are information (severity "info"), never a page: ranks of one node share an Inductor cache dir
+by default, and which of them hits a cold one is a race (the ranks that start a compile after another
+wrote its entry load it), not a divergence: the same graph, the same artifact. What a miss cost is in
+the compile bill (`avoidable_miss`) and the timeline colours each compile by its outcome. An info
+alert opens no incident; it joins one that explains it (the frame's recompile, straggler or hang
+forecast: `incidents.FRAME_FOLLOWERS`), below its root.
 """
 
 from __future__ import annotations
 
 from dashboard.detection import subjects
 from dashboard.detection.rules import (
+    INFO,
     CompileSlotView,
     Finding,
     cache_outcome,
@@ -79,7 +87,7 @@ def _split(view: CompileSlotView) -> Finding | None:
         view,
     )
     return Finding(
-        severity="warning",
+        severity=INFO,
         subject=subjects.frame(view.frame),
         ranks=tuple(sorted(ranks)),
         step=first_step(view.reports, ranks),
@@ -110,7 +118,7 @@ def _lone_recompile(view: CompileSlotView) -> Finding | None:
     ranks = set().union(*(stages[s] for s in looked))
     verbs = sorted({o for s in looked for o in stages[s].values()}, key=OUTCOMES.index)
     return Finding(
-        severity="warning",
+        severity=INFO,
         subject=subjects.recompile_lookups(view.frame),
         ranks=tuple(sorted(ranks)),
         step=first_step(view.reports, ranks),
