@@ -26,7 +26,15 @@ DDP(torch.compile(model)), per-block compile, activation checkpointing, bf16 aut
 accumulation, FSDP2 fully_shard; cold and warm, shared and private cache dirs) is uploaded with
 `python -m agents upload` and its alerts counted as those of a clean run; the recorded positive
 controls (a model made only of torch.nn containers under torch.compile(DDP(model)), one rank
-recompiling, one rank graph-breaking) must each be one incident rooted at the right ranks.
+recompiling, one rank graph-breaking) must each be one incident rooted at the right ranks. The race
+recordings (tests/fixtures/realism_races.tgz, `make_realism_fixtures.sh races`, torch 2.11 and
+transformers on an H200) add 3 ranks sharing one cold cache dir (a late rank loading what the others
+compiled, a different rank each time, and all-miss runs; a small model and a GPT-2, both under
+torch.compile(DDP(model))), clean, and positives: rank 1 of the GPT-2 under bf16 autocast, the same
+error on every rank at step 3, rank 1's loss turning inf, rank 1 recompiling at step 3 while its own
+gradients diverge (the divergence settles before the lone recompile's slot).
+A clean run counts its alerts of severity warning or critical (what can open an incident and page);
+information (`cache_divergence`: a hit/miss race) is listed, not counted.
 
     python -m bench false_alarms --runs 0      # the GPU recordings alone
     python -m bench false_alarms --no-fixtures
@@ -63,7 +71,12 @@ CONTROLS = {
     "realism-containers-cold-private": ("ineffective_compile", [0, 1]),
     "realism-recompile-cold-private": ("recompile_divergence", [1]),
     "realism-graph-break-cold-shared": (None, [1]),
+    "realism-autocast-cold-shared": ("graph_divergence", [1]),
+    "realism-raise-cold-private": ("rank_crashed", [0, 1, 2]),
+    "realism-inf-cold-private": ("nonfinite_grad", [0, 1, 2]),  # the agent sees no local gradient: every rank
+    "realism-late-cause-cold-private": ("recompile_divergence", [1]),
 }
+RECORDINGS = ("realism_clean.tgz", "realism_controls.tgz", "realism_races.tgz")
 WRAPPER = "demo/per_rank_env.py"
 HELPERS = [
     "--branch-rank",
@@ -200,10 +213,13 @@ def wait_settled(key: str, extra: float, timeout: float = 90) -> bool:
     return True
 
 
-def alerts_of(key: str) -> list:
+def alerts_of(key: str, info: bool = False) -> list:
+    """The run's alerts that can open an incident (warning, critical); with `info`, its information."""
     from dashboard.detection.models import Alert
+    from dashboard.detection.rules import INFO
 
-    return list(Alert.objects.filter(run__key=key).order_by("id"))
+    found = Alert.objects.filter(run__key=key).order_by("id")
+    return list(found.filter(severity=INFO) if info else found.exclude(severity=INFO))
 
 
 def upload(url: str, token: str, fixture: str, into: Path) -> list[str]:
@@ -224,28 +240,28 @@ def upload(url: str, token: str, fixture: str, into: Path) -> list[str]:
     return keys
 
 
-def recorded_runs(url: str, token: str, work: Path, settle: float) -> list[tuple]:
-    """Rows (like a live job's) of the clean GPU recordings, uploaded."""
-    rows = []
-    for key in upload(url, token, "realism_clean.tgz", work / "realism-clean"):
-        ok = wait_settled(key, 0.0)
-        name = key.removeprefix("realism-")
-        setup, mode = name.rsplit("-", 2)[0].split(".")[0], "-".join(name.rsplit("-", 2)[1:])  # ".p": own cache dirs
-        rows.append((key, f"h200 {setup}", mode, 0.0, 0, ok))
-    time.sleep(settle)  # the sweep's look at runs just ended
-    return [(*row, collections.Counter(a.kind for a in alerts_of(row[0]))) for row in rows]
+def recorded_shape(key: str) -> tuple[str, str]:
+    """(shape, cache mode) of a recorded run key: the setup before a dot or a repetition's digit."""
+    name = key.removeprefix("realism-")
+    setup, mode = name.rsplit("-", 2)[0].split(".")[0], "-".join(name.rsplit("-", 2)[1:])  # ".p": own cache dirs
+    return f"h200 {'race' if setup.startswith('race') else setup.removesuffix('b')}", mode
 
 
-def recorded_controls(url: str, token: str, work: Path, settle: float) -> tuple[str, bool]:
-    """Each recorded positive control must be one incident rooted at its ranks."""
+def recordings(url: str, token: str, work: Path, settle: float) -> tuple[list[tuple], str, bool]:
+    """The GPU recordings, uploaded: rows (like a live job's) of the clean runs, and whether each
+    positive control is one incident rooted at its ranks."""
     from dashboard.detection.models import Incident
 
-    keys = upload(url, token, "realism_controls.tgz", work / "realism-controls")
-    for key in keys:
-        wait_settled(key, 0.0)
-    time.sleep(settle)
+    keys = [k for name in RECORDINGS for k in upload(url, token, name, work / name.removesuffix(".tgz"))]
+    ok = {key: wait_settled(key, 0.0) for key in keys}
+    time.sleep(settle)  # the sweep's look at runs just ended
+    rows = [
+        (key, *recorded_shape(key), 0.0, 0, ok[key], collections.Counter(a.kind for a in alerts_of(key)))
+        for key in keys
+        if key not in CONTROLS
+    ]
     parts, right = [], True
-    for key in keys:
+    for key in (k for k in keys if k in CONTROLS):
         kind, ranks = CONTROLS[key]
         found = [
             (i.root.kind, i.root.ranks)
@@ -257,7 +273,7 @@ def recorded_controls(url: str, token: str, work: Path, settle: float) -> tuple[
         parts.append(
             f"{key.removeprefix('realism-')}: {len(found)} incident(s) {found} ({'right' if good else 'WRONG'})"
         )
-    return "; ".join(parts), right
+    return rows, "; ".join(parts), right
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     work = Path(tempfile.mkdtemp(prefix="lockstep-false-alarms-"))
     caches = Caches(work)
-    rows, details, failed, control, recorded_right = [], [], [], "skipped", False
+    rows, details, informed, failed, control, recorded_right = [], [], [], [], "skipped", False
     schedule = [(shape, mode) for shape, mode in SCHEDULE if shape in args.shapes.split(",")]
     try:
         for i in range(args.runs):
@@ -303,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append((key, rc, out[-3000:]))
             rows.append((i, shape, mode, wall, rc, ok, kinds))
             details += [(key, a) for a in found]
+            informed += [(key, a) for a in alerts_of(key, info=True)]
             text = ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) or "none"
             print(
                 f"{i:>3}  {shape:<9}  {mode:<12}  {wall:6.1f} s  rc={rc}  {'settled' if ok else 'NOT SETTLED'}  "
@@ -338,12 +355,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"control  scenarios --branch-rank 1  {control}", flush=True)
         if not args.no_fixtures:
-            for key, shape, mode, wall, rc, ok, kinds in recorded_runs(servers.url, token, work, args.settle):
+            recorded_rows, recorded_text, recorded_right = recordings(servers.url, token, work, args.settle)
+            for key, shape, mode, wall, rc, ok, kinds in recorded_rows:
                 rows.append((key, shape, mode, wall, rc, ok, kinds))
                 details += [(key, a) for a in alerts_of(key)]
+                informed += [(key, a) for a in alerts_of(key, info=True)]
                 text = ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) or "none"
                 print(f"{key:<40}  {'settled' if ok else 'NOT SETTLED'}  alerts: {text}", flush=True)
-            recorded, recorded_right = recorded_controls(servers.url, token, work, args.settle)
+            recorded = recorded_text
             print(f"recorded controls  {recorded}", flush=True)
             control += f"; recorded GPU controls: {recorded}"
     finally:
@@ -386,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"positive control (not counted): {control}")
     for key, alert in details:
         print(f"  {key}: {alert.kind} [{alert.severity}] ranks={alert.ranks} frame={alert.frame}: {alert.message}")
+    print(f"information (shown on the pages, never an incident or a page): {len(informed)}")
+    for key, alert in informed:
+        print(f"  {key}: {alert.kind} ranks={alert.ranks}: {alert.message}")
     for key, rc, out in failed:
         print(f"\n--- {key} exited {rc}; last output:\n{out}")
     if args.keep:
