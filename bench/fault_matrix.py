@@ -27,6 +27,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,10 +73,11 @@ class Outcome:
 
 
 class Receiver:
-    """A JSON webhook receiver: the incident pages delivery sends, by incident id."""
+    """A JSON webhook receiver: the incident pages delivery sends, by incident id, and when each came."""
 
     def __init__(self) -> None:
         self.pages: list[dict] = []
+        self.arrived: list[float] = []  # time.time() of each page
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,6 +85,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
                     outer.pages.append(json.loads(body))
+                    outer.arrived.append(time.time())
                 except ValueError:
                     pass
                 self.send_response(200)
@@ -99,6 +103,9 @@ class Receiver:
         bodies = [p.get("incident", p) for p in self.pages if run_key in json.dumps(p)]
         return len({b.get("id") for b in bodies if isinstance(b, dict)}), len(bodies)
 
+    def first_page_at(self, run_key: str) -> float | None:
+        return min((t for t, p in zip(self.arrived, self.pages) if run_key in json.dumps(p)), default=None)
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,7 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_job(env: dict, fault: str, rank: int, spool: Path) -> tuple[int, str]:
+def run_job(env: dict, fault: str, rank: int, spool: Path, job_args: tuple[str, ...] = ()) -> tuple[int, str]:
     cmd = [
         sys.executable,
         "-m",
@@ -125,6 +132,7 @@ def run_job(env: dict, fault: str, rank: int, spool: Path) -> tuple[int, str]:
         fault,
         "--fault-rank",
         str(rank),
+        *job_args,
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(env, LOCKSTEP_SPOOL_DIR=str(spool)), capture_output=True, timeout=400)
     return proc.returncode, proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
@@ -153,27 +161,50 @@ def configure_webhook(project, url: str) -> None:
     Webhook.objects.create(project=project, kind=Webhook.Kind.JSON, url=url)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    env = bench_env("lockstep_fault_matrix")
+@dataclass
+class FaultStack:
+    """A real stack for faulty jobs: its URL, a project token, a JSON webhook receiver, a work folder."""
+
+    url: str
+    env: dict
+    token: str
+    receiver: Receiver
+    work: Path
+
+    def job_env(self, key: str) -> dict:
+        """The agent's environment for run `key`: the stack, the token, one Inductor cache for the jobs."""
+        return dict(
+            self.env,
+            LOCKSTEP_URL=self.url,
+            LOCKSTEP_TOKEN=self.token,
+            LOCKSTEP_RUN=key,
+            TORCHINDUCTOR_CACHE_DIR=str(self.work / "inductor"),
+        )
+
+
+@contextmanager
+def fault_stack(db_name: str, redis_db: int) -> Iterator[FaultStack]:
+    """A fresh database `db_name`, Redis database `redis_db` (a bench's own: a Celery worker of another
+    bench must not take its tasks), ingest and a Celery worker with beat, stopped on the way out."""
+    env = bench_env(db_name)
     env.update(
-        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9"),
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{redis_db}"),
         OMP_NUM_THREADS="1",
         TORCHINDUCTOR_COMPILE_THREADS="1",
         LOCKSTEP_SINKS_ALLOW_PRIVATE="1",
     )
-    print("fresh database lockstep_fault_matrix ...", flush=True)
+    print(f"fresh database {db_name} ...", flush=True)
     fresh_database(env)
     setup_django(env)
     from dashboard.tenancy.models import Project, ProjectToken
 
-    project = Project.objects.create(name="fault-matrix")
+    project = Project.objects.create(name=db_name)
     token = ProjectToken.issue(project)
     receiver = Receiver()
     configure_webhook(project, receiver.url)
     servers = start_servers(env, ingest=1, celery=0)
     beat_dir = Path(tempfile.mkdtemp(prefix="lockstep-fm-beat-"))
-    log = open(Path(tempfile.gettempdir()) / "lockstep-fault-matrix-worker.log", "ab")
+    log = open(Path(tempfile.gettempdir()) / f"{db_name}-worker.log", "ab")
     servers.procs.append(
         subprocess.Popen(
             worker_command("--schedule", str(beat_dir / "beat-schedule")),
@@ -184,35 +215,34 @@ def main(argv: list[str] | None = None) -> int:
             start_new_session=True,
         )
     )
-    work = Path(tempfile.mkdtemp(prefix="lockstep-fault-matrix-"))
-    outcomes: list[Outcome] = []
+    work = Path(tempfile.mkdtemp(prefix=f"{db_name}-"))
     try:
-        for fault in args.faults.split(","):
-            for rank in (int(r) for r in args.ranks.split(",")):
-                key = f"fm-{fault}-{rank}-{uuid.uuid4().hex[:4]}"
-                job_env = dict(
-                    env,
-                    LOCKSTEP_URL=servers.url,
-                    LOCKSTEP_TOKEN=token,
-                    LOCKSTEP_RUN=key,
-                    TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
-                )
-                started = time.time()
-                rc, out = run_job(job_env, fault, rank, work / f"spool-{key}")
-                marks = FAULT_AT.findall(out)
-                fault_at = float(marks[0][0]) if marks else started
-                found, to_page = observe(key, fault_at, args.observe)
-                root = TORCHRUN_ROOT.search(out)
-                outcome = Outcome(
-                    fault, rank, found, *receiver.pages_of(key), to_page, int(root.group(1)) if root else None, rc
-                )
-                outcomes.append(outcome)
-                print(outcome.row(), flush=True)
+        yield FaultStack(servers.url, env, token, receiver, work)
     finally:
         servers.stop()
         receiver.server.shutdown()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(beat_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    outcomes: list[Outcome] = []
+    with fault_stack("lockstep_fault_matrix", redis_db=9) as stack:
+        for fault in args.faults.split(","):
+            for rank in (int(r) for r in args.ranks.split(",")):
+                key = f"fm-{fault}-{rank}-{uuid.uuid4().hex[:4]}"
+                started = time.time()
+                rc, out = run_job(stack.job_env(key), fault, rank, stack.work / f"spool-{key}")
+                marks = FAULT_AT.findall(out)
+                fault_at = float(marks[0][0]) if marks else started
+                found, to_page = observe(key, fault_at, args.observe)
+                root = TORCHRUN_ROOT.search(out)
+                outcome = Outcome(
+                    fault, rank, found, *stack.receiver.pages_of(key), to_page, int(root.group(1)) if root else None, rc
+                )
+                outcomes.append(outcome)
+                print(outcome.row(), flush=True)
     header = (
         "| fault | failing rank | incidents | pages (revisions) | root (kind, ranks) | root rank | fault -> page (s) | "
         "torchrun's root rank | met |\n|---|---:|---:|---:|---|---|---:|---:|---|"

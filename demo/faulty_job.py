@@ -6,8 +6,12 @@ real jobs fail: the fault matrix (`python -m bench fault_matrix`) runs it under 
 Faults: `sigkill` (killed outright, e.g. the OOM killer), `exception` (a Python error in the step),
 `exit137` (the process exits with code 137 from inside, no exception), `loader_hang` (the data
 loader stops delivering: the other ranks wait in the gradient all-reduce), `slow_compile` (one rank's
-compile of a fresh frame takes `--slow-seconds` while the others wait). Each rank prints
-`FAULT_AT <epoch seconds>` the moment it injects its fault.
+compile of a fresh frame takes `--slow-seconds` while the others wait), and three divergences the
+job survives: `recompile` (a compiled helper every rank calls each step gets another batch size on
+one rank at the fault step: it recompiles alone), `graph` (a fresh frame every rank compiles at the
+fault step, one rank tracing another branch), `grad` (one rank's gradient nudged after the
+all-reduce); their helpers compile with aot_eager, so the figure is the detection's, not Inductor's.
+The failing rank prints `FAULT_AT <epoch seconds>` the moment it injects its fault.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from demo.ddp_job import batch_for, end_distributed, make_model  # noqa: E402
 
-FAULTS = ("sigkill", "exception", "exit137", "loader_hang", "slow_compile")
+FAULTS = ("sigkill", "exception", "exit137", "loader_hang", "slow_compile", "recompile", "graph", "grad")
+DIVERGENCES = ("recompile", "graph", "grad")  # injected inside the step, where each happens
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,6 +56,15 @@ def slow_backend(seconds: float):
 
 def head(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x) * 0.5
+
+
+def widen(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x).mean(dim=0)
+
+
+def branchy(x: torch.Tensor, odd: bool) -> torch.Tensor:
+    """A rank-dependent Python branch: Dynamo traces another graph on the odd rank."""
+    return torch.tanh(x) * 0.5 if odd else torch.sigmoid(x) - 0.5
 
 
 def announce(rank: int) -> None:
@@ -79,17 +93,32 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     slow = args.slow_seconds if (args.fault, rank) == ("slow_compile", args.fault_rank) else 0.0
     late_head = torch.compile(head, backend=slow_backend(slow))
+    late_branch = torch.compile(branchy, backend="aot_eager")
+    widening = torch.compile(widen, backend="aot_eager", dynamic=False)
     for step in range(args.steps):
+        failing = (rank, step) == (args.fault_rank, args.fault_step)
         x, y = batch_for(rank, step, 16)
-        if (rank, step) == (args.fault_rank, args.fault_step) and args.fault != "slow_compile":
+        if failing and args.fault not in ("slow_compile", *DIVERGENCES):
             inject(args)
         opt.zero_grad(set_to_none=True)
         out = model(x)
+        if args.fault == "recompile":
+            if failing:
+                announce(rank)
+            out = out + widening(torch.ones(3 if failing else 2, out.shape[1]))  # another size: a recompile
         if step == args.fault_step and args.fault == "slow_compile":
             if rank == args.fault_rank:
                 announce(rank)
             out = late_head(out)  # a fresh frame: every rank compiles it here, one of them slowly
+        if step == args.fault_step and args.fault == "graph":
+            if failing:
+                announce(rank)
+            out = late_branch(out, failing)  # a fresh frame: every rank compiles it here, one another graph
         nn.functional.mse_loss(out, y).backward()
+        if failing and args.fault == "grad":
+            announce(rank)
+            with torch.no_grad():
+                next(model.parameters()).grad.view(-1)[0] += 1e-3
         opt.step()
         time.sleep(args.sleep)
     end_distributed()
