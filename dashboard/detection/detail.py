@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from dashboard.detection import lifecycle
 from dashboard.detection.models import Alert
+from dashboard.detection.rules import module_path
 from dashboard.evidence import reads
 from dashboard.ledger import details
 from dashboard.ledger.models import GradSlot
@@ -97,7 +98,8 @@ def explain(alert_id: int) -> bool:
         )
         headline = alert.details.get("summary") or alert.message  # the buckets' candidates give way to the answer
         message = (
-            f"{headline}; parameters: {', '.join(differing[:5])}" + (" …" if len(differing) > 5 else "")
+            f"{headline}; parameters: {', '.join(map(module_path, differing[:5]))}"
+            + (" …" if len(differing) > 5 else "")
             if differing
             else None
         )

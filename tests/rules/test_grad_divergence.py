@@ -31,7 +31,7 @@ def test_the_parameters_of_the_differing_buckets_are_named_in_module_order():
     view = grad_view({0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 8, 9]})
     view.rank_info = {
         0: {
-            "params": ["ddp:embed.weight", "ddp:fc.weight", "ddp:fc.bias", "ddp:head.weight", "local:x"],
+            "params": ["ddp:embed.weight", "ddp:fc.weight", "ddp:fc.bias", "ddp:_orig_mod.head.weight", "local:x"],
             "buckets": [[0], [1, 2], [3], [4]],
         }
     }
@@ -39,7 +39,7 @@ def test_the_parameters_of_the_differing_buckets_are_named_in_module_order():
     assert finding.message == (
         "Gradients of rank 2 differ from the other replicas at step 5 (in fc.weight, fc.bias, head.weight)"
     )
-    assert finding.details["parameters"] == ["fc.weight", "fc.bias", "head.weight"]
+    assert finding.details["parameters"] == ["fc.weight", "fc.bias", "_orig_mod.head.weight"]  # as the agents name them
 
 
 def test_only_agreeing_weights_of_every_rank_resolve_it():

@@ -238,7 +238,12 @@ def where_text(view: GradSlotView, buckets: list[int]) -> str:
     if not names:
         return f"in buckets {', '.join(map(str, buckets))}"
     more = f", … (+{len(names) - PARAMS_SHOWN} more)" if len(names) > PARAMS_SHOWN else ""
-    return "in " + ", ".join(names[:PARAMS_SHOWN]) + more
+    return "in " + ", ".join(module_path(n) for n in names[:PARAMS_SHOWN]) + more
+
+
+def module_path(name: str) -> str:
+    """A parameter's name as the user's model spells it: torch.compile's wrapper adds `_orig_mod.`."""
+    return name.replace("_orig_mod.", "")
 
 
 def outcome_of(values: str | None) -> str | None:
