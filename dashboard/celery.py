@@ -1,4 +1,9 @@
-"""The Celery app (`celery -A dashboard worker`): slot settling, rule evaluation, notifications."""
+"""The Celery app (`celery -A dashboard worker`): slot settling, rule evaluation, notifications.
+
+Database connections (docs/operating.md, Database connections): a prefork child (the default pool)
+holds one while a task runs, and Celery's Django fixup closes the child's psycopg pool after every
+task, so a worker holds at most `--concurrency`; its main process and beat hold none. A thread pool
+shares the process's pool of LOCKSTEP_DB_POOL connections."""
 
 import os
 

@@ -200,14 +200,14 @@ def test_past_the_pool_requests_wait_briefly_then_get_503_and_idle_connections_c
     with Sampler(database_url(db), db["NAME"]) as sampler, ThreadPoolExecutor(len(gets)) as pool:
         with _table_locked(database_url(db), Run._meta.db_table):
             futures = [pool.submit(requests.get, small_server.url + p, headers=h, timeout=30) for p, h in gets]
-            time.sleep(2)  # past the pool's wait, short of the lock timeout
+            time.sleep(3)  # well past the pool's wait, short of the lock timeout
         answers = [f.result(timeout=30) for f in futures]
     _no_500(answers)
     statuses = Counter(a.status_code for a in answers)
     refused = [a for a in answers if a.status_code == 503]
     assert len(refused) >= len(answers) - 2, statuses  # two held the pool's connections until the lock went
     assert {a.url.removeprefix(small_server.url) for a in refused} >= {"/api/v1/runs", "/login/"}, statuses
-    assert all(0.8 < a.elapsed.total_seconds() < 1.9 for a in refused), [a.elapsed for a in refused]
+    assert all(0.9 < a.elapsed.total_seconds() < 3 for a in refused), [a.elapsed for a in refused]
     assert _held_by(sampler.peak, {pid}) == 2, dict(sampler.peak)
     # quiet: the pool closes an idle connection every LOCKSTEP_DB_POOL_IDLE
     deadline = time.monotonic() + 10
