@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         markdown(("shape", "cache", "runs", "alerts raised"), table),
         rerun("false_alarms", argv),
         f"F1: clean {RANKS}-rank gloo jobs with torch.compile and the agent, {args.steps} steps each, and {recorded} clean "
-        "runs recorded on an H200 (tests/fixtures/realism_clean.tgz, uploaded); jobs failed: "
+        "runs recorded on an H200 (tests/fixtures/realism_clean.tgz and realism_races.tgz, uploaded; information, such as a "
+        "cache hit/miss race, not counted); jobs failed: "
         f"{len(failed)}; runs not settled in time: {sum(1 for r in rows if not r[5])}; positive control (not counted): "
         f"{control}.",
     )
