@@ -278,7 +278,7 @@ def recorded(stack: FaultStack, observe_s: float) -> list[str]:
 
 
 def record_recorded(rows: list[str], argv: list[str] | None) -> None:
-    from bench.results import record
+    from bench.results import record, rerun
 
     met = sum(r.endswith("| yes |") for r in rows)
     header = (
@@ -288,7 +288,7 @@ def record_recorded(rows: list[str], argv: list[str] | None) -> None:
     record(
         "fault_matrix (recorded)",
         "\n".join([header, *rows]),
-        "python -m bench fault_matrix " + " ".join(argv or []),
+        rerun("fault_matrix", argv),
         note=f"{met} of {len(rows)} recorded runs met the target: a fault is one incident rooted at the right ranks and "
         f"one page within {TARGET_S:.0f} s of the end of its upload (rank by rank, as `agents upload` sends a "
         "spool; 0 where it paged before the upload ended), a clean run (3 ranks sharing one cold cache dir) no incident "
