@@ -43,6 +43,7 @@ def test_runs_list(client, token, diverged_run):
         "started_at",
         "last_step",
         "alerts",
+        "verdict",
     }
     assert (run["key"], run["world_size"], run["torch_version"], run["status"]) == ("r-api", 3, "2.13.0", "running")
     assert run["alerts"] == {"critical": 1, "warning": 0}
