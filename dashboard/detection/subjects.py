@@ -8,6 +8,8 @@ lookups and the write agree on it.
 
 from __future__ import annotations
 
+import hashlib
+
 from dashboard.detection.models import Alert
 from dashboard.detection.text import fit_key
 
@@ -38,6 +40,13 @@ def nonfinite_everywhere(name: str) -> str:
 
 def rank(number: int) -> str:
     return f"rank:{number}"
+
+
+def error(step: int | None, exc_type: str | None, reason: str) -> str:
+    """An exception raised in a step, whichever ranks raised it: ranks that failed alike stay one
+    alert however their reports arrive (an upload sends a spool rank by rank)."""
+    digest = hashlib.sha256(f"{exc_type}\0{reason}".encode()).hexdigest()[:16]
+    return f"error:{step}:{digest}"
 
 
 def baseline(key: str, group_name: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from dashboard.delivery import notify
-from dashboard.detection import runs, settle
+from dashboard.detection import runs, settle, subjects
 from dashboard.detection.models import Alert
 from dashboard.evidence.models import EventLog
 from dashboard.ledger.models import GradSlot
@@ -60,7 +60,7 @@ def test_a_crashed_rank_is_alerted_after_every_rank_ended(post):
     alert = Alert.objects.get(kind="rank_crashed")
     assert (alert.ranks, alert.subject, alert.severity, alert.frame, alert.step) == (
         [1],
-        "rank:1",
+        subjects.error(3, alert.details["exc_type"], alert.details["reason"]),
         "critical",
         FRAME,
         3,

@@ -80,3 +80,29 @@ def test_one_rank_under_autocast_is_one_graph_divergence_page_and_no_rank_specif
     assert (incident.root.kind, incident.root.ranks, incident.severity) == ("graph_divergence", [1], "critical")
     assert not Alert.objects.filter(run=run, kind="rank_specific_artifact").exists()
     assert Notification.objects.filter(incident=incident).count() == 1
+
+
+def test_the_same_error_on_every_rank_uploaded_rank_by_rank_is_one_incident_of_them_all(post, project, spools):
+    """The recorded run where every rank raised the same exception in the same step, sent as
+    `agents upload` sends a spool (rank by rank), the sweep looking after each rank: one incident,
+    rooted at every rank, one page; never one per rank as each report came in."""
+    Webhook.objects.get_or_create(project=project, kind="slack", url="http://127.0.0.1:9/hook")
+    key = "realism-raise-cold-private"
+    paths = list_batches(os.path.join(spools, key))
+    for rank in sorted({int(os.path.basename(p)[1:8]) for p in paths}):
+        for path in (p for p in paths if int(os.path.basename(p)[1:8]) == rank):
+            with open(path, "rb") as f:
+                body = f.read()
+            headers = {"HTTP_CONTENT_ENCODING": "gzip"} if body[:2] == b"\x1f\x8b" else {}
+            assert post(body, headers=headers).status_code == 200, path
+        runs.check(Run.objects.get(key=key))
+    run = Run.objects.get(key=key)
+    for slot_id in CompileSlot.objects.filter(run=run).values_list("id", flat=True):
+        settle.settle_compile(slot_id)
+    runs.check(run)
+    for incident_id in notify.pending_incidents():
+        notify.deliver_incident(incident_id)
+    [incident] = Incident.objects.filter(run=run).select_related("root")
+    assert (incident.root.kind, incident.root.ranks) == ("rank_crashed", [0, 1, 2])
+    assert incident.root.message.startswith("Ranks 0-2 raised the same error: ")
+    assert Notification.objects.filter(incident=incident).exists()

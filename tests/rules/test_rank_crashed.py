@@ -1,5 +1,6 @@
 """rank_crashed: one alert per rank that ended badly, naming the exception and the compile just before."""
 
+from dashboard.detection import subjects
 from dashboard.detection.rules import clean_subjects, evaluate
 from tests.rules import findings_of, run_view
 
@@ -51,7 +52,7 @@ def test_crash_right_after_loading_a_cached_artifact():
     assert (f.severity, f.ranks, f.subject, f.step, f.frame) == (
         "critical",
         (1,),
-        "rank:1",
+        subjects.error(3, "RuntimeError", "RuntimeError: CUDA error: an illegal memory access"),
         3,
         "model/net.py:40:forward",
     )
@@ -186,7 +187,8 @@ def test_crashed_ranks_are_not_silent_and_only_crashed_ranks_are_checked():
     view = ended({1: crash()}, live={0: 1.0})
     assert findings_of(view, "rank_silent") == []
     clean = clean_subjects(view, evaluate(view))
-    assert ("rank_crashed", "rank:1") not in clean and ("rank_crashed", "rank:0") not in clean
+    [f] = findings_of(view, "rank_crashed")
+    assert ("rank_crashed", f.subject) not in clean and ("rank_crashed", "rank:0") not in clean
     assert findings_of(run_view({0: 1.0, 1: 2.0}), "rank_crashed") == []
 
 
@@ -197,13 +199,26 @@ DDP_UNUSED = (
 
 
 def test_ranks_that_raise_the_same_error_in_the_same_step_are_one_finding_naming_them_all():
+    alike = DDP_UNUSED.format(rank="N")
     crashes = {
         r: crash(reason=DDP_UNUSED.format(rank=r), where="train.py:30 step", ended_at=1000.0 + r / 10) for r in (1, 0)
     }
     [f] = findings_of(ended(crashes), "rank_crashed")
-    assert (f.severity, f.ranks, f.subject, f.step) == ("critical", (0, 1), "rank:0", 3)
+    assert (f.severity, f.ranks, f.subject, f.step) == ("critical", (0, 1), subjects.error(3, "RuntimeError", alike), 3)
     assert f.message.startswith("Ranks 0, 1 raised the same error: RuntimeError: Expected to have finished reduction")
     assert f.details["alike"] == [0, 1]
+
+
+def test_ranks_that_failed_alike_stay_one_alert_whichever_report_comes_first():
+    """An upload sends a spool rank by rank: rank 2's crash is known first, then 1's, then 0's (which
+    ended first by the clocks). The alert's subject is the error's, so the one alert grows."""
+    crashes = {r: crash(reason=DDP_UNUSED.format(rank=r), ended_at=1000.0 + r / 10) for r in (0, 1, 2)}
+    seen = []
+    for known in ((2,), (2, 1), (2, 1, 0)):
+        [f] = findings_of(ended({r: crashes[r] for r in known}), "rank_crashed")
+        seen.append((f.subject, f.ranks))
+    assert len({subject for subject, _ in seen}) == 1
+    assert [ranks for _, ranks in seen] == [(2,), (1, 2), (0, 1, 2)]
 
 
 def test_the_same_error_in_another_step_or_another_error_is_another_finding():

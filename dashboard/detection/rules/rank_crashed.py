@@ -6,7 +6,8 @@ at the model or the data.
 
 Ranks that raise the same exception in the same step (a SyntaxError in the script, DDP's "Expected
 to have finished reduction" on every rank) failed for one cause: one alert names them all ("ranks
-0, 1 raised the same error: ..."), under the subject of the first to end.
+0, 1 raised the same error: ..."), under the subject of that error (`subjects.error`), never of a
+rank: ranks whose reports come one after another (an upload, rank by rank) add to the one alert.
 
 A crash is a root (paged for itself) or a consequence. A rank that lost its peer (gloo's connection
 reset or closed by peer, NCCL's "remote process exited", a watchdog timeout, an aborted
@@ -148,7 +149,7 @@ def _finding(view: RunView, group: list[int], collateral: list[int]) -> Finding:
     after = f"; {ranks_text(collateral)} then lost it or were stopped" if collateral else ""
     return Finding(
         severity="critical",
-        subject=subjects.rank(rank),
+        subject=crash_subject(crash, step) or subjects.rank(rank),
         ranks=tuple(sorted(group)),
         step=step,
         frame=event["frame"] if event else None,
@@ -205,6 +206,18 @@ def same_error(crash: dict, step: int | None) -> tuple | None:
     return crash["exc_type"], RANK_NUMBER.sub("rank N", crash["reason"]), step
 
 
+def crash_subject(crash: dict, step: int | None) -> str | None:
+    """The subject of an exception's alert (`subjects.error`); None for an end without one."""
+    key = same_error(crash, step)
+    return subjects.error(step, key[0], key[1]) if key is not None else None
+
+
+def declared(view: RunView) -> list[str]:
+    """Every subject the rule may speak of in this run: each rank's, and each exception's."""
+    errors = (crash_subject(c, in_progress(c)) for c in view.crashes.values())
+    return [*(subjects.rank(r) for r in view.crashes), *sorted({s for s in errors if s})]
+
+
 def alike(view: RunView, ranks: list[int]) -> list[list[int]]:
     """The ranks grouped by `same_error`, each group led by the rank that ended first (whose alert, and
     so whose incident, came first): a script every rank runs alike fails alike, and that is one cause."""
@@ -216,7 +229,7 @@ def alike(view: RunView, ranks: list[int]) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: min(g))
 
 
-@rule("rank_crashed", RunView, subject=lambda v: [subjects.rank(r) for r in v.crashes])
+@rule("rank_crashed", RunView, subject=declared)
 def rank_crashed(view: RunView) -> Iterator[Finding]:
     if not view.crashes:
         return
