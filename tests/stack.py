@@ -125,6 +125,10 @@ def stack_env(django_db_setup, django_db_blocker) -> dict:
         # lock bound, to see requests queue behind a slow group (the bound's own drill runs its own
         # server with 1 s: tests/security/test_edge.py).
         LOCKSTEP_DB_LOCK_TIMEOUT="20",
+        # Each pytest-xdist worker runs a test process and a stack on one PostgreSQL that other databases
+        # share (max_connections 100): the servers here pool 4 connections and close idle ones within seconds.
+        LOCKSTEP_DB_POOL="4",
+        LOCKSTEP_DB_POOL_IDLE="5",
         PYTHONUNBUFFERED="1",
     )
     return env
