@@ -7,11 +7,14 @@ of the login page, while a sampler counts this database's sessions in `pg_stat_a
 on the same server are never counted. Then a server with a pool of 2 and a 1 s pool wait, whose two
 connections are held by requests stuck on a table lock: every other request waits about that long and
 gets a 503 with Retry-After and a JSON error, never a 500; a quiet server gives its connections back.
+And no setting turns the pool off.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -25,7 +28,7 @@ import requests
 from dashboard.devstack.processes import descendants
 from tests.conftest import make_batch
 from tests.e2e.jobs import project_with_token
-from tests.stack import Stack, database_url, free_port, spawn, started_stack, unique, uvicorn
+from tests.stack import ROOT, Stack, database_url, free_port, spawn, started_stack, unique, uvicorn
 
 pytestmark = [pytest.mark.e2e]
 
@@ -215,3 +218,17 @@ def test_past_the_pool_requests_wait_briefly_then_get_503_and_idle_connections_c
         while any(label.endswith(f":{pid}") for label in _sessions(observer, db["NAME"])):
             assert time.monotonic() < deadline, _sessions(observer, db["NAME"])
             time.sleep(0.1)
+
+
+@pytest.mark.parametrize(("value", "size"), [(None, DEFAULT_POOL), ("0", DEFAULT_POOL), ("3", 3), ("-1", None)])
+def test_every_process_gets_a_bounded_pool_and_0_means_the_default(value, size):
+    """No setting turns the pool off: unset and 0 are the default size; a negative one refuses to start."""
+    env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
+    if value is not None:
+        env["LOCKSTEP_DB_POOL"] = value
+    probe = "from django.conf import settings as s; d = s.DATABASES['default']; print(d['OPTIONS']['pool']['max_size'], d['CONN_MAX_AGE'])"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if size is None:
+        assert done.returncode != 0 and "LOCKSTEP_DB_POOL" in done.stderr, done.stderr
+    else:
+        assert done.stdout.split() == [str(size), "0"], done.stderr
