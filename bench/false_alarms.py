@@ -73,7 +73,7 @@ CONTROLS = {
     "realism-graph-break-cold-shared": (None, [1]),
     "realism-autocast-cold-shared": ("graph_divergence", [1]),
     "realism-raise-cold-private": ("rank_crashed", [0, 1, 2]),
-    "realism-inf-cold-private": ("nonfinite_grad", [0, 1, 2]),  # the agent sees no local gradient: every rank
+    "realism-inf-cold-private": ("nonfinite_grad", [1]),  # rank 1 logged the non-finite loss first
     "realism-late-cause-cold-private": ("recompile_divergence", [1]),
 }
 RECORDINGS = ("realism_clean.tgz", "realism_controls.tgz", "realism_races.tgz")

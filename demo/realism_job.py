@@ -47,6 +47,8 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_job import end_distributed  # noqa: E402
 
+import agents  # noqa: E402
+
 SETUPS = ("compile-ddp", "ddp-compile", "per-block", "checkpoint", "bf16", "no-sync", "fsdp2", "containers", "gpt2")
 FEATURES, SEQ, VOCAB = 16, 32, 256
 
@@ -221,6 +223,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         scale = float("inf") if (rank, step) == (args.inf_rank, args.inf_step) else 1.0
         loss = train_step(model, args.setup, x, y, device, bf16, scale)
+        agents.attach().log(loss)  # the agent `agents run` attached: a non-finite loss names its rank
         if rank == args.skew_rank and step >= args.skew_step:
             skew(model)
         opt.step()

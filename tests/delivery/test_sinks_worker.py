@@ -6,6 +6,7 @@ closes it everywhere (ended unresolved: PagerDuty resolves its page, Lockstep ke
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -49,8 +50,32 @@ def test_the_worker_delivers_to_every_sink_retries_with_one_dedup_key_and_resolv
                 )
                 assert response.status_code == 200, response.text
 
+        beats = itertools.count()
+        last_beat = [0.0]
+
+        def alive() -> bool:
+            """The job goes on (heartbeats every 2 s), as while PagerDuty's retry waits out its backoff: a
+            run whose every rank fell silent is over, and its end would close the incident."""
+            if time.monotonic() - last_beat[0] >= 2:
+                last_beat[0] = time.monotonic()
+                seq = next(beats)
+                for rank in range(3):
+                    batch = make_batch(
+                        run=run, rank=rank, session=f"{run}-{rank}-hb", seq=seq, events=[{"t": "heartbeat"}]
+                    )
+                    requests.post(
+                        f"{stack.url}/api/v1/ingest",
+                        json=batch,
+                        timeout=10,
+                        headers={"Authorization": f"Bearer {token}"},
+                    ).raise_for_status()
+            return True
+
         report(0, {1})
-        wait(lambda: am.active() and list(pd.incidents.values()) == ["triggered"] and js.requests, "alert delivered")
+        wait(
+            lambda: alive() and am.active() and list(pd.incidents.values()) == ["triggered"] and js.requests,
+            "alert delivered",
+        )
         [firing] = am.active()
         incident = js.bodies()[0]["incident"]
         assert (firing["labels"]["run"], firing["labels"]["ranks"], firing["labels"]["severity"]) == (

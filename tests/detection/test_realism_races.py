@@ -106,3 +106,12 @@ def test_the_same_error_on_every_rank_uploaded_rank_by_rank_is_one_incident_of_t
     assert (incident.root.kind, incident.root.ranks) == ("rank_crashed", [0, 1, 2])
     assert incident.root.message.startswith("Ranks 0-2 raised the same error: ")
     assert Notification.objects.filter(incident=incident).exists()
+
+
+def test_a_loss_turning_inf_on_one_rank_is_one_incident_rooted_at_that_rank(post, project, spools):
+    """Rank 1's loss turned inf at step 3 (the job hands its loss to the agent): the all-reduce spread
+    NaN to every rank's gradients, and the one critical incident names rank 1, whose loss went first."""
+    run = replay(post, project, spools, "realism-inf-cold-private")
+    [incident] = Incident.objects.filter(run=run).select_related("root")
+    assert (incident.root.kind, incident.root.ranks, incident.severity) == ("nonfinite_grad", [1], "critical")
+    assert Notification.objects.filter(incident=incident).count() == 1
