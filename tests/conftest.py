@@ -163,6 +163,18 @@ def make_batch(
     }
 
 
+def post_bulk(client, token: str, body: bytes):
+    """A relay's request: a bulk body (`protocol.bulk_body`), gzipped, sent with the project's token."""
+    return client.generic(
+        "POST",
+        "/api/v1/ingest/bulk",
+        gzip.compress(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+        HTTP_CONTENT_ENCODING="gzip",
+    )
+
+
 @pytest.fixture
 def post(client, token):
     """POST a batch (dict, or raw bytes) to the ingest endpoint as the project's agent."""

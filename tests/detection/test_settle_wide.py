@@ -6,7 +6,6 @@ the sweep going on to the other runs."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 from datetime import timedelta
@@ -21,7 +20,7 @@ from dashboard.detection import tasks, text
 from dashboard.detection.models import Alert, Incident
 from dashboard.ledger import slots
 from dashboard.ledger.models import CompileSlot
-from tests.conftest import make_batch
+from tests.conftest import make_batch, post_bulk
 from tests.detection.test_rank_crashed_sweep import job
 
 pytestmark = pytest.mark.django_db
@@ -32,14 +31,7 @@ FRAME = "train.py:12:forward"
 def bulk(client, token, batches: list[dict]) -> None:
     """One relay's request: every batch in one gzipped bulk body."""
     body = protocol.bulk_body([json.dumps(b, separators=(",", ":")).encode() for b in batches])
-    response = client.generic(
-        "POST",
-        "/api/v1/ingest/bulk",
-        gzip.compress(body),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {token}",
-        HTTP_CONTENT_ENCODING="gzip",
-    )
+    response = post_bulk(client, token, body)
     assert response.status_code == 200, response.content
 
 

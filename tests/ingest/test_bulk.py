@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import uuid
 
@@ -13,7 +12,7 @@ from agents import protocol
 from dashboard.evidence.models import GradReport, IngestBatch, StepReport
 from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Rank, Run
-from tests.conftest import make_batch, per_rank
+from tests.conftest import make_batch, per_rank, post_bulk
 from tests.ingest.test_blobs import HASH, compile_event
 
 pytestmark = pytest.mark.django_db
@@ -31,14 +30,7 @@ def bulk(client, token):
         body = (
             raw if raw is not None else protocol.bulk_body([b if isinstance(b, bytes) else encoded(b) for b in batches])
         )
-        return client.generic(
-            "POST",
-            "/api/v1/ingest/bulk",
-            gzip.compress(body),
-            content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {token}",
-            HTTP_CONTENT_ENCODING="gzip",
-        )
+        return post_bulk(client, token, body)
 
     return _bulk
 

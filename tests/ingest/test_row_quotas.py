@@ -3,7 +3,6 @@ and ranks per run (400 naming the field); nothing of a refused batch is stored."
 
 from __future__ import annotations
 
-import gzip
 from datetime import timedelta
 
 import pytest
@@ -12,7 +11,7 @@ from django.utils import timezone
 from agents import protocol
 from dashboard.evidence.models import IngestBatch
 from dashboard.tenancy.models import Project, ProjectToken, Rank, Run
-from tests.conftest import make_batch
+from tests.conftest import make_batch, post_bulk
 from tests.ingest.test_bulk import encoded
 
 pytestmark = pytest.mark.django_db
@@ -26,14 +25,7 @@ def test_a_world_wider_than_max_ranks_is_a_400_naming_the_field_and_stores_nothi
     assert post(make_batch(run="wide", rank=8, world_size=9)).json()["path"] == "run.world_size"
     assert post(make_batch(run="wide", rank=8, world_size=8)).json()["path"] == "rank"
     body = protocol.bulk_body([encoded(make_batch(run="ok", world_size=8)), encoded(make_batch(run="w", world_size=9))])
-    relayed = client.generic(
-        "POST",
-        "/api/v1/ingest/bulk",
-        gzip.compress(body),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {token}",
-        HTTP_CONTENT_ENCODING="gzip",
-    )
+    relayed = post_bulk(client, token, body)
     assert relayed.status_code == 400 and relayed.json()["path"] == "batches[1].run.world_size"
     assert not Run.objects.exists() and not Rank.objects.exists() and not IngestBatch.objects.exists()
     assert post(make_batch(run="wide", rank=7, world_size=8)).status_code == 200

@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from tests.security import raw_http
 from tests.security.test_hostile_bodies import _rss_kib
 from tests.stack import Stack, free_port, spawn, uvicorn
 
@@ -59,23 +60,6 @@ def _open(server: Stack, head: str, body: bytes = b"", source: str = "127.0.0.1"
     return conn
 
 
-def _answer(conn: socket.socket) -> tuple[int, bytes]:
-    """The status and the whole answer (its head, then Content-Length bytes of body)."""
-    answer = b""
-    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        answer += chunk
-    conn.close()
-    return int(answer.split(b" ", 2)[1]), answer
-
-
-def _length(answer: bytes) -> int:
-    found = re.search(rb"content-length: (\d+)", answer.partition(b"\r\n\r\n")[0], re.I)
-    return int(found.group(1)) if found else 0
-
-
 def _post_head(path: str, length: int) -> str:
     return (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
@@ -91,7 +75,7 @@ def test_150_stalled_8_mib_logins_are_refused_from_their_headers_and_hold_no_mem
     before = _rss_kib(pid)
     started = time.monotonic()
     stalled = [_open(server, _post_head("/login/", 8 * 1024 * 1024 - 1), b"x" * 64 * 1024) for _ in range(150)]
-    answers = [_answer(conn) for conn in stalled]
+    answers = [raw_http.answer(conn) for conn in stalled]
     waited = time.monotonic() - started
     held = _rss_kib(pid) - before
     print(f"\n150 stalled 8 MiB logins: all answered in {waited:.2f} s, server RSS +{held / 1024:.1f} MiB")
@@ -105,13 +89,13 @@ def test_bodies_read_at_once_are_bounded_and_past_the_bound_refused_at_once(serv
     stalled = [_open(server, _post_head("/login/", 4000), b"username=a") for _ in range(EDGE_BODIES)]
     time.sleep(0.5)  # every one of them is being read
     started = time.monotonic()
-    status, answer = _answer(_open(server, _post_head("/login/", 4000), b"username=b"))
+    status, answer = raw_http.answer(_open(server, _post_head("/login/", 4000), b"username=b"))
     assert status == 503 and re.search(rb"retry-after: 1\r\n", answer, re.I)
     assert time.monotonic() - started < 1
-    page, _ = _answer(_open(server, "GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+    page, _ = raw_http.answer(_open(server, "GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
     assert page == 200  # a request without a body takes no slot
-    assert {_answer(conn)[0] for conn in stalled} == {408}  # each cut at the body deadline, its slot freed
-    status, _ = _answer(_open(server, _post_head("/login/", 10), b"username=c"))
+    assert {raw_http.answer(conn)[0] for conn in stalled} == {408}  # each cut at the body deadline, its slot freed
+    status, _ = raw_http.answer(_open(server, _post_head("/login/", 10), b"username=c"))
     assert status == 403  # read and handed to Django (no CSRF token: its 403)
 
 

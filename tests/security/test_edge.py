@@ -9,7 +9,6 @@ throttling per address). The in-process rules are in test_access_rules.py.
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from dashboard.tenancy.models import Run
 from ingest import metrics
 from tests.conftest import make_batch
 from tests.e2e.jobs import project_with_token
+from tests.security import raw_http
 from tests.stack import ROOT, database_url, started_stack, unique
 
 pytestmark = [pytest.mark.e2e]
@@ -90,23 +90,6 @@ def _raw(edge, head: str, body: bytes = b"") -> socket.socket:
     conn = socket.create_connection(("127.0.0.1", int(edge.url.rsplit(":", 1)[1])), timeout=15)
     conn.sendall(head.encode() + body)
     return conn
-
-
-def _status(conn: socket.socket) -> tuple[int, bytes]:
-    """The status and the whole answer (its head, then Content-Length bytes of body)."""
-    answer = b""
-    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        answer += chunk
-    conn.close()
-    return int(answer.split(b" ", 2)[1]), answer
-
-
-def _length(answer: bytes) -> int:
-    found = re.search(rb"content-length: (\d+)", answer.partition(b"\r\n\r\n")[0], re.I)
-    return int(found.group(1)) if found else 0
 
 
 # item 1 ------------------------------------------------------------------------------------------
@@ -229,7 +212,7 @@ def test_a_real_agent_past_the_quota_drops_texts_and_loses_no_event(edge, live_d
 @pytest.mark.parametrize("path", ["/api/v1/flight-recorder", "/login/", "/admin/login/", "/api/v1/silences"])
 def test_every_route_refuses_a_huge_declared_body_from_the_headers(edge, path):
     started = time.monotonic()
-    status, answer = _status(
+    status, answer = raw_http.answer(
         _raw(
             edge,
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -242,7 +225,7 @@ def test_every_route_refuses_a_huge_declared_body_from_the_headers(edge, path):
 
 def test_a_stalled_body_on_the_login_page_is_cut_at_the_body_deadline(edge):
     started = time.monotonic()
-    status, _ = _status(
+    status, _ = raw_http.answer(
         _raw(
             edge,
             "POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
@@ -265,7 +248,7 @@ def test_a_64_mib_ingest_body_gets_a_413_the_client_can_read(edge, live_db):
     chunk = b"x" * 1024 * 1024
     for _ in range(64):
         conn.sendall(chunk)  # the whole body, as an HTTP/1.1 client sends it before reading
-    status, answer = _status(conn)
+    status, answer = raw_http.answer(conn)
     assert status == 413 and b"body exceeds" in answer
 
 
