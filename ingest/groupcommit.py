@@ -180,7 +180,7 @@ def _written(jobs: list[writers.Job]) -> list[Answer]:
 
 def outside_request(work: Callable[..., T], *args: Any) -> T:
     """Run `work` on a thread outside any request (no request_finished tends its connection): a
-    connection broken or past CONN_MAX_AGE is closed, and a pooled one goes back at once."""
+    broken connection is closed, and the pooled one goes back at once."""
     try:
         return work(*args)
     finally:
