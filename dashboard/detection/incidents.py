@@ -62,6 +62,7 @@ FRAME_FOLLOWERS = frozenset(
 )
 CAUSES = frozenset({"graph_divergence", "recompile_divergence"})  # a rank that compiled something else
 SYMPTOMS = frozenset({"baseline_divergence", "grad_divergence", "param_divergence", "compile_straggler"})
+NAN_SPREADS = frozenset({"grad_divergence", "param_divergence"})  # what NaN gradients on a rank make of it
 _SEVERITY = {"warning": 1, "critical": 2}
 RECOUNT_S = 30.0  # a page's counts are refreshed at most this often
 
@@ -85,18 +86,20 @@ def cause_of(alert: Alert) -> str:
     return text.fit_key(Incident, "cause", key)
 
 
-def precedence(alert: Alert) -> tuple[int, int, float, int]:
-    """Sort key of root candidates: a consequence never leads while another alert can."""
+def precedence(alert: Alert) -> tuple[bool, int, float, float, int]:
+    """Sort key of root candidates: a consequence never leads while another alert can; among alerts
+    of one kind the earliest step leads (slots settle in any order), then the earliest seen."""
     kind = ROOT_ORDER.index(alert.kind) if alert.kind in ROOT_ORDER else len(ROOT_ORDER)
     follows = consequence_of(alert) is not None or alert.severity == INFO
-    return (follows, kind, alert.first_seen.timestamp(), alert.id)
+    step = float("inf") if alert.step is None else alert.step
+    return (follows, kind, step, alert.first_seen.timestamp(), alert.id)
 
 
 def place(run: Run, alert_ids: Iterable[int]) -> list[int]:
     """Put changed alerts into incidents (in the caller's transaction); ids of incidents whose page changed."""
     assert transaction.get_connection().in_atomic_block
-    alerts = list(Alert.objects.filter(id__in=set(alert_ids)).order_by("first_seen", "id"))
-    alerts.sort(key=lambda a: a.severity == INFO)  # information joins what the same batch opened
+    # causes first, so a symptom of the same settle finds its cause's incident; information joins what they opened
+    alerts = sorted(Alert.objects.filter(id__in=set(alert_ids)), key=precedence)
     if not alerts:
         return []
     open_ones = list(Incident.objects.select_for_update().filter(run=run, state=Incident.State.FIRING).order_by("id"))
@@ -168,12 +171,14 @@ def explains(cause: Alert, symptom: Alert) -> bool:
     """`cause` at the same or an earlier step accounts for `symptom`. A recompile or another graph
     explains a symptom of no ranks (the run against its baseline) or of the cause's ranks, or one
     that could not say which of its ranks is off (no majority: `details["tie"]`) and holds the
-    cause's ranks. NaN gradients on some ranks explain NaN gradients on every rank later: their NaN
-    weights went into the all-reduce."""
+    cause's ranks. NaN gradients on some ranks explain NaN gradients on every rank later (their NaN
+    weights went into the all-reduce), and those ranks' gradients or weights differing from the others'."""
     if cause.step is None or symptom.step is None or cause.step > symptom.step:
         return False
-    if cause.kind == symptom.kind == "nonfinite_grad":
-        return _everywhere(symptom) and not _everywhere(cause)
+    if cause.kind == "nonfinite_grad" and not _everywhere(cause):
+        if symptom.kind == "nonfinite_grad":
+            return _everywhere(symptom)
+        return symptom.kind in NAN_SPREADS and bool(symptom.ranks) and set(symptom.ranks) <= set(cause.ranks)
     if cause.kind not in CAUSES or symptom.kind not in SYMPTOMS:
         return False
     mine, theirs = set(cause.ranks), set(symptom.ranks)

@@ -242,3 +242,21 @@ def test_nan_on_one_rank_that_spreads_to_every_rank_is_one_incident_rooted_at_th
     )
     [incident] = pages(run)
     assert (incident.root.ranks, incident.root.step, incident.alerts.count()) == ([2], 4, 2)
+
+
+def test_nan_spread_settled_before_its_origin_is_still_one_incident_rooted_at_the_origin(run):
+    """Slots settle in any order: step 5 (NaN everywhere) may settle before step 4, where rank 2's NaN
+    gradients also differ from the others' (grad_divergence in the same settle). One incident, rooted
+    at rank 2's step 4, whichever order the rules' findings came in."""
+    apply(
+        run, *findings_of(grad_view({0: [1], 1: [1], 2: [1]}, step=5, nonfinite={0: 2, 1: 2, 2: 2}), "nonfinite_grad")
+    )
+    origin = grad_view({0: [1], 1: [1], 2: [9]}, step=4, nonfinite={2: 1})
+    apply(run, *findings_of(origin, "grad_divergence"), *findings_of(origin, "nonfinite_grad"))
+    [incident] = pages(run)
+    assert (incident.root.kind, incident.root.ranks, incident.root.step) == ("nonfinite_grad", [2], 4)
+    assert sorted(incident.alerts.values_list("kind", flat=True)) == [
+        "grad_divergence",
+        "nonfinite_grad",
+        "nonfinite_grad",
+    ]
