@@ -36,6 +36,12 @@ def pytest_configure(config) -> None:
 
 
 def pytest_unconfigure(config) -> None:
+    """Each process cleans what it made: the Inductor cache, the broker's keys in its Redis database."""
+    from django.conf import settings
+
+    from tests.stack import forget_broker_keys
+
+    forget_broker_keys(settings.REDIS_URL)
     made = getattr(config, "_lockstep_inductor_cache", None)
     if made:
         shutil.rmtree(made, ignore_errors=True)

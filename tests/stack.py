@@ -108,6 +108,15 @@ def live_db(django_db_setup, django_db_blocker):
         yield
 
 
+def forget_broker_keys(redis_url: str) -> None:
+    """Delete the bindings kombu declares in a Redis database (`_kombu.binding.*`, for every queue a
+    server published to or a worker read): the suite leaves nothing of its own behind."""
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter("_kombu.*"))
+    if keys:
+        client.delete(*keys)
+
+
 @pytest.fixture(scope="session")
 def stack_env(django_db_setup, django_db_blocker) -> dict:
     """Environment for child processes: the test database and a flushed Redis database."""

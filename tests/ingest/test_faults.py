@@ -27,7 +27,7 @@ from dashboard.devstack import embedded
 from dashboard.evidence.models import GradReport, IngestBatch
 from ingest import ratelimit, retries, writers
 from tests.conftest import make_batch, per_rank
-from tests.stack import ROOT, Stack, free_port, spawn, uvicorn
+from tests.stack import ROOT, Stack, forget_broker_keys, free_port, spawn, uvicorn
 
 
 @pytest.mark.django_db
@@ -218,6 +218,7 @@ def throwaway(tmp_path):
         server.stop()
         embedded.stop(data)
         shutil.rmtree(data, ignore_errors=True)
+        forget_broker_keys(env["REDIS_URL"])
 
 
 def test_two_workers_then_database_outage_then_recovery(throwaway, record_property):
