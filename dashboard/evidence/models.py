@@ -154,7 +154,7 @@ class CollectiveWait(models.Model):
 class Blob(models.Model):
     """A normalized graph text of one project, stored once per content hash however many of its ranks
     hold it. Per project, never shared: a project that could skip a text another project stored would
-    learn that the other holds it (migration 0005).
+    learn that the other holds it.
 
     A row without text is a request in flight: `requested_at` is when one agent was asked to
     upload it (the others are not asked again until that lease expires). `run`: which run was asked

@@ -1,6 +1,6 @@
 """Daily partitions of the raw per-rank tables: made before rows arrive, dropped by retention.
 
-`lockstep_raw_partition()` (ingest's migration 0002, from before this app owned the tables)
+`lockstep_raw_partition()` (this app's initial migration)
 creates one table's partition for one UTC day and is safe to race between ingest processes. Ingest makes sure of today's and tomorrow's before it
 opens the batch transaction, so partition DDL never runs while a batch holds row locks.
 """

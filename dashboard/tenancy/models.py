@@ -1,7 +1,7 @@
 """Who owns what: projects with their members and tokens, the runs of a project, and the ranks of a run.
 
 Every other app hangs its rows off a Run; only this app writes these tables, named `tenancy_*`
-for it (migration 0005 renamed the ones ingest had named).
+for it.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class Run(models.Model):
 
 class Rank(models.Model):
     """One rank of a run, updated by each of its batches (`sql.ranks_seen_cte`): its table keeps
-    free space in every page (migration 0003) so that those updates stay HOT, touching no index."""
+    free space in every page (the initial migration) so that those updates stay HOT, touching no index."""
 
     run = models.ForeignKey(
         Run, on_delete=models.CASCADE, related_name="ranks", db_index=False
