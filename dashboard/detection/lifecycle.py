@@ -80,13 +80,15 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
 
 
 def bounded(finding: Finding) -> Finding:
-    """The finding's column values cut to their columns (`text`): a rule's text never fails a settle."""
+    """The finding's column values cut to their columns (`text`): a rule's text never fails a settle;
+    its message printable, whatever a training process put in the text it quotes."""
     return replace(
         finding,
         kind=text.fit(Alert, "kind", finding.kind),
         subject=text.fit_key(Alert, "subject", finding.subject),
         severity=text.fit(Alert, "severity", finding.severity),
-        frame=text.fit(Alert, "frame", finding.frame) if finding.frame is not None else None,
+        frame=text.fit(Alert, "frame", text.printable(finding.frame)) if finding.frame is not None else None,
+        message=text.printable(finding.message),
     )
 
 

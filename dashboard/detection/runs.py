@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from dashboard.detection import bills, flight, lifecycle, tally
+from dashboard.detection import bills, flight, lifecycle, tally, text
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import (
     CompiledWorkView,
@@ -140,13 +140,17 @@ def _crash(row: dict, end: dict, compiled: dict | None) -> dict:
     return {
         "status": row["status"],
         "exit_code": row["exit_code"],
-        "reason": end.get("reason"),
-        "exc_type": end.get("exc_type"),
-        "where": end.get("where"),
+        "reason": _printable(end.get("reason")),
+        "exc_type": _printable(end.get("exc_type")),
+        "where": _printable(end.get("where")),
         "ended_at": ended_at,
         "last_step": row["last_step"],
         "last_compile": _compile_facts(compiled, ended_at) if compiled else None,
     }
+
+
+def _printable(value: str | None) -> str | None:
+    return text.printable(value) if value else value
 
 
 def _compile_facts(event: dict, ended_at: float) -> dict:

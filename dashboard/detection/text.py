@@ -7,11 +7,18 @@ after RANGES_SHOWN of them, and what is still too long is cut where it is built,
 `max_length` as the model declares it (`fit`), or, for a value that identifies a row (an alert's
 subject, an incident's cause), cut with a digest of the whole so that two long values stay apart
 (`fit_key`).
+
+Text that came from a training process (an exception's message, a compile's failure) is made
+printable before it is stored (`printable`): a terminal's colour codes, carriage returns and other
+control characters in an error (gloo's and NCCL's messages pass through C++ loggers that may add
+them) would reach the page as empty boxes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+import unicodedata
 from collections.abc import Iterable
 
 from django.db import models
@@ -19,6 +26,21 @@ from django.db import models
 ELLIPSIS = "…"
 RANGES_SHOWN = 12  # a message names at most this many ranges of ranks, then how many ranks it left out
 DIGEST_CHARS = 12
+ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")  # CSI, OSC, 2-byte
+UNPRINTABLE = frozenset({"Cc", "Cs", "Co", "Cn"})  # controls, lone surrogates, private use, unassigned
+KEPT = "\n\t"
+
+
+def printable(value: str) -> str:
+    """`value` without terminal escape sequences and control characters (newlines and tabs stay; a
+    carriage return ends its line), anything else no font can draw shown as "?"."""
+    value = ANSI.sub("", value).replace("\r\n", "\n").replace("\r", "\n")
+    return "".join(
+        c
+        if c in KEPT or unicodedata.category(c) not in UNPRINTABLE
+        else ("?" if unicodedata.category(c) != "Cc" else "")
+        for c in value
+    )
 
 
 def runs_of(ranks: Iterable[int]) -> list[tuple[int, int]]:

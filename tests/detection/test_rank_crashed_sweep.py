@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -29,7 +30,7 @@ END = {
 }
 
 
-def job(post, run: str, crash_rank: int | None, world_size: int = 2) -> Run:
+def job(post, run: str, crash_rank: int | None, world_size: int = 2, end: dict = END) -> Run:
     """Every rank completes step 2 (rank 1's gradient diverging), compiles FRAME in step 3 (loading it
     from the cache) and ends: `crash_rank` in that step with END, the others cleanly."""
     now = timezone.now().timestamp()
@@ -46,7 +47,7 @@ def job(post, run: str, crash_rank: int | None, world_size: int = 2) -> Run:
                 "cache_keys": {"inductor": KEY},
                 "ts": now - 1,
             },
-            {**END, "ts": now} if rank == crash_rank else {"t": "rank_end", "status": "ok", "exit_code": 0, "ts": now},
+            {**end, "ts": now} if rank == crash_rank else {"t": "rank_end", "status": "ok", "exit_code": 0, "ts": now},
         ]
         response = post(make_batch(run=run, rank=rank, world_size=world_size, events=events))
         assert response.status_code == 200, response.content
@@ -102,3 +103,20 @@ def test_a_crash_long_ago_leaves_the_sweep(post):
     run = job(post, "old", crash_rank=0)
     Run.objects.filter(id=run.id).update(last_seen=timezone.now() - runs.CRASH_WINDOW - timedelta(seconds=1))
     assert run not in runs.active_runs()
+
+
+def test_an_error_with_terminal_codes_and_control_characters_reads_as_plain_text(post):
+    """A gloo error as a C++ logger prints it to a terminal (colour codes, a carriage return, a bell):
+    stored and shown as the words only, nothing a browser draws as an empty box."""
+    raw = (
+        "\x1b[1;31mRuntimeError\x1b[0m: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+        "op.preamble.length <= op.nbytes. 8 vs 4\r\n\x07\x9b\ue000"
+    )
+    run = job(post, "gloo-tty", crash_rank=1, end={**END, "reason": raw, "exc_type": "\x1b[31mRuntimeError\x1b[0m"})
+    runs.check(run)
+    alert = Alert.objects.get(kind="rank_crashed")
+    words = "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4"
+    assert alert.message.startswith(f"Rank 1 crashed: {words}\n?")
+    assert alert.details["reason"] == f"{words}\n?" and alert.details["exc_type"] == "RuntimeError"
+    shown = alert.message + alert.subject + json.dumps(alert.details, ensure_ascii=False)
+    assert not [c for c in shown if c not in "\n" and (ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c == "\ufffd")]

@@ -218,6 +218,66 @@ def test_compare_page_shows_the_torch_version_diff(stack, page, team):
     worse = page.locator("table.verdict-table tr", has_text="ddp_job.py:41").locator("td.worse-cell").inner_text()
     assert re.fullmatch(r"(nothing|[a-z ,]+) \(compile time ×[0-9.]+\)", worse), worse
 
+    # a run without a baseline: the page asks for one (nothing unrelated preselected); chosen in the
+    # browser, the run-wide divergence it finds is rooted in no rank and says so
+    page.goto(f"{stack.url}/runs/mlp-torch211/")
+    choice = page.locator("form.baseline select[name=baseline]")
+    assert "Baseline: none" in page.locator("form.baseline").inner_text()
+    assert choice.input_value() == "" and choice.locator("option:checked").inner_text() == "choose a run"
+    choice.select_option("mlp-torch213")
+    page.click("form.baseline button[type=submit]")
+    page.wait_for_selector("form.baseline a:has-text('mlp-torch213')")
+    wait_for_page_text(page, "li.incident[data-root-kind=baseline_divergence]")
+    root = page.locator("li.incident[data-root-kind=baseline_divergence] .ranks").inner_text()
+    assert root == "root: the whole run", root
+
+
+def wait_for_page_text(page, selector: str, timeout: float = 30) -> str:
+    """The text of `selector` once the stack's worker has put it on the page (reloading until then)."""
+    deadline = time.monotonic() + timeout
+    while not page.locator(selector).count():
+        assert time.monotonic() < deadline, f"{selector} never appeared on {page.url}"
+        time.sleep(0.5)
+        page.reload()
+    return page.locator(selector).first.inner_text()
+
+
+def test_an_error_printed_for_a_terminal_reads_as_plain_words_on_the_run_page(stack, page, team):
+    """A rank crashes with a gloo error as a C++ logger writes it to a terminal (colour codes, a
+    carriage return, a bell, a C1 control): the page shows the words, no empty boxes."""
+    _, token, session = team
+    key = unique("gloo-tty")
+    batches = job_batches(Job(key, world=2, steps=4, loss=False))
+    raw = (
+        "\x1b[1;31mRuntimeError\x1b[0m: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+        "op.preamble.length <= op.nbytes. 8 vs 4\r\n\x07\x9b"
+    )
+    ends = [
+        {
+            "t": "rank_end",
+            "status": "error",
+            "exit_code": 1,
+            "reason": raw,
+            "exc_type": "RuntimeError",
+            "ts": time.time(),
+        }
+        if rank == 1
+        else {"t": "rank_end", "status": "ok", "exit_code": 0, "ts": time.time()}
+        for rank in range(2)
+    ]
+    last = {b["rank"]: b for b in batches}
+    send(stack, token, batches)
+    send(stack, token, [{**last[r], "seq": last[r]["seq"] + 1, "events": [ends[r]]} for r in range(2)])
+    login(page, stack, session)
+    page.goto(f"{stack.url}/runs/{key}/")
+    shown = wait_for_page_text(page, "li.incident[data-root-kind=rank_crashed] .message")
+    assert shown.startswith(
+        "Rank 1 crashed: RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+        "op.preamble.length <= op.nbytes. 8 vs 4"
+    ), shown
+    text = page.locator("body").inner_text()
+    assert not [c for c in text if c not in "\n\t" and (ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c == "\ufffd")]
+
 
 def test_user_text_is_escaped_everywhere(stack, page, team):
     _, token, session = team

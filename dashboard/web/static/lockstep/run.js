@@ -34,6 +34,8 @@
 
   // Incidents: one line per cause, its root first, the alerts it set off folded under it.
   const incidents = document.getElementById("incidents");
+  // as _incident.html says it: an alert of no rank concerns the whole run
+  const whose = (ranks) => ranks.length ? `rank${ranks.length === 1 ? "" : "s"} ${ranks.join(", ")}` : "the whole run";
   function renderIncident(incident) {
     if (!incidents || !incident.root) return;
     const root = incident.root;
@@ -42,7 +44,7 @@
     li.dataset.id = incident.id;
     li.dataset.rootKind = root.kind;
     li.append(span("state", incident.state.replace("_", " ")), span("kind", root.kind),
-              span("ranks", `root: rank${root.ranks.length === 1 ? "" : "s"} ${root.ranks.join(", ")}`));
+              span("ranks", `root: ${whose(root.ranks)}`));
     if (root.step !== null) li.append(span("step", `step ${root.step}`));
     li.append(span("message", root.message));
     if (incident.remedy) {
@@ -63,7 +65,7 @@
       for (const c of rest) {
         const item = document.createElement("li");
         item.className = `consequence ${c.severity} ${c.state}`;
-        item.append(span("kind", c.kind), span("ranks", ` ranks ${c.ranks.join(", ")} `), span("message", c.message));
+        item.append(span("kind", c.kind), span("ranks", ` ${whose(c.ranks)} `), span("message", c.message));
         ul.append(item);
       }
       details.append(summary, ul);
