@@ -9,7 +9,12 @@ if [ ! -x .venv/bin/python ]; then
   echo "[bootstrap] creating .venv with $($python --version)"
   "$python" -m venv .venv
 fi
-stamp=".venv/.installed-$(sha256sum "$reqs" requirements.txt | sha256sum | cut -c1-16)"
+stamp_of() { echo ".venv/.installed-$(sha256sum "$1" requirements.txt | sha256sum | cut -c1-16)"; }
+stamp="$(stamp_of "$reqs")"
+# requirements-dev.txt starts with `-r requirements.txt`: a development install holds the runtime one
+if [ "$reqs" = requirements.txt ] && [ -f "$(stamp_of requirements-dev.txt)" ]; then
+  stamp="$(stamp_of requirements-dev.txt)"
+fi
 if [ ! -f "$stamp" ]; then
   echo "[bootstrap] installing $reqs"
   .venv/bin/python -m pip install -q --upgrade pip
