@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from agents import procstat
+
 T = TypeVar("T")
 
 DEFAULT_SPOOL_CAP = 1 << 30
@@ -62,15 +64,6 @@ def _num(name: str, default: T, cast: Callable[[str], T]) -> T:
         return default
 
 
-def _start_time(pid: int) -> str:
-    """Process start time in clock ticks since boot (Linux); '' where /proc is unavailable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def _sanitize(key: str) -> str:
     key = re.sub(r"[^A-Za-z0-9._:-]", "-", key.strip())[:200]
     return key if key and key[0].isalnum() else ("r" + key)[:200]
@@ -87,7 +80,7 @@ def default_run_key(environ: Mapping[str, str] | None = None) -> str:
         socket.gethostname() if not env.get("MASTER_ADDR") else env["MASTER_ADDR"],
         env.get("MASTER_PORT", ""),
         str(pid),
-        _start_time(pid),
+        procstat.start_time(pid),
     ]
     return "job-" + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 

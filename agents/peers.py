@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from agents import protocol
+from agents import procstat, protocol
 
 PROC = "/proc"
 FIND_S = 60.0  # how long to look for siblings not found yet: a launcher starts a node's ranks together
@@ -30,13 +30,8 @@ class Peer:
 
 def _stat(proc: str, pid: int) -> tuple[str, int, str] | None:
     """(state, parent pid, start time) of a process, or None when there is no such process."""
-    try:
-        with open(f"{proc}/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return fields[0], int(fields[1]), fields[19]
+    fields = procstat.fields(pid, proc)
+    return (fields[procstat.STATE], int(fields[procstat.PPID]), fields[procstat.START]) if fields else None
 
 
 def _environ(proc: str, pid: int) -> dict[str, str]:

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
+from agents import procstat
 from dashboard.devstack.processes import server_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,11 +114,9 @@ class Servers:
         tick = os.sysconf("SC_CLK_TCK")
         total = 0
         for pid in [self.procs[0].pid, *descendants(self.procs[0].pid)]:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+            fields = procstat.fields(pid)
+            if fields:
+                total += int(fields[procstat.UTIME]) + int(fields[procstat.STIME])
         return total / tick
 
 

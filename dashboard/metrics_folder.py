@@ -16,16 +16,9 @@ import multiprocessing
 import shutil
 from pathlib import Path
 
+from agents import procstat
+
 PREFIX = "server-"
-
-
-def start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot (Linux); '' where /proc says nothing."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def supervisor() -> int | None:
@@ -35,7 +28,7 @@ def supervisor() -> int | None:
 
 
 def folder_name(pid: int) -> str:
-    return f"{PREFIX}{pid}-{start_time(pid)}"
+    return f"{PREFIX}{pid}-{procstat.start_time(pid)}"
 
 
 def alive(name: str) -> bool:

@@ -44,6 +44,8 @@ from psycopg import sql
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from agents import procstat
+
 DB_NAME = "lockstep"
 PG_USER = "postgres"
 REDIS_HOST = "127.0.0.1"
@@ -108,11 +110,7 @@ def _wait_gone(pid: int, needle: str, timeout: float) -> bool:
 
 def _exited(pid: int) -> bool:
     """No such process, or a zombie (this container's PID 1 may never reap one)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in {"Z", "X"}
+    return procstat.state(pid) in {None, "Z", "X"}
 
 
 def _read_int(path: Path) -> int | None:

@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
+
+from agents import procstat
 
 GRACEFUL_SHUTDOWN_S = 3  # then open websockets (pages, `alerts -f`) are closed; their clients reconnect
 
@@ -68,19 +68,10 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _stats() -> Iterator[tuple[int, list[str]]]:
-    """(pid, the fields of /proc/pid/stat after the command name) of every process (Linux)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            yield int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError, ValueError):
-            continue
-
-
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid`: children, their children, and so on."""
     children: dict[int, list[int]] = {}
-    for child, fields in _stats():
+    for child, fields in procstat.every():
         children.setdefault(int(fields[1]), []).append(child)
     found, todo = [], [pid]
     while todo:
@@ -92,15 +83,12 @@ def descendants(pid: int) -> list[int]:
 
 def group_members(pgid: int) -> list[int]:
     """Every live process of the process group `pgid`, its leader gone or not."""
-    return [pid for pid, fields in _stats() if int(fields[2]) == pgid and fields[0] != "Z"]
+    return [pid for pid, fields in procstat.every() if int(fields[procstat.PGRP]) == pgid and fields[0] != "Z"]
 
 
 def alive(pid: int) -> bool:
     """Running or stopped; a zombie (dead, waiting to be reaped) does not count."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return procstat.state(pid) not in (None, "Z")
 
 
 def survivors(pids: list[int], timeout: float = 5) -> list[int]:
