@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from typing import TypeVar
 
 from django.db import transaction
 from django.db.models import Count, OuterRef, QuerySet, Subquery
@@ -27,6 +28,8 @@ from dashboard.tenancy.models import RUN_STATUSES, Project, Run, with_status
 from dashboard.web.pages import compare as comparing
 from dashboard.web.pages import drift, timeline
 from ingest.refusals import Refusal
+
+Row = TypeVar("Row", Alert, Incident)  # the rows an action names by id
 
 log = logging.getLogger(__name__)
 MAX_COMPARED = 8
@@ -190,12 +193,17 @@ def _incidents_json(queryset: QuerySet[Incident], limit: int | None = None) -> l
     return [{**i.as_json(members[i.id]), "unresolved": incidents.unresolved(i)} for i in found]
 
 
+def _on_callers_run(caller: Principal, queryset: QuerySet[Row], row_id: int, name: str) -> Row:
+    """The row if it is on one of the caller's runs; a 404 otherwise, missing or not (no one learns
+    which ids exist in other projects)."""
+    row = queryset.filter(id=row_id).first()
+    if row is None or not caller.can_see(row.run):
+        raise Refusal(404, f"no {name} {row_id}")
+    return row
+
+
 def incident_for(caller: Principal, incident_id: int) -> Incident:
-    """The incident if it is on one of the caller's runs; a 404 otherwise, missing or not."""
-    incident = Incident.objects.select_related("run", "root").filter(id=incident_id).first()
-    if incident is None or not caller.can_see(incident.run):
-        raise Refusal(404, f"no incident {incident_id}")
-    return incident
+    return _on_callers_run(caller, Incident.objects.select_related("run", "root"), incident_id, "incident")
 
 
 def acknowledge_incident(caller: Principal, incident_id: int) -> Incident:
@@ -215,11 +223,7 @@ def webhook_deliveries(alerts: list[Alert]) -> dict[int, dict[str, int]]:
 
 
 def alert_for(caller: Principal, alert_id: int) -> Alert:
-    """The alert if it is on one of the caller's runs; a 404 otherwise, missing or not."""
-    alert = Alert.objects.select_related("run", "acked_by").filter(id=alert_id).first()
-    if alert is None or not caller.can_see(alert.run):
-        raise Refusal(404, f"no alert {alert_id}")
-    return alert
+    return _on_callers_run(caller, Alert.objects.select_related("run", "acked_by"), alert_id, "alert")
 
 
 def acknowledge(caller: Principal, alert_id: int) -> Alert:
