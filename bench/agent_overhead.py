@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from agents.launch import torchrun
 from bench.results import markdown, record, rerun
 from dashboard.devstack.processes import kill_tree
 
@@ -71,7 +72,6 @@ Row = tuple[str, str, str]
 
 
 def step_overhead(args) -> Row:
-    job = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc)]
     script = [
         "demo/ddp_job.py",
         "--steps",
@@ -95,9 +95,7 @@ def step_overhead(args) -> Row:
                     env["LOCKSTEP_DISABLE"] = "1"
                 else:
                     env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=spool)
-                out = _run(
-                    job + ["--master-port", str(_free_port()), "-m", "agents", "run"] + script, env, args.timeout
-                )
+                out = _run(torchrun(args.nproc, *script, port=_free_port()), env, args.timeout)
             m = re.search(r"STEPTIME backend=(\S+) steps=(\d+) mean_ms=([\d.]+) cpu_ms=([\d.]+)", out)
             if not m:
                 raise SystemExit("no STEPTIME line:\n" + out[-2000:])

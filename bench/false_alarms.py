@@ -60,6 +60,7 @@ import time
 import uuid
 from pathlib import Path
 
+from agents.launch import torchrun
 from bench.common import ROOT, bench_env, free_port, fresh_database, setup_django, start_servers
 from bench.results import markdown, record, rerun
 from dashboard.devstack.processes import worker_command
@@ -160,19 +161,7 @@ def job_env(env: dict, url: str, token: str, key: str, spool: Path, shape: str, 
 
 
 def run_job(env: dict, shape: str, steps: int, timeout: float = 400) -> tuple[int, str, float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(RANKS),
-        "--master-port",
-        str(free_port()),
-        WRAPPER,
-        *SHAPES[shape][0],
-        "--steps",
-        str(steps),
-    ]
+    cmd = torchrun(RANKS, WRAPPER, *SHAPES[shape][0], "--steps", str(steps), port=free_port(), agent=False)
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -330,21 +319,17 @@ def main(argv: list[str] | None = None) -> int:
             key = f"fa-control-{uuid.uuid4().hex[:4]}"
             dirs = caches.dirs("scenarios", "cold-private", RANKS)
             env_c = job_env(env, servers.url, token, key, work / "spool-control", "scenarios", dirs)
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                str(RANKS),
-                "--master-port",
-                str(free_port()),
+            cmd = torchrun(
+                RANKS,
                 WRAPPER,
                 "demo/scenarios.py",
                 "--branch-rank",
                 "1",
                 "--steps",
                 str(args.steps),
-            ]
+                port=free_port(),
+                agent=False,
+            )
             rc = subprocess.run(cmd, cwd=ROOT, env=env_c, capture_output=True, timeout=400).returncode
             wait_settled(key, args.settle)
             kinds = collections.Counter(a.kind for a in alerts_of(key))

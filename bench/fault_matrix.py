@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from agents.launch import torchrun
 from bench.common import ROOT, bench_env, free_port, fresh_database, setup_django, start_servers
 from dashboard.devstack.processes import worker_command
 
@@ -127,24 +128,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_job(env: dict, fault: str, rank: int, spool: Path, job_args: tuple[str, ...] = ()) -> tuple[int, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(RANKS),
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "agents",
-        "run",
-        "demo/faulty_job.py",
-        "--fault",
-        fault,
-        "--fault-rank",
-        str(rank),
-        *job_args,
-    ]
+    cmd = torchrun(
+        RANKS, "demo/faulty_job.py", "--fault", fault, "--fault-rank", str(rank), *job_args, port=free_port()
+    )
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(env, LOCKSTEP_SPOOL_DIR=str(spool)), capture_output=True, timeout=400)
     return proc.returncode, proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
 

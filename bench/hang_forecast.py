@@ -19,11 +19,11 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
+from agents.launch import torchrun
 from bench.common import ROOT, bench_env, free_port, fresh_database, project_member, setup_django, start_servers
 from bench.results import report
 from dashboard.devstack.processes import worker_command
@@ -93,25 +93,12 @@ def trial(url: str, token: str, env: dict, args, n: int, clock: ForecastClock) -
         LOCKSTEP_SPOOL_DIR=f"/tmp/lockstep-bench-hang/{run}",
         TORCHINDUCTOR_CACHE_DIR=cache,
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "3",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "agents",
-        "run",
+    cmd = torchrun(
+        3,
         "demo/hang_job.py",
-        "--stall",
-        args.stall,
-        "--depth",
-        str(args.depth),
-        "--timeout",
-        str(args.timeout),
-    ]
+        *("--stall", args.stall, "--depth", str(args.depth), "--timeout", str(args.timeout)),
+        port=free_port(),
+    )
     job = subprocess.Popen(
         cmd, cwd=ROOT, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from agents import protocol
+from agents.launch import torchrun
 from dashboard.devstack.processes import kill_tree
 
 from .conftest import REPO, events_of, read_spool
@@ -110,29 +111,12 @@ def _free_port() -> int:
 
 
 def _three_rank_job(tmp_path) -> tuple[int, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "3",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "agents",
-        "run",
+    cmd = torchrun(
+        3,
         "demo/ddp_job.py",
-        "--steps",
-        "8",
-        "--shape-rank",
-        "1",
-        "--shape-step",
-        "3",
-        "--perturb-rank",
-        "2",
-        "--perturb-step",
-        "5",
-    ]
+        *("--steps", "8", "--shape-rank", "1", "--shape-step", "3", "--perturb-rank", "2", "--perturb-step", "5"),
+        port=_free_port(),
+    )
     return _run(cmd, _env(tmp_path), timeout=180)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
+from agents.launch import torchrun
 from dashboard.devstack.processes import kill_tree
 from tests.stack import ROOT, free_port
 
@@ -16,17 +16,7 @@ def start(spool, run: str, agent: bool = True, ranks: int = 2, **env_extra: str)
     """A job of `ranks` ranks; stdout and stderr kept apart (stderr is what a user reads warnings in)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
     env.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=str(spool), LOCKSTEP_RUN=run, OMP_NUM_THREADS="1", **env_extra)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(ranks),
-        "--master-port",
-        str(free_port()),
-        *(["-m", "agents", "run"] if agent else []),
-        JOB,
-    ]
+    cmd = torchrun(ranks, JOB, port=free_port(), agent=agent)
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )

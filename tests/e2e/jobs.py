@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -16,6 +15,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from websockets.sync.client import connect
 
+from agents.launch import torchrun as torchrun_command
 from dashboard.devstack.processes import descendants, kill_tree
 from dashboard.tenancy.models import DEFAULT_SCOPES, Project, ProjectToken
 from tests.stack import ROOT, free_port, unique
@@ -50,19 +50,7 @@ def torchrun(
         TORCHINDUCTOR_COMPILE_THREADS="1",
         **(extra_env or {}),
     )
-    agent = ["-m", "agents", "run"] if via_agent_cli else []
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(ranks),
-        "--master-port",
-        str(free_port()),
-        *agent,
-        script,
-        *args,
-    ]
+    cmd = torchrun_command(ranks, script, *args, port=free_port(), agent=via_agent_cli)
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )

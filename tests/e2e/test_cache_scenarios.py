@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 
 import pytest
 
+from agents.launch import torchrun as torchrun_command
 from tests.e2e.jobs import WRAPPER, api, finish, running, torchrun
 from tests.stack import ROOT
 
@@ -23,7 +23,7 @@ def test_cold_cache_on_one_rank(stack, team, tmp_path):
     cold = tmp_path / "cold-cache"
     # Make sure it holds this job's entries (one rank, one step), then give it to ranks 0 and 2.
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "demo/ddp_job.py", "--steps", "1"],
+        torchrun_command(1, "demo/ddp_job.py", "--steps", "1", agent=False),
         cwd=ROOT,
         check=True,
         capture_output=True,

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from agents.launch import torchrun
 from tests.stack import ROOT, free_port
 
 pytestmark = pytest.mark.e2e  # real torchrun jobs, like tests/e2e/
@@ -193,25 +194,9 @@ def test_agent_from_the_wheel_runs_a_two_rank_job_offline(agent_venv, tmp_path):
 
     steps = 3
     _run(
-        [
-            python,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            free_port(),
-            "-m",
-            "agents",
-            "run",
-            "ddp_job.py",
-            "--steps",
-            steps,
-            "--depth",
-            "1",
-            "--backend",
-            "gloo",
-        ],
+        torchrun(
+            2, "ddp_job.py", "--steps", str(steps), "--depth", "1", "--backend", "gloo", port=free_port(), python=python
+        ),
         cwd=job,
         env=env,
         timeout=240,

@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from agents.launch import torchrun
 from dashboard.detection import baseline
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import REGISTRY
@@ -116,18 +116,7 @@ def demo_jobs(data: str) -> list[DemoJob]:
                     }
                 )
             },
-            before=[
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "1",
-                "--master-port",
-                "29400",
-                "demo/ddp_job.py",
-                "--steps",
-                "1",
-            ],
+            before=torchrun(1, "demo/ddp_job.py", "--steps", "1", port=29400, agent=False),
             before_env={"TORCHINDUCTOR_CACHE_DIR": warm},
             via_agent_cli=False,
         ),
@@ -377,19 +366,7 @@ class Command(BaseCommand):
                     env={**job_env, **job.before_env, "LOCKSTEP_DISABLE": "1"},
                     capture_output=True,
                 )
-            agent = ["-m", "agents", "run"] if job.via_agent_cli else []
-            args = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                str(ranks),
-                "--master-port",
-                str(29500 + os.getpid() % 1000),
-                *agent,
-                job.script,
-                *job.args,
-            ]
+            args = torchrun(ranks, job.script, *job.args, port=29500 + os.getpid() % 1000, agent=job.via_agent_cli)
             child = self.start(f"demo-{job.name}", args, job_env)
             try:
                 child.wait(job.max_seconds)
