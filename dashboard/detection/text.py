@@ -11,7 +11,9 @@ subject, an incident's cause), cut with a digest of the whole so that two long v
 Text that came from a training process (an exception's message, a compile's failure) is made
 printable before it is stored (`printable`): a terminal's colour codes, carriage returns and other
 control characters in an error (gloo's and NCCL's messages pass through C++ loggers that may add
-them) would reach the page as empty boxes.
+them) would reach the page as empty boxes. So would a pictograph: gloo ends "Connection closed by
+peer" with "GLHF! 🏖️", which a machine without a colour-emoji font draws as a box; pictographs
+(symbols beyond the Basic Multilingual Plane) and the variation selectors that style them are dropped.
 """
 
 from __future__ import annotations
@@ -29,18 +31,25 @@ DIGEST_CHARS = 12
 ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")  # CSI, OSC, 2-byte
 UNPRINTABLE = frozenset({"Cc", "Cs", "Co", "Cn"})  # controls, lone surrogates, private use, unassigned
 KEPT = "\n\t"
+PICTOGRAPHS = frozenset({"So", "Sk"})  # beyond U+FFFF: emoji, their skin tones; drawn by emoji fonts only
+VARIATION_SELECTORS = frozenset({"\ufe0e", "\ufe0f"})  # text / emoji presentation of the character before
 
 
 def printable(value: str) -> str:
-    """`value` without terminal escape sequences and control characters (newlines and tabs stay; a
-    carriage return ends its line), anything else no font can draw shown as "?"."""
+    """`value` without terminal escape sequences, control characters and pictographs (newlines and
+    tabs stay; a carriage return ends its line), anything else no font can draw shown as "?"."""
     value = ANSI.sub("", value).replace("\r\n", "\n").replace("\r", "\n")
-    return "".join(
-        c
-        if c in KEPT or unicodedata.category(c) not in UNPRINTABLE
-        else ("?" if unicodedata.category(c) != "Cc" else "")
-        for c in value
-    )
+    return "".join(map(_shown, value))
+
+
+def _shown(c: str) -> str:
+    """What the page shows for one character of a training process's text."""
+    category = unicodedata.category(c)
+    if c in KEPT:
+        return c
+    if category == "Cc" or c in VARIATION_SELECTORS or (category in PICTOGRAPHS and ord(c) > 0xFFFF):
+        return ""
+    return "?" if category in UNPRINTABLE else c
 
 
 def runs_of(ranks: Iterable[int]) -> list[tuple[int, int]]:
