@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -122,28 +121,6 @@ def test_up_serves_stops_cleanly_and_reuses_its_data(tmp_path):
             kill_tree(proc)  # its server and worker run in sessions of their own
         if embedded.running(data):
             embedded.stop(data)
-
-
-def test_up_sh_on_a_taken_port_says_so_and_fails(tmp_path):
-    """README command 1 itself (`scripts/up.sh`: the install, already done, then `up`) on a port another
-    server holds: the cause on the terminal, no "Lockstep is up", a non-zero exit."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        env = dict(os.environ, LOCKSTEP_DATA_DIR=str(tmp_path / "data"))
-        done = subprocess.run(
-            ["scripts/up.sh", "--no-demo", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert done.returncode != 0, done.stdout + done.stderr
-    assert "[bootstrap] installing" not in done.stdout  # the development install holds the runtime one
-    assert "Lockstep is up" not in done.stdout
-    assert f"127.0.0.1:{port} is taken (Address already in use)" in done.stderr
 
 
 def test_the_cli_shim_runs_lockstep_from_any_folder(tmp_path):
