@@ -262,25 +262,22 @@ def _back(request: HttpRequest) -> HttpResponse:
     return redirect(target if target.startswith("/") and not target.startswith("//") else reverse("alerts"))
 
 
-@page
-@require_POST
-def alert_ack(request: HttpRequest, caller: Principal, alert_id: int) -> HttpResponse:
-    services.acknowledge(caller, alert_id)
-    return _back(request)
+def _button(act: Callable[[Principal, int], object]) -> View:
+    """A row's button (ack, unack): `act` on the caller's row by its id, then back to the page."""
+
+    @page
+    @require_POST
+    def view(request: HttpRequest, caller: Principal, **row_id: int) -> HttpResponse:
+        (only,) = row_id.values()
+        act(caller, only)
+        return _back(request)
+
+    return view
 
 
-@page
-@require_POST
-def incident_ack(request: HttpRequest, caller: Principal, incident_id: int) -> HttpResponse:
-    services.acknowledge_incident(caller, incident_id)
-    return _back(request)
-
-
-@page
-@require_POST
-def alert_unack(request: HttpRequest, caller: Principal, alert_id: int) -> HttpResponse:
-    services.unacknowledge(caller, alert_id)
-    return _back(request)
+alert_ack = _button(services.acknowledge)
+incident_ack = _button(services.acknowledge_incident)
+alert_unack = _button(services.unacknowledge)
 
 
 @page
