@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 from django import forms
 from django.contrib import admin
 
+from dashboard.delivery import sinks
 from dashboard.delivery.models import Webhook
 
 
@@ -46,7 +47,8 @@ class WebhookAdmin(admin.ModelAdmin):
     def destination(self, hook: Webhook) -> str:
         """Scheme and host only: a Slack or JSON webhook URL often carries its own token in the path."""
         if not hook.url:
-            return "PagerDuty (default events URL)" if hook.kind == Webhook.Kind.PAGERDUTY else "-"
+            sink = sinks.SINKS.get(hook.kind)
+            return f"{sink.label} (default URL)" if sink is not None and sink.default_url else "-"
         parts = urlsplit(hook.url)
         return f"{parts.scheme}://{parts.netloc}/…" if parts.path.strip("/") else f"{parts.scheme}://{parts.netloc}"
 

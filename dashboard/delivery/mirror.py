@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from dashboard.delivery import notifications, transports
 from dashboard.delivery.models import SinkSilence, Webhook
+from dashboard.delivery.sinks.alertmanager import Alertmanager
 from dashboard.detection import silences
 from dashboard.detection.models import Incident
 
@@ -43,7 +44,7 @@ def plan(incident: Incident, now: datetime | None = None) -> list[int]:
     rows that changed (to sync now). No row is made while nothing is wanted."""
     now = now or timezone.now()
     until, why = wanted(incident, now)
-    hooks = Webhook.objects.filter(project_id=incident.run.project_id, active=True, kind=Webhook.Kind.ALERTMANAGER)
+    hooks = Webhook.objects.filter(project_id=incident.run.project_id, active=True, kind=Alertmanager.kind)
     changed = []
     for hook in hooks:
         row = SinkSilence.objects.filter(incident=incident, webhook=hook).first()
@@ -61,7 +62,7 @@ def plan(incident: Incident, now: datetime | None = None) -> list[int]:
 
 def plan_project(project_id: int) -> list[int]:
     """A Lockstep silence of the project was made or expired: re-plan its firing incidents."""
-    if not Webhook.objects.filter(project_id=project_id, active=True, kind=Webhook.Kind.ALERTMANAGER).exists():
+    if not Webhook.objects.filter(project_id=project_id, active=True, kind=Alertmanager.kind).exists():
         return []
     firing = (
         Incident.objects.filter(run__project_id=project_id, state=Incident.State.FIRING)
@@ -98,7 +99,7 @@ def sync(row_id: int, now: datetime | None = None) -> bool:
         row.attempts += 1
         row.next_attempt_at = now + notifications.backoff(row.attempts)
         row.save(update_fields=["attempts", "next_attempt_at"])
-    sink = transports.Alertmanager(row.webhook)
+    sink = Alertmanager(row.webhook)
     try:
         if row.until is not None and row.until > now:
             row.silence_id = sink.silence(row.incident, row.until, row.silence_id, row.comment or "Lockstep")

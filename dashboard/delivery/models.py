@@ -8,25 +8,19 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from dashboard.delivery import outbound
+from dashboard.delivery import outbound, sinks
 from dashboard.detection.models import Incident
 from dashboard.tenancy.models import Project
 
 
 class Webhook(models.Model):
-    """One destination of a project's alert notifications; `kind` picks its transport (transports.py).
+    """One destination of a project's alert notifications; `kind` picks its sink (sinks/).
 
     `secret` is what the kind needs and nobody should read back: PagerDuty's routing key (required),
     the JSON webhook's signing key (optional). The admin never shows it."""
 
-    class Kind(models.TextChoices):
-        SLACK = "slack", "Slack-compatible webhook"
-        ALERTMANAGER = "alertmanager", "Alertmanager (v2 API)"
-        PAGERDUTY = "pagerduty", "PagerDuty Events v2"
-        JSON = "json", "JSON webhook"
-
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="webhooks")
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.SLACK)
+    kind = models.CharField(max_length=16, choices=sinks.choices, default="slack")
     url = models.URLField(
         max_length=1000,
         blank=True,
@@ -53,14 +47,10 @@ class Webhook(models.Model):
         return f"{self.get_kind_display()} of {self.project}"
 
     def clean(self) -> None:
-        """What each kind needs, refused with the field's name before anything is stored."""
-        needs_url = self.kind != self.Kind.PAGERDUTY
-        if needs_url and not self.url:
-            raise ValidationError({"url": f"a {self.get_kind_display()} needs a URL"})
-        if self.kind == self.Kind.PAGERDUTY and not self.secret:
-            raise ValidationError({"secret": "PagerDuty needs the integration's routing key"})
-        if self.secret and self.kind in (self.Kind.SLACK, self.Kind.ALERTMANAGER):
-            raise ValidationError({"secret": f"a {self.get_kind_display()} takes no secret"})
+        """What the kind needs (its sink's schema), refused with the field's name before anything is stored."""
+        sink = sinks.SINKS.get(self.kind)
+        if sink is not None and (problem := sink.problem(self.url, self.secret)):
+            raise ValidationError(problem)
         if self.url:
             try:
                 outbound.check_url(self.url)

@@ -2,7 +2,7 @@
 
 `Notification(incident, webhook, revision)` is unique and a sent one is never sent again, so a
 retried or redelivered task does not notify twice. How a notification travels is the webhook's
-transport (`transports.py`); this module decides when, counts attempts and records the outcome.
+sink (`sinks/`); this module decides when, counts attempts and records the outcome.
 
 Nothing relies on a queued task surviving: a pending row is due at `next_attempt_at`, and the
 beat sweep (`due`) re-queues every due one, so a send lost between commit and queue, a killed
@@ -24,7 +24,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from dashboard.delivery import transports
+from dashboard.delivery import sinks, transports
 from dashboard.delivery.models import Notification, Webhook
 from dashboard.detection.models import Alert, Incident
 
@@ -34,7 +34,6 @@ BACKOFF_MAX = timedelta(hours=6)
 MAX_ATTEMPTS = 16  # 10 s doubling to 6 h: about 35 hours of a receiver's outage before `failed`
 QUEUE_LEASE = timedelta(seconds=60)  # a queued send not yet run is queued again after this (workers down)
 MINOR_INTERVAL = timedelta(seconds=60)  # at most one count/message-only re-send per incident and destination
-STATEFUL = (Webhook.Kind.ALERTMANAGER, Webhook.Kind.PAGERDUTY)  # sinks that hold an open object per incident
 
 
 def page_key(incident: Incident) -> dict:
@@ -62,7 +61,7 @@ def queue(incident: Incident, muted: bool = False, now: datetime | None = None) 
     if muted or incident.state != Incident.State.FIRING:
         hooks = hooks.filter(notification__incident=incident, notification__state="sent").distinct()
     if muted and incident.state == Incident.State.FIRING:
-        hooks = hooks.filter(kind__in=STATEFUL)
+        hooks = hooks.filter(kind__in=sinks.kinds(stateful=True))
     key = page_key(incident)
     ids = []
     for hook in hooks:
@@ -124,7 +123,7 @@ def send(notification_id: int, now: datetime | None = None) -> bool:
         return True
     incident = note.incident
     try:
-        receipt = transports.for_webhook(note.webhook).notify(incident, idempotency_key(note), previous_receipt(note))
+        receipt = sinks.for_webhook(note.webhook).notify(incident, idempotency_key(note), previous_receipt(note))
     except transports.TransportError as exc:
         gave_up = note.attempts >= MAX_ATTEMPTS
         Notification.objects.filter(id=note.id).update(
@@ -138,8 +137,9 @@ def send(notification_id: int, now: datetime | None = None) -> bool:
 def _sent(note: Notification, incident: Incident, receipt: dict, now: datetime) -> None:
     """Record a send; the latest firing revision Alertmanager holds is the one refreshed."""
     refresh = None
-    if note.webhook.kind == Webhook.Kind.ALERTMANAGER and incident.state == Incident.State.FIRING:
-        refresh = now + transports.Alertmanager.REFRESH
+    every = sinks.SINKS[note.webhook.kind].refresh
+    if every is not None and incident.state == Incident.State.FIRING:
+        refresh = now + every
         Notification.objects.filter(incident_id=note.incident_id, webhook_id=note.webhook_id).exclude(
             id=note.id
         ).update(refresh_at=None)
@@ -176,12 +176,12 @@ def refresh(notification_id: int, now: datetime | None = None) -> bool:
         Notification.objects.filter(id=notification_id).update(refresh_at=None)
         return False
     try:
-        receipt = transports.for_webhook(note.webhook).notify(note.incident, idempotency_key(note), note.receipt)
+        receipt = sinks.for_webhook(note.webhook).notify(note.incident, idempotency_key(note), note.receipt)
     except transports.TransportError as exc:
         Notification.objects.filter(id=note.id).update(last_error=str(exc)[:LAST_ERROR_MAX_CHARS])
         return False
     Notification.objects.filter(id=note.id, refresh_at__isnull=False).update(
-        receipt={**note.receipt, **receipt}, refresh_at=now + transports.Alertmanager.REFRESH
+        receipt={**note.receipt, **receipt}, refresh_at=now + (sinks.SINKS[note.webhook.kind].refresh or QUEUE_LEASE)
     )
     return True
 

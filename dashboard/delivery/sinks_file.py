@@ -3,7 +3,7 @@
 
     [[destination]]
     project = "vision"
-    kind = "pagerduty"                       # slack | alertmanager | pagerduty | json
+    kind = "pagerduty"                       # a sink kind: alertmanager | json | pagerduty | slack
     secret = "${PAGERDUTY_ROUTING_KEY}"      # ${NAME}: from the environment, refused when unset
     # url = "..."  active = true
 
@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from dashboard.delivery import sinks
 from dashboard.delivery.models import Webhook
 from dashboard.tenancy.models import Project
 
@@ -106,8 +107,8 @@ def _entry(i: int, row: object, env: Mapping[str, str]) -> Entry:
     for key in ("project", "kind"):
         if not isinstance(row.get(key), str) or not row[key]:
             raise SinksFileError(f"{where}: `{key}` is required (a string)")
-    if row["kind"] not in Webhook.Kind.values:
-        raise SinksFileError(f"{where}: kind {row['kind']!r} is not one of {Webhook.Kind.values}")
+    if row["kind"] not in sinks.SINKS:
+        raise SinksFileError(f"{where}: kind {row['kind']!r} is not one of {sinks.kinds()}")
     if not isinstance(row.get("active", True), bool):
         raise SinksFileError(f"{where}: `active` is true or false")
     text = {
@@ -191,7 +192,7 @@ def export(project_names: list[str] | None = None) -> str:
     ]
     for hook in hooks:
         lines += ["", "[[destination]]", f"project = {_quoted(hook.project.name)}", f"kind = {_quoted(hook.kind)}"]
-        if hook.kind == Webhook.Kind.SLACK:  # a Slack webhook URL is its own credential
+        if sinks.SINKS[hook.kind].url_is_credential:  # a Slack webhook URL is its own key
             lines.append(f'url = "${{SINK_URL_{hook.id}}}"')
         elif hook.url:
             lines.append(f"url = {_quoted(hook.url)}")

@@ -1,9 +1,5 @@
-"""Where an incident revision goes: one small class per kind of destination (healthchecks' transports).
-
-A transport knows one receiver's wire format and nothing else: `notifications` decides what to
-send, when, and records the outcome; a transport sends once and raises `TransportError` when the
-receiver did not take it. Adding a sink means adding one `Transport` subclass with its own `kind`
-(a `Webhook.Kind` value); subclasses register themselves in `TRANSPORTS`.
+"""What every sink says about an incident, and how it says it over HTTP (the sinks themselves are
+dashboard/delivery/sinks/, one module per kind).
 
 Only incidents page: one incident is one Slack message per revision, one Alertmanager alert, one
 PagerDuty incident, one JSON document per revision, titled by its root (the alert where the trouble
@@ -11,9 +7,9 @@ started), its consequences folded into a short list. Text the agents supplied (m
 keys) is bounded for every sink and, for Slack, escaped so that `<!channel>` or `<https://evil|link>`
 arrives as inert text.
 
-`notify` gets the receipt the previous sent revision to the same destination returned (empty the
-first time) and returns this one's: Alertmanager needs it to end a label set it was given before
-when the labels change (another root, a higher severity), PagerDuty to trigger before an
+A sink's `notify` gets the receipt the previous sent revision to the same destination returned
+(empty the first time) and returns this one's: Alertmanager needs it to end a label set it was given
+before when the labels change (another root, a higher severity), PagerDuty to trigger before an
 acknowledge it has no incident for.
 """
 
@@ -22,18 +18,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
-from django.utils import timezone
 
 from dashboard.delivery import outbound
-from dashboard.delivery.models import Webhook
 from dashboard.detection.models import Alert, Incident
 
-TRANSPORTS: dict[str, type[Transport]] = {}  # kind -> class, filled by Transport.__init_subclass__
 Receipt = dict[str, Any]
 TEXT_MAX_CHARS = 3000  # a message, in any sink
 SHORT_MAX_CHARS = 256  # a label, a title part, a frame
@@ -47,253 +40,6 @@ class TransportError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-class Transport:
-    """Sends an incident revision to one destination. `notify` raises `TransportError`, returns its receipt."""
-
-    kind: ClassVar[str]
-
-    def __init__(self, webhook: Webhook) -> None:
-        self.webhook = webhook
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Register by `kind`, so a new sink is one class and cannot silently shadow another."""
-        super().__init_subclass__(**kwargs)
-        if cls.kind in TRANSPORTS:
-            raise TypeError(f"transport kind {cls.kind!r} is taken by {TRANSPORTS[cls.kind].__name__}")
-        TRANSPORTS[cls.kind] = cls
-
-    def notify(self, incident: Incident, idempotency_key: str, previous: Receipt | None = None) -> Receipt:
-        """Send the incident as it is now; `idempotency_key` names the revision, the same on every retry."""
-        raise NotImplementedError
-
-
-class SlackWebhook(Transport):
-    """Slack's incoming-webhook format (what "Slack-compatible" receivers accept): one message per
-    incident revision, every text field escaped (`slack_escape`) and bounded."""
-
-    kind = Webhook.Kind.SLACK.value
-    COLORS = {"critical": "#c62828", "warning": "#ef8f00"}
-
-    def notify(self, incident: Incident, idempotency_key: str, previous: Receipt | None = None) -> Receipt:
-        _post_json(self.webhook.url, self.payload(incident, previous), {"Idempotency-Key": idempotency_key})
-        return {}
-
-    @classmethod
-    def payload(cls, incident: Incident, previous: Receipt | None = None) -> dict:
-        root, consequences = root_of(incident), consequences_of(incident)
-        fields = [
-            {"title": "ranks", "value": slack_escape(ranks_text(root.ranks)), "short": True},
-            {"title": "step", "value": str(root.step if root.step is not None else "-"), "short": True},
-        ]
-        if root.frame:
-            fields.append({"title": "frame", "value": slack_escape(root.frame, SHORT_MAX_CHARS), "short": False})
-        if consequences:
-            fields.append(
-                {
-                    "title": f"consequences ({len(consequences)})",
-                    "value": slack_escape(folded(consequences)),
-                    "short": False,
-                }
-            )
-        return {
-            "text": slack_escape(f"{status_word(incident)} {update_note(incident, previous)}{headline(incident)}"),
-            "attachments": [
-                {
-                    "color": "#2e7d32"
-                    if incident.state == Incident.State.RESOLVED
-                    else cls.COLORS.get(incident.severity, "#ef8f00"),
-                    "title": slack_escape(
-                        f"{root.kind} · ranks {ranks_text(root.ranks)} · {incident.run.key}", SHORT_MAX_CHARS
-                    ),
-                    "title_link": _run_url(incident),
-                    "text": slack_escape(root.message),
-                    "fields": fields,
-                }
-            ],
-            "lockstep": {"incident": incident.id, "revision": incident.revision},
-        }
-
-
-class Alertmanager(Transport):
-    """Alertmanager's v2 API (`POST /api/v2/alerts`): one alert per incident, labelled `alertname` and
-    `kind` (the root's kind), `project`, `run`, `incident` (its id), `severity`, `ranks` (the root's),
-    so that routes, inhibitions and silences apply; `group_by: [project, run, incident]` keeps one
-    notification per incident.
-
-    Lockstep posts on change and re-sends a firing incident every REFRESH (`notifications.refresh`),
-    so a firing one carries a short `endsAt` (HOLD): if Lockstep stops, Alertmanager resolves it
-    within HOLD instead of holding a dead one for a day. A resolved one ends at its resolution. A
-    label set that changed since the last send (re-rooted, escalated) is ended in the same request."""
-
-    kind = Webhook.Kind.ALERTMANAGER.value
-    PATH = "/api/v2/alerts"
-    SILENCES = "/api/v2/silences"
-    HOLD = timedelta(minutes=15)
-    REFRESH = timedelta(minutes=5)
-
-    def notify(self, incident: Incident, idempotency_key: str, previous: Receipt | None = None) -> Receipt:
-        labels = self.labels(incident)
-        body = [self.posted(incident, labels)]
-        before = (previous or {}).get("labels")
-        if before and before != labels:
-            body.append(
-                {"labels": before, "startsAt": _rfc3339(incident.opened_at), "endsAt": _rfc3339(timezone.now())}
-            )
-        _post_json(self.url(self.PATH), body, {"Idempotency-Key": idempotency_key})
-        return {"labels": labels}
-
-    def url(self, path: str) -> str:
-        return self.webhook.url.rstrip("/") + path
-
-    @staticmethod
-    def labels(incident: Incident) -> dict[str, str]:
-        """Empty values are left out (an empty label is no label to Alertmanager): a run-wide root has no ranks."""
-        root = root_of(incident)
-        labels = {
-            "alertname": root.kind,
-            "project": incident.run.project.name,
-            "run": incident.run.key,
-            "incident": str(incident.id),
-            "kind": root.kind,
-            "severity": incident.severity,
-            "ranks": rank_ranges(root.ranks, SHORT_MAX_CHARS),
-        }
-        return {name: value[:SHORT_MAX_CHARS] for name, value in labels.items() if value}
-
-    def posted(self, incident: Incident, labels: dict[str, str]) -> dict:
-        root, consequences = root_of(incident), consequences_of(incident)
-        resolved = incident.state != Incident.State.FIRING  # fixed, or the run ended first
-        ends = (incident.resolved_at or timezone.now()) if resolved else timezone.now() + self.HOLD
-        annotations = {
-            "summary": headline(incident)[:SHORT_MAX_CHARS],
-            "description": root.message[:TEXT_MAX_CHARS],
-            "count": str(sum(a.count for a in members(incident))),
-            "alerts": str(len(members(incident))),
-        }
-        if consequences:
-            annotations["consequences"] = folded(consequences)
-        if root.step is not None:
-            annotations["step"] = str(root.step)
-        if root.frame:
-            annotations["frame"] = root.frame[:SHORT_MAX_CHARS]
-        if incident.acked_by_id:
-            annotations["acknowledged_by"] = incident.acked_by.get_username()[:SHORT_MAX_CHARS]
-        out = {
-            "labels": labels,
-            "annotations": annotations,
-            "startsAt": _rfc3339(incident.opened_at),
-            "endsAt": _rfc3339(max(ends, incident.opened_at)),
-        }
-        if url := _incident_url(incident):
-            out["generatorURL"] = url
-        return out
-
-    def silence(self, incident: Incident, until: datetime, silence_id: str, comment: str) -> str:
-        """Create (or extend) the silence of this incident until `until`; its id. An id Alertmanager no
-        longer knows (expired, deleted by hand) is replaced by a new silence."""
-        body = {
-            "matchers": [
-                {"name": "project", "value": incident.run.project.name, "isRegex": False, "isEqual": True},
-                {"name": "incident", "value": str(incident.id), "isRegex": False, "isEqual": True},
-            ],
-            "startsAt": _rfc3339(timezone.now()),
-            "endsAt": _rfc3339(until),
-            "createdBy": "lockstep",
-            "comment": comment[:SHORT_MAX_CHARS],
-        }
-        try:
-            answer = _request("POST", self.url(self.SILENCES), {**body, "id": silence_id} if silence_id else body)
-        except TransportError as exc:
-            # A refused id (Alertmanager answers 404 for one it no longer knows): a new silence then.
-            # Never after an outage or a 5xx, where a new silence would double the one that exists.
-            if not silence_id or exc.status is None or not 400 <= exc.status < 500:
-                raise
-            answer = _request("POST", self.url(self.SILENCES), body)
-        try:
-            return str(json.loads(answer)["silenceID"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TransportError(f"Alertmanager answered no silenceID: {answer[:200]!r}") from exc
-
-    def unsilence(self, silence_id: str) -> None:
-        """Expire the silence; one Alertmanager no longer has is gone already."""
-        try:
-            _request("DELETE", self.url(f"/api/v2/silence/{quote(silence_id, safe='')}"), None)
-        except TransportError as exc:
-            if exc.status != 404:
-                raise
-
-
-class PagerDuty(Transport):
-    """PagerDuty Events API v2 (`POST /v2/enqueue`), `dedup_key` "lockstep-incident-<id>": the same from
-    the trigger through every update, retry, acknowledge and the resolve. Firing: trigger (a later
-    revision updates the same PagerDuty incident); acknowledged in Lockstep: acknowledge; resolved:
-    resolve."""
-
-    kind = Webhook.Kind.PAGERDUTY.value
-    EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
-    SUMMARY_MAX_CHARS = 1024
-
-    def notify(self, incident: Incident, idempotency_key: str, previous: Receipt | None = None) -> Receipt:
-        url = self.webhook.url or self.EVENTS_URL
-        key = dedup_key(incident)
-        base = {"routing_key": self.webhook.secret, "dedup_key": key}
-        if incident.state != Incident.State.FIRING:  # fixed, or the run ended: nothing left to page about
-            _post_json(url, {**base, "event_action": "resolve"}, {})
-            return {"dedup_key": key, "action": "resolve"}
-        if incident.acked_by_id is None or (previous or {}).get("action") not in ("trigger", "acknowledge"):
-            _post_json(url, self.trigger(incident, base), {})  # an acknowledge needs an incident to act on
-        if incident.acked_by_id is None:
-            return {"dedup_key": key, "action": "trigger"}
-        _post_json(url, {**base, "event_action": "acknowledge"}, {})
-        return {"dedup_key": key, "action": "acknowledge"}
-
-    def trigger(self, incident: Incident, base: dict) -> dict:
-        root = root_of(incident)
-        event = {
-            **base,
-            "event_action": "trigger",
-            "client": "Lockstep",
-            "payload": {
-                "summary": headline(incident)[: self.SUMMARY_MAX_CHARS],
-                "severity": incident.severity if incident.severity in ("critical", "warning") else "error",
-                "source": f"{incident.run.project.name}/{incident.run.key}"[:255],
-                "class": root.kind[:255],
-                "group": incident.run.key[:255],
-                **({"component": root.frame[:255]} if root.frame else {}),
-                "custom_details": bounded_json(incident),
-            },
-        }
-        if url := _incident_url(incident):
-            event["client_url"] = url
-            event["links"] = [{"href": url, "text": f"Lockstep run {incident.run.key}"[:SHORT_MAX_CHARS]}]
-        return event
-
-
-class JsonWebhook(Transport):
-    """The incident itself as JSON, for receivers of one's own: `Idempotency-Key` names the (incident,
-    revision), so a receiver drops a retry it already took, and with a secret `X-Lockstep-Signature`
-    is the HMAC-SHA256 of the exact body bytes."""
-
-    kind = Webhook.Kind.JSON.value
-
-    def notify(self, incident: Incident, idempotency_key: str, previous: Receipt | None = None) -> Receipt:
-        raw = json.dumps(self.payload(incident)).encode()
-        headers = {"Idempotency-Key": idempotency_key}
-        if self.webhook.secret:
-            headers["X-Lockstep-Signature"] = "sha256=" + signature(self.webhook.secret, raw)
-        _post(self.webhook.url, raw, headers)
-        return {}
-
-    @staticmethod
-    def payload(incident: Incident) -> dict:
-        return {
-            "project": incident.run.project.name,
-            "revision": incident.revision,
-            "url": _incident_url(incident) or None,
-            "incident": bounded_json(incident),
-        }
 
 
 # --- what every sink says about an incident ----------------------------------------------
@@ -410,32 +156,32 @@ def rank_ranges(ranks: list[int], limit: int) -> str:
     return f"{cut},+{len(ordered) - shown}"
 
 
-def _rfc3339(at: datetime) -> str:
+def rfc3339(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _run_url(incident: Incident) -> str:
+def run_url(incident: Incident) -> str:
     """A link back to the run's page; empty when the public URL is not configured (no broken links)."""
     if not settings.LOCKSTEP_PUBLIC_URL:
         return ""
     return f"{settings.LOCKSTEP_PUBLIC_URL}/runs/{quote(incident.run.key, safe='')}/"
 
 
-def _incident_url(incident: Incident) -> str:
+def incident_url(incident: Incident) -> str:
     """The incident's root alert on its run's page (alerts carry `id="alert-N"`); empty without a public URL."""
     root_id = incident.root_id
-    return f"{_run_url(incident)}#alert-{root_id}" if settings.LOCKSTEP_PUBLIC_URL and root_id else _run_url(incident)
+    return f"{run_url(incident)}#alert-{root_id}" if settings.LOCKSTEP_PUBLIC_URL and root_id else run_url(incident)
 
 
-def _post_json(url: str, body: Any, headers: dict[str, str]) -> bytes:
-    return _post(url, json.dumps(body).encode(), headers)
+def post_json(url: str, body: Any, headers: dict[str, str]) -> bytes:
+    return post(url, json.dumps(body).encode(), headers)
 
 
-def _post(url: str, raw: bytes, headers: dict[str, str]) -> bytes:
-    return _request("POST", url, raw, headers)
+def post(url: str, raw: bytes, headers: dict[str, str]) -> bytes:
+    return request("POST", url, raw, headers)
 
 
-def _request(method: str, url: str, body: Any, headers: dict[str, str] | None = None) -> bytes:
+def request(method: str, url: str, body: Any, headers: dict[str, str] | None = None) -> bytes:
     """One guarded request (`outbound`); a refused URL, a network error, a timeout, a redirect or an
     error status is a `TransportError`."""
     raw = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
@@ -445,8 +191,3 @@ def _request(method: str, url: str, body: Any, headers: dict[str, str] | None = 
         raise TransportError(str(exc), exc.status) from exc
     except outbound.Refused as exc:
         raise TransportError(str(exc)) from exc
-
-
-def for_webhook(webhook: Webhook) -> Transport:
-    """The transport that speaks this destination's format."""
-    return TRANSPORTS[webhook.kind](webhook)

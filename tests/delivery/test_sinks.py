@@ -2,13 +2,12 @@
 that speaks its API (tests/delivery/receivers.py). Incidents come from the real pipeline: findings
 through `lifecycle.apply`, grouped by `incidents`, delivered by the outbox (`notify.deliver_incident`,
 `notifications.send`, retries and the rate limit with simulated time), acks and silences mirrored to
-Alertmanager (`mirror`). The same through a real Celery worker: tests/delivery/test_sinks_worker.py."""
+Alertmanager (`mirror`), each sink's own behaviour in tests/delivery/sinks/. The same through a real Celery worker: tests/delivery/test_sinks_worker.py."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from datetime import datetime, timedelta
 
 import pytest
@@ -16,8 +15,11 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.delivery import mirror, notifications, notify, transports
+from dashboard.delivery import mirror, notify, transports
+from dashboard.delivery import sinks as sinks_registry
 from dashboard.delivery.models import Notification, Webhook
+from dashboard.delivery.sinks.alertmanager import Alertmanager
+from dashboard.delivery.sinks.pagerduty import PagerDuty
 from dashboard.detection import incidents, lifecycle
 from dashboard.detection.models import Alert, Incident, Silence
 from tests.delivery.pipeline import LATER, ROUTING_KEY, apply, crash, deliver, run, sinks  # noqa: F401 (fixtures)
@@ -62,7 +64,7 @@ def test_one_incident_with_three_alerts_is_one_page_per_sink_updated_as_it_grows
     assert (
         timezone.now()
         < datetime.fromisoformat(firing["endsAt"].replace("Z", "+00:00"))
-        <= timezone.now() + transports.Alertmanager.HOLD
+        <= timezone.now() + Alertmanager.HOLD
     )  # short: a Lockstep that stops leaves nothing held for a day
 
     assert [e["event_action"] for e in pd.bodies()] == ["trigger", "trigger"]
@@ -125,7 +127,7 @@ def test_a_lockstep_silence_is_mirrored_to_alertmanager_until_it_expires_and_res
     for row in mirror.plan_project(project.id):  # what the silence's post_save queues after commit
         mirror.sync(row)
     [mirrored] = am.active_silences()
-    assert mirrored["endsAt"] == transports._rfc3339(until) and "node under repair" in mirrored["comment"]
+    assert mirrored["endsAt"] == transports.rfc3339(until) and "node under repair" in mirrored["comment"]
 
     apply(run, crash(0, cause=2))  # grows while silenced: Slack hears nothing, the pagers keep their object fresh
     deliver(LATER)
@@ -142,35 +144,6 @@ def test_a_lockstep_silence_is_mirrored_to_alertmanager_until_it_expires_and_res
     deliver()  # silenced, but the resolve reaches every destination told it fired
     assert list(pd.incidents.values()) == ["resolved"] and am.active() == []
     assert "[RESOLVED]" in slack.bodies()[-1]["text"]
-
-
-def test_a_silence_extended_in_alertmanager_is_replaced_only_when_alertmanager_no_longer_knows_it(run, sinks, project):
-    am = sinks["alertmanager"]
-    apply(run, crash(2))
-    deliver()
-    silence = Silence.objects.create(
-        project=project, kind="rank_silent", comment="repair", expires_at=timezone.now() + timedelta(hours=1)
-    )
-
-    def after_backoff() -> datetime:  # past the failed attempt's backoff
-        return timezone.now() + timedelta(minutes=5)
-
-    def extend(hours: int) -> list[bool]:
-        silence.expires_at = timezone.now() + timedelta(hours=hours)
-        silence.save()
-        return [mirror.sync(row) for row in mirror.plan_project(project.id)]
-
-    assert extend(2) == [True] and len(am.silences) == 1
-    [first] = am.silences
-    am.fail_next = 1  # Alertmanager down for the update: retried later, never a second silence
-    assert extend(3) == [False] and len(am.silences) == 1
-    assert [mirror.sync(row, after_backoff()) for row in mirror.due(after_backoff())] == [True]
-    assert len(am.silences) == 1 and am.active_silences()[0]["id"] == first
-
-    am.silences[first]["status"] = "expired"  # deleted in Alertmanager by hand: its id is a 404 now
-    assert extend(4) == [True]
-    [kept] = am.active_silences()
-    assert kept["id"] != first and len(am.silences) == 2
 
 
 def test_the_end_of_a_run_closes_its_acknowledged_incident_at_every_sink_as_ended_unresolved(run, sinks):
@@ -191,55 +164,10 @@ def test_the_end_of_a_run_closes_its_acknowledged_incident_at_every_sink_as_ende
     assert sinks["json"].bodies()[-1]["incident"]["state"] == "ended_unresolved"
 
 
-def test_alertmanager_gets_a_short_endsAt_refreshed_and_a_changed_label_set_ended(run, sinks):
-    am = sinks["alertmanager"]
-    apply(run, crash(0, cause=2))  # the consequence first: its own incident until the root is known
-    deliver()
-    [before] = am.active()
-    assert before["labels"]["alertname"] == "rank_crashed" and before["labels"]["severity"] == "warning"
-    apply(run, crash(2))  # the root arrives: re-rooted and escalated, sent at once
-    deliver()
-    [after] = am.active()
-    assert (after["labels"]["alertname"], after["labels"]["severity"], after["labels"]["ranks"]) == (
-        "rank_silent",
-        "critical",
-        "2",
-    )
-    assert after["labels"]["incident"] == before["labels"]["incident"] and len(am.alerts) == 2  # the old set ended
-
-    later = timezone.now() + transports.Alertmanager.REFRESH + timedelta(seconds=1)
-    posts = len(am.requests)
-    for note in notifications.refresh_due(later):
-        assert notifications.refresh(note, later)
-    assert len(am.requests) == posts + 1 and notifications.refresh_due(later) == []
-    assert am.bodies()[-1][0]["endsAt"] > after["endsAt"]  # held a little longer, never a day
-
-
-def test_pagerduty_refusing_an_event_is_retried_with_the_same_dedup_key(run, sinks):
-    pd = sinks["pagerduty"]
-    pd.fail_next, pd.fail_status = 1, 429
-    apply(run, crash(1))
-    deliver()
-    note = Notification.objects.get(webhook__kind="pagerduty")
-    assert note.state == "pending" and note.attempts == 1 and "429" in note.last_error
-    deliver(timedelta(minutes=1))
-    assert [e["event_action"] for e in pd.bodies()] == ["trigger", "trigger"] and len(
-        {e["dedup_key"] for e in pd.bodies()}
-    ) == 1
-    assert Notification.objects.get(id=note.id).state == "sent"
-
-
 def test_alerts_themselves_page_nobody(run, sinks):
     alert, _ = lifecycle.record(run, crash(1))  # an alert outside any incident (not placed)
     assert notify.deliver(alert.id) is None and Alert.objects.get(id=alert.id).notified_revision == alert.revision
     assert deliver() == [] and all(not r.requests for r in sinks.values())
-
-
-def test_rank_labels_are_ranges_cut_to_a_bounded_length():
-    assert transports.rank_ranges([5, 1, 3, 2, 9, 8], 64) == "1-3,5,8-9"
-    assert transports.rank_ranges([], 64) == ""
-    label = transports.rank_ranges(list(range(0, 2048, 2)), 40)
-    assert len(label) <= 48 and label.startswith("0,2,4,") and label.endswith(f",+{1024 - label.count(',')}")
 
 
 @pytest.mark.parametrize(
@@ -271,9 +199,9 @@ def test_the_admin_never_shows_a_secret_and_keeps_it_when_left_empty(client, pro
     assert client.post(f"/admin/delivery/webhook/{hook.id}/change/", {**form, "secret": ""}).status_code == 302
     hook.refresh_from_db()
     assert hook.secret == ROUTING_KEY
-    assert isinstance(transports.for_webhook(hook), transports.PagerDuty)
+    assert isinstance(sinks_registry.for_webhook(hook), PagerDuty)
     cleared = {**form, "kind": "json", "url": "https://93.184.215.14/in", "secret": "", "clear_secret": "on"}
     assert client.post(f"/admin/delivery/webhook/{hook.id}/change/", cleared).status_code == 302
     hook.refresh_from_db()
     assert (hook.kind, hook.secret) == ("json", "")
-    assert json.dumps(transports.PagerDuty.EVENTS_URL) == '"https://events.pagerduty.com/v2/enqueue"'
+    assert PagerDuty.default_url == "https://events.pagerduty.com/v2/enqueue"

@@ -1,5 +1,5 @@
-"""The transport seam: the Slack transport against a tiny local receiver, the body pinned byte for
-byte (receivers parse it, and the format must not drift when transports are added or moved)."""
+"""The Slack sink against a tiny local receiver, the body pinned byte for byte (receivers parse it, and
+the format must not drift when sinks are added or moved)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import pytest
 from django.db import transaction
 
-from dashboard.delivery import transports
 from dashboard.delivery.models import Webhook
-from dashboard.delivery.transports import SlackWebhook, Transport, TransportError
+from dashboard.delivery.sinks.slack import SlackWebhook
+from dashboard.delivery.transports import TransportError
 from dashboard.detection import lifecycle
 from dashboard.detection.models import Incident
 from dashboard.detection.rules import Finding
@@ -117,14 +117,6 @@ def test_unreachable_receiver_raises_transport_error(incident):
         SlackWebhook(Webhook(url="http://127.0.0.1:1/hook")).notify(incident, "k")  # nothing listens on port 1
 
 
-def test_transports_are_registered_by_kind():
-    assert transports.TRANSPORTS["slack"] is SlackWebhook
-    assert isinstance(transports.for_webhook(Webhook(url="http://x")), SlackWebhook)
-    with pytest.raises(TypeError, match="slack"):
-        type("AnotherSlack", (Transport,), {"kind": "slack"})
-    assert transports.TRANSPORTS["slack"] is SlackWebhook
-
-
 def test_a_later_revision_of_a_page_slack_was_sent_says_it_updates_that_incident(incident):
     """A cause that arrives after its symptom re-roots the incident: the channel reads an update of the
     page it has, not a second page."""
@@ -133,3 +125,11 @@ def test_a_later_revision_of_a_page_slack_was_sent_says_it_updates_that_incident
     grown = SlackWebhook.payload(incident, {"page": {"root": incident.root_id, "state": "firing"}})
     assert grown["text"].startswith(f"[CRITICAL] Update of incident #{incident.id}: rank_silent")
     assert SlackWebhook.payload(incident)["text"].startswith("[CRITICAL] rank_silent")  # the first page
+
+
+def test_slack_takes_no_secret_and_its_url_is_its_key():
+    assert SlackWebhook.problem("https://hooks.example/x", "s") == {
+        "secret": "a Slack-compatible webhook takes no secret"
+    }
+    assert SlackWebhook.problem("", "") == {"url": "a Slack-compatible webhook needs a URL"}
+    assert SlackWebhook.url_is_credential and not SlackWebhook.stateful
