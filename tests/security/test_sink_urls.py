@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from dashboard.delivery import notifications, notify, outbound
 from dashboard.delivery.models import Notification, Webhook
-from dashboard.delivery.transports import JsonWebhook, TransportError
+from dashboard.delivery.sinks.json import JsonWebhook
+from dashboard.delivery.transports import TransportError
 from dashboard.detection import lifecycle
 from dashboard.detection.models import Incident
 from dashboard.detection.rules import Finding
