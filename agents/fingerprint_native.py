@@ -155,14 +155,17 @@ def available() -> bool:
 
 
 def _pieces(spans: list[tuple[int, int]], threads: int) -> list[tuple[int, int, int, int, int]]:
-    """(span index, data pointer, words, first row, end row): big spans cut into `threads` row ranges."""
+    """(span index, data pointer, words, first row, end row): big spans cut into row ranges of at
+    most SPLIT_WORDS, at least `threads` of them. Small pieces taken dynamically keep every thread
+    busy when one is descheduled on a loaded machine (halves left the other thread waiting: 0.5x of
+    `sum()` at load 6 on 2 cores, where torch's sum kept pace)."""
     pieces = []
     for j, (ptr, n) in enumerate(spans):
         rows = (n + COLS - 1) // COLS
         if n < SPLIT_WORDS or threads == 1:
             pieces.append((j, ptr, n, 0, rows))
             continue
-        step = -(-rows // threads)
+        step = min(-(-rows // threads), SPLIT_WORDS // COLS)
         pieces.extend((j, ptr, n, first, min(rows, first + step)) for first in range(0, rows, step))
     return pieces
 

@@ -23,6 +23,50 @@ command. What each bench measures and its targets: [bench/README.md](README.md).
 """
 _SECTION = re.compile(r"^## (.+)$", re.MULTILINE)
 
+# The targets, defined here once: (id, what is measured, target, the command that reruns it).
+# README.md's benchmark table is this table; docs quote these cells; the figures live in RESULTS.md.
+TARGETS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "P1",
+        "ingest at the agents' real cadence (1024 ranks)",
+        ">= 10x direct and >= 5x through relays against the code before group commit",
+        "python -m bench ingest_cadence",
+    ),
+    ("P1", "grad events over HTTP, 256 steps per batch", ">= 200k/s and >= 0.5x raw COPY", "python -m bench ingest"),
+    (
+        "P2",
+        "last batch accepted -> alert on a websocket",
+        "p50 <= 250 ms, p99 <= 1 s at 256 ranks; p99 <= 2 s at 1024",
+        "python -m bench detection_latency",
+    ),
+    ("P3", "fingerprint throughput vs `tensor.sum()` on the same bytes", ">= 0.75x", "python -m bench fingerprint"),
+    ("P4", "agent overhead per step", "<= 2%", "python -m bench agent_overhead"),
+    ("P5", "long-term bytes per rank-step, 1024 agreeing ranks", "<= 8 B", "python -m bench ingest_storage"),
+    ("P6", "run page / timeline API, 1024 ranks x 10k steps", "<= 300 ms", "python -m bench pages"),
+    ("P7", "wire bytes per rank-step", "<= 200 B", "python -m bench ingest"),
+    ("P8", "a rank stalls -> `hang_forecast` on the websocket", "<= 15 s", "python -m bench hang_forecast"),
+    ("P9", "compare page / API, 2 runs of 1024 ranks x 10k steps", "<= 500 ms", "python -m bench compare"),
+    ("C1", "compile bill API, 1024 ranks x 10k steps", "<= 300 ms", "python -m bench cost -n 30"),
+    ("F1", "alerts raised by clean real jobs", "0 per clean run", "python -m bench false_alarms --runs 8 --steps 4"),
+    (
+        "FM",
+        "a rank killed, raising, exiting 137, hung or compiling slowly -> incident and page",
+        "1 incident rooted at the failing rank, one page, <= 20 s",
+        "python -m bench fault_matrix",
+    ),
+    (
+        "FP",
+        "a fault in a real 3-rank job -> its page at a webhook",
+        "divergences p99 <= 3 s; a killed or exited rank p99 <= 5 s",
+        "python -m bench fault_to_page",
+    ),
+)
+
+
+def target(bench_id: str) -> str:
+    """The target of `bench_id` (the first row's when it has several)."""
+    return next(t for i, _, t, _ in TARGETS if i == bench_id)
+
 
 def record(bench: str, table: str, command: str, note: str = "") -> None:
     """Write (or replace) the section of `bench` in bench/RESULTS.md with a run measured now."""
