@@ -2,8 +2,8 @@
 
 The agents' four endpoints (ingest, bulk, blobs, flight recorder) are mounted by path and served
 on the event loop by `ingest.door`, which says why; every other path (pages, login, admin, the
-read API) goes to Django's handler, with the agents' body limit and deadline at the edge
-(`dashboard.web.edge`).
+read API) goes to Django's handler behind the edge (`dashboard.web.edge`). Both read bodies with
+`ingest.bodies`: one route table of body limits, one deadline.
 """
 
 import gc
@@ -28,7 +28,7 @@ bound_sessions()  # before the first connection: every lock wait and statement o
 application = ClientAddress(  # the client's address: the socket's peer, or a trusted proxy's word for it
     ProtocolTypeRouter(
         {
-            # one body limit and deadline for every route: the door's for its own, BodyEdge for Django's
+            # one body reader and limit table (`ingest.bodies`): the door reads its routes' bodies, BodyEdge Django's
             "http": Door(BodyEdge(django_application)),
             "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }

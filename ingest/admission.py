@@ -92,19 +92,10 @@ def admit(headers: Mapping[str, str], query: bool = True) -> Any:
     return found.project
 
 
-def declared_length(headers: Mapping[str, str]) -> int | None:
-    """The Content-Length header as a size (0 when absent), or None when it is not one (a sign,
-    spaces, digits of other scripts)."""
-    value = headers.get("content-length") or "0"
-    return int(value) if value.isascii() and value.isdigit() else None
-
-
 def body_of(raw: bytes, headers: Mapping[str, str]) -> bytes:
-    """The inflated body, refused past LOCKSTEP_MAX_BODY before and after inflating (413)."""
-    limit = settings.LOCKSTEP_MAX_BODY
-    if len(raw) > limit:
-        raise Refusal(413, f"body exceeds {limit} bytes")
-    return validation.read_body(raw, headers.get("content-encoding", ""), limit)
+    """The inflated body, refused past LOCKSTEP_MAX_BODY once inflated (413; its raw size was bounded
+    as it was read, `ingest.bodies`)."""
+    return validation.read_body(raw, headers.get("content-encoding", ""), settings.LOCKSTEP_MAX_BODY)
 
 
 def limit(project: Project, batches: int) -> None:

@@ -14,10 +14,11 @@ Every request takes the same steps, whichever endpoint:
 1. the header policy's host check (400) and the method (405; `ingest.headerpolicy`);
 2. shedding: while the oldest batch waiting for its group is past SHED_AFTER_S, or the queue is
    full, a 503 + Retry-After at once, the body unread (`ingest.backpressure`);
-3. the declared length (413), the token (401) and the content type (415), the body unread
+3. the declared length (413; `ingest.bodies`, whose route table gives these endpoints
+   LOCKSTEP_MAX_BODY), the token (401) and the content type (415), the body unread
    (`ingest.admission`; a token not in the cache is looked up on a thread);
-4. the body, within LOCKSTEP_BODY_TIMEOUT (408; `BodyDeadlines`), kept up to LOCKSTEP_MAX_BODY + 1
-   bytes and inflated within LOCKSTEP_MAX_BODY (413);
+4. the body, within LOCKSTEP_BODY_TIMEOUT (408) and the limit (413) by `ingest.bodies.BodyReader`,
+   the reader the edge in front of Django uses too, then inflated within LOCKSTEP_MAX_BODY (413);
 5. batches are decoded (on a thread past DECODE_ON_LOOP_MAX) and written by the group committer;
    blobs and flight records are counted against the rate limit and stored on a thread.
 
@@ -41,7 +42,7 @@ from django.db import connections
 
 from agents import protocol
 from dashboard.tenancy.models import Project
-from ingest import admission, backpressure, blobs, flight, groupcommit, metrics, validation, writers
+from ingest import admission, backpressure, blobs, bodies, flight, groupcommit, metrics, validation, writers
 from ingest.headerpolicy import HeaderPolicy, Headers
 from ingest.refusals import Refusal
 
@@ -58,7 +59,6 @@ ENDPOINTS = {  # path -> the endpoint's name in /metrics
     "/api/v1/flight-recorder": "flight_recorder",
 }
 DECODE_ON_LOOP_MAX = 256 * 1024  # larger bodies are decoded on a thread, so one relay's big batch never stalls the loop
-DEADLINE_TICK_S = 0.1  # how often body reads are checked against LOCKSTEP_BODY_TIMEOUT (so at most this much late)
 
 
 class Door:
@@ -73,7 +73,7 @@ class Door:
             settings.LOCKSTEP_INGEST_THREADS, thread_name_prefix="lockstep-door"
         )
         self.committer = groupcommit.LoopCommitter(writer)
-        self.deadlines = BodyDeadlines()
+        self.bodies = bodies.BodyReader()
         self.policy = HeaderPolicy()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,9 +119,10 @@ class Door:
             return _refused(Refusal(503, "server overloaded; retry later"))
         try:
             asked = time.monotonic()
-            project = await self._admitted(headers)
+            limit = bodies.route_limit(scope["path"].removeprefix(scope.get("root_path", "")))
+            project = await self._admitted(headers, limit)
             looked_up = time.monotonic() - asked
-            raw = await self._body(receive)
+            raw = await self.bodies.read(receive, limit)  # a slow body holds a connection, never a thread
             # the server's own wait (a token lookup's) counts as load; the upload does not
             arrived = time.monotonic() - looked_up
             if endpoint == "blobs":
@@ -140,23 +141,13 @@ class Door:
             metrics.REQUESTS.labels(endpoint, "accepted", "200").inc()  # batches are counted by `groupcommit`
         return 200, msgspec.json.encode(reply), []
 
-    async def _admitted(self, headers: Mapping[str, str]) -> Project:
+    async def _admitted(self, headers: Mapping[str, str], limit: int) -> Project:
         """The request's project, from its headers alone: the declared length, then `admission.admit`."""
-        declared = admission.declared_length(headers)
-        if declared is None:
-            raise Refusal(400, "invalid Content-Length")
-        if declared > settings.LOCKSTEP_MAX_BODY:
-            raise Refusal(413, f"body exceeds {settings.LOCKSTEP_MAX_BODY} bytes")
+        bodies.declared(headers, limit)
         project = admission.admit(headers, query=False)
         if project is admission.UNDECIDED:
             project = await self.off_loop(admission.admit, headers)
         return project
-
-    async def _body(self, receive: Receive) -> bytes:
-        try:
-            return await self.deadlines.read(receive)
-        except TimeoutError:  # a slow body holds a connection, never a thread
-            raise Refusal(408, f"body not received within {settings.LOCKSTEP_BODY_TIMEOUT:g} s") from None
 
     async def _job(self, project: Project, raw: bytes, headers: Mapping[str, str], bulk: bool) -> writers.Job:
         """The request's validated batches: decoded on the loop, or on a thread when the body is large."""
@@ -207,60 +198,3 @@ def _refused(exc: Exception) -> tuple[int, bytes, Headers]:
     status, body, retry_after = admission.refusal(exc)
     extra = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else []
     return status, msgspec.json.encode(body), extra
-
-
-async def receive_body(receive: Receive) -> bytes:
-    """The body, keeping LOCKSTEP_MAX_BODY + 1 bytes at most (enough to answer 413) and draining
-    the rest; RequestAborted when the client goes away."""
-    keep = settings.LOCKSTEP_MAX_BODY + 1
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise RequestAborted()
-        chunk = message.get("body", b"")
-        if size < keep and chunk:
-            chunks.append(chunk[: keep - size])
-            size += len(chunks[-1])
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-class BodyDeadlines:
-    """The body reads of one process, each cancelled once it outlasts LOCKSTEP_BODY_TIMEOUT, by one
-    timer that ticks while reads are pending. Why not `asyncio.timeout` per request: it cost 11 us
-    a request (a timer armed and disarmed each time), about 2% of a 2-step batch's server CPU, and
-    an agent's body nearly always arrives with its headers, so the read never waits at all."""
-
-    def __init__(self) -> None:
-        self.reading: dict[
-            asyncio.Task, float
-        ] = {}  # task -> its deadline; a task past it is taken out, then cancelled
-        self.ticking = False
-
-    async def read(self, receive: Receive) -> bytes:
-        """`receive_body`, or TimeoutError once LOCKSTEP_BODY_TIMEOUT has passed (up to DEADLINE_TICK_S late)."""
-        task = asyncio.current_task()
-        assert task is not None
-        self.reading[task] = time.monotonic() + settings.LOCKSTEP_BODY_TIMEOUT
-        if not self.ticking:
-            self.ticking = True
-            asyncio.get_running_loop().call_later(DEADLINE_TICK_S, self._tick)
-        try:
-            return await receive_body(receive)
-        except asyncio.CancelledError:
-            if task not in self.reading and task.uncancel() == 0:  # our cancel, and nobody else's: a timeout
-                raise TimeoutError from None
-            raise
-        finally:
-            self.reading.pop(task, None)
-
-    def _tick(self) -> None:
-        now = time.monotonic()
-        for task in [t for t, deadline in self.reading.items() if deadline <= now]:
-            del self.reading[task]
-            task.cancel()
-        self.ticking = bool(self.reading)
-        if self.ticking:
-            asyncio.get_running_loop().call_later(DEADLINE_TICK_S, self._tick)

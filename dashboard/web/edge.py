@@ -1,56 +1,33 @@
-"""The body limit and the body deadline of every route Django's ASGI handler serves (pages, login,
-admin, the read API), at the edge, before Django sees the request; and the client's address.
+"""Every route Django's ASGI handler serves (pages, login, admin, the read API) gets its body at the
+edge, before Django sees the request; and the client's address.
 
 Why: Django's handler reads a whole body (to a temporary file past 2.5 MB) before any view or
 middleware runs, with no deadline, so a bad token or a missing login was refused only after any
-size of upload, however slow. Here every route has a limit of its own (`ROUTE_LIMITS`: no Django
-route takes more than a form or a small JSON document; the agents' LOCKSTEP_MAX_BODY is
-`ingest.door`'s) and LOCKSTEP_BODY_TIMEOUT: a declared Content-Length past the limit is a 413
-from the headers, a body that grows past it a 413 once it does, and one not received in time a
-408. A body within both is handed on in memory, as Django would have read it. Every such body is
-read before Django knows who sent it, so at most LOCKSTEP_EDGE_BODIES are read at once per
-process; past them a 503 + Retry-After at once (150 stalled 8 MiB logins had cost 1.2 GB).
+size of upload, however slow. Here the body is read by `ingest.bodies`, the reader the agents'
+door uses too (it lives in `ingest`, below this package in the import layers, so both can import
+it): the route's limit from its one table, a declared Content-Length past it a 413 from the
+headers, a body that grows past it a 413, one not received in LOCKSTEP_BODY_TIMEOUT a 408. A body
+within both is handed on in memory, as Django would have read it. Every such body is read before
+Django knows who sent it, so at most LOCKSTEP_EDGE_BODIES are read at once per process; past them
+a 503 + Retry-After at once (150 stalled 8 MiB logins had cost 1.2 GB).
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, RequestAborted
+
+from ingest import bodies
+from ingest.refusals import Refusal
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class TooLarge(Exception):
-    pass
-
-
-class Disconnected(Exception):
-    pass
-
-
-KIB = 1024
-# path prefix -> the largest body its routes take, first match; the rest (pages' forms) DEFAULT_LIMIT
-ROUTE_LIMITS = (
-    ("/login/", 4 * KIB),  # a user name, a password and a CSRF token
-    ("/logout/", 4 * KIB),
-    ("/api/", 64 * KIB),  # the actions' JSON: a silence's comment is the longest field (2,000 characters)
-    ("/admin/", 256 * KIB),  # a staff member's forms (a project's member list)
-)
-DEFAULT_LIMIT = 16 * KIB
-
-
-def route_limit(path: str) -> int:
-    """The body limit of `path`'s route, never above LOCKSTEP_MAX_BODY."""
-    limit = next((limit for prefix, limit in ROUTE_LIMITS if path.startswith(prefix)), DEFAULT_LIMIT)
-    return min(limit, settings.LOCKSTEP_MAX_BODY)
 
 
 class BodyEdge:
@@ -59,20 +36,20 @@ class BodyEdge:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.reading = 0  # bodies being read now (one event loop per process: no lock needed)
+        self.bodies = bodies.BodyReader()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = route_limit(scope["path"].removeprefix(scope.get("root_path", "")))
-        declared = _declared(scope)
-        if declared == -1:
-            await _answer(send, 400, "invalid Content-Length")
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())}
+        limit = bodies.route_limit(scope["path"].removeprefix(scope.get("root_path", "")))
+        try:
+            declared = bodies.declared(headers, limit)
+        except Refusal as refusal:
+            await _answer(send, refusal.status, refusal.message)
             return
-        if declared is not None and declared > limit:
-            await _answer(send, 413, f"body exceeds {limit} bytes")
-            return
-        if declared == 0 or (declared is None and not _chunked(scope)):
+        if declared == 0 or (declared is None and "transfer-encoding" not in headers):
             await self.app(scope, receive, send)  # no body: nothing held, no slot taken
             return
         if self.reading >= settings.LOCKSTEP_EDGE_BODIES:
@@ -80,46 +57,15 @@ class BodyEdge:
             return
         self.reading += 1
         try:
-            body = await asyncio.wait_for(_read(receive, limit), settings.LOCKSTEP_BODY_TIMEOUT)
-        except TooLarge:
-            await _answer(send, 413, f"body exceeds {limit} bytes")
+            body = await self.bodies.read(receive, limit)
+        except Refusal as refusal:
+            await _answer(send, refusal.status, refusal.message)
             return
-        except TimeoutError:
-            await _answer(send, 408, f"body not received within {settings.LOCKSTEP_BODY_TIMEOUT:g} s")
-            return
-        except Disconnected:
+        except RequestAborted:
             return
         finally:
             self.reading -= 1
         await self.app(scope, _replay(body, receive), send)
-
-
-def _declared(scope: Scope) -> int | None:
-    """The Content-Length header as a size; None when absent (chunked), -1 when it is not a size."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            return int(value) if value.isdigit() else -1
-    return None
-
-
-def _chunked(scope: Scope) -> bool:
-    return any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))
-
-
-async def _read(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

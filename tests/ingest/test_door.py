@@ -23,7 +23,7 @@ from django.test import Client
 from agents import protocol
 from dashboard.evidence.models import GradReport, IngestBatch
 from dashboard.web.edge import BodyEdge
-from ingest import admission, backpressure, collector, door, groupcommit, ratelimit, validation, writers
+from ingest import admission, backpressure, bodies, collector, door, groupcommit, ratelimit, validation, writers
 from ingest.door import Door
 from ingest.refusals import Refusal
 from tests.conftest import make_batch, per_rank
@@ -334,11 +334,11 @@ def test_the_writer_keeps_its_pooled_connection_while_groups_follow_and_gives_it
 
 
 def test_a_stalled_body_read_times_out_and_a_cancel_from_elsewhere_stays_a_cancel(settings):
-    """One timer per process cuts body reads at LOCKSTEP_BODY_TIMEOUT (`door.BodyDeadlines`); a
+    """One timer per process cuts body reads at LOCKSTEP_BODY_TIMEOUT (`bodies.BodyReader`); a
     cancel that is not its own (the server stopping) is not turned into a 408, and nothing is left
     pending once the reads are over."""
     settings.LOCKSTEP_BODY_TIMEOUT = 0.2
-    deadlines = door.BodyDeadlines()
+    reader = bodies.BodyReader()
 
     async def stalled() -> dict:
         await asyncio.sleep(3600)
@@ -349,22 +349,23 @@ def test_a_stalled_body_read_times_out_and_a_cancel_from_elsewhere_stays_a_cance
 
     async def scenario() -> tuple[float, bool, bytes, bool]:
         started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            await deadlines.read(stalled)
+        with pytest.raises(Refusal) as timed_out:
+            await reader.read(stalled, 100)
+        assert timed_out.value.status == 408
         waited = time.monotonic() - started
-        other = asyncio.create_task(deadlines.read(stalled))
+        other = asyncio.create_task(reader.read(stalled, 100))
         await asyncio.sleep(0.05)
         other.cancel()  # before its deadline, by someone else
         with pytest.raises(asyncio.CancelledError):
             await other
-        body = await deadlines.read(arrived)
-        await asyncio.sleep(2 * door.DEADLINE_TICK_S)
-        return waited, other.cancelled(), body, deadlines.ticking
+        body = await reader.read(arrived, 100)
+        await asyncio.sleep(2 * bodies.DEADLINE_TICK_S)
+        return waited, other.cancelled(), body, reader.ticking
 
     waited, cancelled, body, ticking = async_to_sync(scenario)()
-    assert 0.2 <= waited < 0.2 + 2 * door.DEADLINE_TICK_S + 0.2
+    assert 0.2 <= waited < 0.2 + 2 * bodies.DEADLINE_TICK_S + 0.2
     assert cancelled and body == b"{}"
-    assert deadlines.reading == {} and not ticking
+    assert reader.reading == {} and not ticking
 
 
 # what every endpoint answers, and where every other path goes ------------------------------------
@@ -526,6 +527,26 @@ def test_a_body_that_stalls_is_a_408_after_the_read_timeout(app, token, settings
     )
     assert status == 408 and "0.3 s" in answer["error"]
     assert not IngestBatch.objects.exists()
+
+
+@on_loop
+def test_an_agents_route_and_a_django_route_get_413_and_408_from_one_reader_by_the_route_table(app, token, settings):
+    """The door and the edge read bodies alike (`ingest.bodies`): a chunked body one byte past the
+    route's limit in the table is a 413 with the same answer, one at the limit passes on, a stalled
+    one is a 408."""
+    settings.LOCKSTEP_MAX_BODY = 8000
+    settings.LOCKSTEP_BODY_TIMEOUT = 0.3
+    chunked = headers_for(token, **{"Transfer-Encoding": "chunked"})
+    limits = {path: bodies.route_limit(path) for path in ("/api/v1/ingest", "/login/")}
+    assert limits == {"/api/v1/ingest": 8000, "/login/": 4 * 1024}
+    for path, limit in limits.items():
+        status, _, content = call(app, b"x" * (limit + 1), chunked, path=path, chunks=3)
+        assert (status, json.loads(content)) == (413, {"error": f"body exceeds {limit} bytes"}), path
+        assert call(app, b"x" * limit, chunked, path=path, chunks=3)[0] in (400, 403), path  # read, then refused
+        assert _unanswered_body(app, chunked, first=b"x", path=path) == (
+            408,
+            {"error": "body not received within 0.3 s"},
+        ), path
 
 
 @on_loop
