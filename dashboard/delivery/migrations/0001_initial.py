@@ -4,6 +4,8 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
+import dashboard.delivery.sinks
+
 
 class Migration(migrations.Migration):
     initial = True
@@ -20,16 +22,7 @@ class Migration(migrations.Migration):
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
                 (
                     "kind",
-                    models.CharField(
-                        choices=[
-                            ("slack", "Slack-compatible webhook"),
-                            ("alertmanager", "Alertmanager (v2 API)"),
-                            ("pagerduty", "PagerDuty Events v2"),
-                            ("json", "JSON webhook"),
-                        ],
-                        default="slack",
-                        max_length=16,
-                    ),
+                    models.CharField(choices=dashboard.delivery.sinks.choices, default="slack", max_length=16),
                 ),
                 (
                     "url",
