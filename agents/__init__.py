@@ -15,13 +15,13 @@ import sys
 import threading
 import time
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 if TYPE_CHECKING:  # torch is imported lazily: the server imports agents.protocol without torch
     import torch
 
     from agents import crash, protocol
-    from agents.config import Config
+    from agents.config import Config, Overrides
 
 __all__ = ["attach", "fingerprint", "Agent", "NoopAgent"]
 
@@ -257,17 +257,10 @@ def _install_process_hooks(agent: Agent) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def attach(
-    url: str | None = None,
-    token: str | None = None,
-    run: str | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    offline: bool | None = None,
-    spool_dir: str | None = None,
-    grad_every: int | None = None,
-) -> Agent | NoopAgent:
-    """Start the agent for this process (idempotent: later calls return the same agent)."""
+def attach(**given: Unpack[Overrides]) -> Agent | NoopAgent:
+    """Start the agent for this process (idempotent: later calls return the same agent). `given`:
+    url, token, run, rank, world_size, offline, spool_dir, grad_every (`agents.config.Overrides`);
+    each left out comes from its environment variable."""
     global _agent
     with _lock:
         if _agent is not None:
@@ -275,7 +268,7 @@ def attach(
         try:
             from agents.config import resolve
 
-            cfg = resolve(url, token, run, rank, world_size, offline, spool_dir, grad_every)
+            cfg = resolve(**given)
             if cfg.disabled:
                 _agent = NoopAgent()
                 return _agent

@@ -17,7 +17,7 @@ import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 from agents import procstat
 
@@ -96,17 +96,27 @@ def _dist_rank() -> tuple[int, int] | None:
     return None
 
 
-def resolve(
-    url: str | None = None,
-    token: str | None = None,
-    run: str | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    offline: bool | None = None,
-    spool_dir: str | None = None,
-    grad_every: int | None = None,
-) -> Config:
+class Overrides(TypedDict, total=False):
+    """What `agents.attach()` may set in code; whatever is left out (or None) comes from the
+    environment (LOCKSTEP_URL, LOCKSTEP_TOKEN, LOCKSTEP_RUN, RANK, WORLD_SIZE, LOCKSTEP_OFFLINE,
+    LOCKSTEP_SPOOL_DIR, LOCKSTEP_GRAD_EVERY) or torch.distributed."""
+
+    url: str | None
+    token: str | None
+    run: str | None
+    rank: int | None
+    world_size: int | None
+    offline: bool | None
+    spool_dir: str | None
+    grad_every: int | None
+
+
+def resolve(**given: Unpack[Overrides]) -> Config:
+    """The agent's configuration: `given` first, then the environment, then defaults."""
     env = os.environ
+    url, token, run = given.get("url"), given.get("token"), given.get("run")
+    rank, world_size, offline = given.get("rank"), given.get("world_size"), given.get("offline")
+    spool_dir, grad_every = given.get("spool_dir"), given.get("grad_every")
     url = url or env.get("LOCKSTEP_URL") or None
     dist_rw = _dist_rank()
     if rank is None:

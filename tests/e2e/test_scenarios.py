@@ -12,6 +12,7 @@ from datetime import datetime
 import pytest
 import requests
 
+from dashboard.devstack.demo_jobs import demo_job
 from dashboard.devstack.processes import descendants, survivors
 from tests.e2e.jobs import api, finish, running, torchrun, wait_for_run
 
@@ -21,23 +22,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 def test_branch_nan_storm_and_straggler(stack, team, tmp_path):
     token, feed = team
     key = f"sc-mix-{uuid.uuid4().hex[:6]}"
-    args = [
-        "--steps",
-        "10",
-        "--branch-rank",
-        "1",
-        "--nan-rank",
-        "2",
-        "--nan-step",
-        "4",
-        "--storm",
-        "--slow-rank",
-        "0",
-        "--slow-seconds",
-        "8",  # 3x the others' compile of `ramp` even when a loaded machine makes theirs take 2-3 s
-    ]
-    with running(torchrun(stack, token, key, "demo/scenarios.py", args, tmp_path / "spool")) as job:
-        finish(job)
+    job = demo_job("compile-trouble")  # the demo's own job and arguments
+    with running(torchrun(stack, token, key, job.script, job.args, tmp_path / "spool")) as proc:
+        finish(proc)
     alerts = feed.wait_for({"graph_divergence", "nonfinite_grad", "recompile_storm", "compile_straggler"}, 60, run=key)
     assert alerts["graph_divergence"]["ranks"] == [1]
     assert "branchy" in alerts["graph_divergence"]["frame"]
