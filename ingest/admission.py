@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError
@@ -109,7 +109,7 @@ def _token_for(token: str) -> ProjectToken | None:
     a query per batch otherwise, and a flood of bad tokens would be a flood of queries."""
     cached = _cached_token(token)
     if cached is not UNDECIDED:
-        return cached
+        return cast(ProjectToken | None, cached)
     found = auth.token_for(token)
     if len(_tokens) > 10_000:
         _tokens.clear()

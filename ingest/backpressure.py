@@ -65,7 +65,7 @@ def flush_interval() -> float | msgspec.UnsetType:
     load = _load.current()
     if load <= TARGET_S:
         return msgspec.UNSET
-    return min(MAX_INTERVAL_S, BASE_INTERVAL_S * 2 ** math.ceil(math.log2(load / TARGET_S)))
+    return min(MAX_INTERVAL_S, BASE_INTERVAL_S * 2.0 ** math.ceil(math.log2(load / TARGET_S)))
 
 
 def retry_after() -> int:

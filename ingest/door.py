@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 from django.conf import settings
@@ -147,7 +147,7 @@ class Door:
         project = admission.admit(headers, query=False)
         if project is admission.UNDECIDED:
             project = await self.off_loop(admission.admit, headers)
-        return project
+        return cast(Project, project)
 
     async def _job(self, project: Project, raw: bytes, headers: Mapping[str, str], bulk: bool) -> writers.Job:
         """The request's validated batches: decoded on the loop, or on a thread when the body is large."""

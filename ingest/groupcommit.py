@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 from django.conf import settings
@@ -66,19 +66,20 @@ def write(jobs: list[writers.Job]) -> list[Answer]:
     want = blobs.wanted(named)
     tally = _Tally()
     for j, outcome in stored.items():
-        answers[j] = []
+        replies: list[protocol.IngestReply] = []
         for prepared, s in zip(jobs[j].prepared, outcome):
-            answers[j].append(_reply(prepared, s, want))
+            replies.append(_reply(prepared, s, want))
             tally.add(prepared, s, "bulk" if jobs[j].bulk else "ingest")
+        answers[j] = replies
     tally.publish()
-    return answers
+    return cast(list[Answer], answers)  # each request limited, refused or answered above: none is None
 
 
 def _limited(jobs: list[writers.Job]) -> list[Exception | None]:
     """Each request's rate-limit verdict (None: admitted), counting every batch, in arrival order:
     the requests past a project's LOCKSTEP_RATE_LIMIT in its one-second window get 429, and all of
     them 503 while Redis is unreachable (nothing is stored then)."""
-    batches: Counter = Counter()
+    batches: Counter[int] = Counter()
     for job in jobs:
         batches[job.project.id] += len(job.items)
     try:
@@ -125,8 +126,8 @@ def _details(prepared: writers.Prepared, stored: writers.Stored) -> list[int]:
 class _Tally:
     """The group's accepted batches, events and rank-steps, added to /metrics once per group."""
 
-    requests: Counter = field(default_factory=Counter)
-    events: Counter = field(default_factory=Counter)
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    events: Counter[str | int | None] = field(default_factory=Counter)  # per wire tag
     rank_steps: int = 0
     steady: int = 0  # batches of the steady state (one `grads` event), counted without a Counter update each
 
@@ -161,9 +162,10 @@ def with_interval(answer: Answer, arrived: float) -> Answer:
     )
 
 
-def _take(queue: list, batches_of) -> list:
+def _take(queue: list[T], batches_of: Callable[[T], int]) -> list[T]:
     """The oldest queued jobs, up to MAX_GROUP_BATCHES batches (always at least one)."""
-    group, batches = [], 0
+    group: list[T] = []
+    batches = 0
     while queue and (not group or batches + batches_of(queue[0]) <= MAX_GROUP_BATCHES):
         batches += batches_of(queue[0])
         group.append(queue.pop(0))
@@ -204,7 +206,7 @@ def release_connection() -> None:
 class _Waiting:
     job: writers.Job
     arrived: float
-    future: asyncio.Future
+    future: asyncio.Future[Answer]
 
 
 class LoopCommitter:
@@ -261,8 +263,9 @@ class LoopCommitter:
         )
         done.add_done_callback(lambda f: self._answer(group, f))
 
-    def _answer(self, group: list[_Waiting], done: asyncio.Future) -> None:
-        answers = done.result() if not done.exception() else [done.exception()] * len(group)
+    def _answer(self, group: list[_Waiting], done: asyncio.Future[list[Answer]]) -> None:
+        error = done.exception()  # `_written` answers what escapes `write`: a thread's Exception at most
+        answers = done.result() if not error else [cast(Exception, error)] * len(group)
         for waiting, answer in zip(group, answers):
             if not waiting.future.done():  # its connection may have gone meanwhile
                 waiting.future.set_result(answer)

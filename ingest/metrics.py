@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from dashboard.evidence import blobs
 from dashboard.ledger.models import CompileSlot, GradSlot
@@ -39,7 +40,8 @@ SECONDS = Histogram(
     ["endpoint"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-COLLECTORS: list = []  # cluster-state collectors of the layers above ingest (detection's health), see `register`
+# cluster-state collectors of the layers above ingest (detection's health), see `register`
+COLLECTORS: list[Collector] = []
 SETTLE_QUEUE = "celery"  # Celery's default queue: a Redis list the settle tasks wait in
 LATENCY_WINDOW_S = 300
 
@@ -101,7 +103,7 @@ def _blob_usage() -> Iterator[GaugeMetricFamily]:
     yield from (total, day, quota)
 
 
-def register(collector) -> None:
+def register(collector: Collector) -> None:
     """Add a collector of a layer that may read what ingest may not (alerts): the layer contract keeps
     ingest from importing it, so it registers itself here from its AppConfig.ready."""
     if collector not in COLLECTORS:
@@ -112,7 +114,7 @@ def render() -> bytes:
     """This process's request counters (every process's, summed, under PROMETHEUS_MULTIPROC_DIR), then the cluster gauges."""
     if settings.PROMETHEUS_MULTIPROC_DIR:
         counters = CollectorRegistry()
-        multiprocess.MultiProcessCollector(counters, path=settings.PROMETHEUS_MULTIPROC_DIR)
+        multiprocess.MultiProcessCollector(counters, path=settings.PROMETHEUS_MULTIPROC_DIR)  # type: ignore[no-untyped-call]  # prometheus_client leaves its __init__ unannotated
     else:
         counters = REGISTRY
     state = CollectorRegistry()

@@ -71,4 +71,4 @@ def _count(key: str, batches: int) -> int:
     pipe.incrby(key, batches)
     pipe.expire(key, 2)
     count, _ = pipe.execute()
-    return count
+    return int(count)

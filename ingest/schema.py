@@ -6,6 +6,7 @@ Served at /api/v1/schema; schemathesis or any OpenAPI client can fuzz or call th
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import msgspec
 
@@ -17,17 +18,17 @@ class Error(msgspec.Struct, omit_defaults=True):
     path: str | None = None
 
 
-_BEARER = [{"bearer": []}]
+_BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
-def _answers(ok: str, *statuses: int) -> dict:
+def _answers(ok: str, *statuses: int) -> dict[str, Any]:
     err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     answers = {"200": {"description": "accepted", "content": {"application/json": {"schema": {"$ref": ok}}}}}
     answers.update({str(code): {"description": "rejected", **err} for code in statuses})
     return answers
 
 
-def _post(summary: str, body: str, ok: str) -> dict:
+def _post(summary: str, body: str, ok: str) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -39,7 +40,7 @@ def _post(summary: str, body: str, ok: str) -> dict:
 
 
 @cache
-def openapi() -> dict:
+def openapi() -> dict[str, Any]:
     (batch, reply, bulk, bulk_reply, upload, blob_reply, record, record_reply, err), components = (
         msgspec.json.schema_components(
             [

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import msgspec
+from django.db import models
 
 from agents import protocol
 from dashboard.evidence.models import CompileEvent, GradReport
@@ -16,6 +19,8 @@ from dashboard.ledger.models import DetailRequest, GradSlot, GradWatermark
 from dashboard.ledger.slots import PARAM_PREFIX
 from dashboard.tenancy.models import Rank, Run
 from ingest.refusals import Refusal
+
+T = TypeVar("T")
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
@@ -42,7 +47,7 @@ def read_body(raw: bytes, encoding: str, limit: int) -> bytes:
         raise Refusal(exc.status, str(exc)) from None
 
 
-def _decoded(decoder, body: bytes):
+def _decoded(decoder: Callable[[bytes], T], body: bytes) -> T:
     """Run a protocol decoder; schema and JSON errors become 400s naming the failing path."""
     try:
         return decoder(body)
@@ -89,9 +94,12 @@ def decode_blobs(body: bytes) -> protocol.BlobUpload:
     return upload
 
 
-def _max_length(*columns: tuple[type, str]) -> int:
+def _max_length(*columns: tuple[type[models.Model], str]) -> int:
     """The narrowest of the columns a value is stored in, read from the models (never a copy)."""
-    return min(model._meta.get_field(name).max_length for model, name in columns)
+    # each is a CharField: its max_length is set
+    return min(
+        cast(int, cast("models.Field[Any, Any]", model._meta.get_field(name)).max_length) for model, name in columns
+    )
 
 
 _GROUP_COLUMNS = ((GradReport, "group"), (GradSlot, "group"), (GradWatermark, "group"), (DetailRequest, "group"))
@@ -103,14 +111,14 @@ _COLUMN_LIMITS = {
     "status": _max_length((CompileEvent, "status"), (Rank, "status")),
     "frame": _max_length((CompileEvent, "frame")),
 }
-_STORED_AS = {(protocol.Param, "group"): len(PARAM_PREFIX)}
+_STORED_AS: dict[tuple[type, str], int] = {(protocol.Param, "group"): len(PARAM_PREFIX)}
 _TORCH_VERSION = _max_length((Run, "torch_version"))
 _INT4_MAX = (1 << 31) - 1
 _TS_MAX = 32_503_680_000.0  # year 3000: past it, datetime (and timestamptz) overflow
 
 
 @functools.cache
-def _limits_of(kind: type) -> tuple[tuple[str, int], ...]:
+def _limits_of(kind: type[msgspec.Struct]) -> tuple[tuple[str, int], ...]:
     """(field, its longest storable value) of the fields of this event type that `_COLUMN_LIMITS` names."""
     return tuple(
         (name, column - _STORED_AS.get((kind, name), 0))
@@ -127,19 +135,18 @@ def _check_storable(event: protocol.Event, index: int) -> None:
             raise Refusal(400, f"{name} longer than {limit} characters", f"events[{index}].{name}")
     if not 0 <= event.ts <= _TS_MAX:
         raise Refusal(400, f"ts must be unix seconds in [0, {_TS_MAX:.0f}]", f"events[{index}].ts")
-    kind = type(event)
-    if kind is protocol.Grads:  # the steady state: nothing more but its last step
+    if isinstance(event, protocol.Grads):  # the steady state: nothing more but its last step
         if event.step + (event.steps - 1) * event.stride > protocol.NONNEG_MAX:
             raise Refusal(400, f"last step exceeds {protocol.NONNEG_MAX}", f"events[{index}].steps")
-    elif kind is protocol.RankStart and len(event.versions.get("torch", "")) > _TORCH_VERSION:
+    elif isinstance(event, protocol.RankStart) and len(event.versions.get("torch", "")) > _TORCH_VERSION:
         raise Refusal(400, f"torch version longer than {_TORCH_VERSION} characters", f"events[{index}].versions.torch")
-    elif kind is protocol.Compile and event.index > _INT4_MAX:
+    elif isinstance(event, protocol.Compile) and event.index > _INT4_MAX:
         raise Refusal(400, f"index exceeds {_INT4_MAX}", f"events[{index}].index")
-    elif kind is protocol.RankEnd and event.exit_code is not None and abs(event.exit_code) > _INT4_MAX:
+    elif isinstance(event, protocol.RankEnd) and event.exit_code is not None and abs(event.exit_code) > _INT4_MAX:
         raise Refusal(400, "exit_code out of range", f"events[{index}].exit_code")
 
 
-def _reject_nul(value, path: str) -> None:
+def _reject_nul(value: object, path: str) -> None:
     """PostgreSQL text and jsonb cannot hold U+0000: name the first string that has one."""
     if isinstance(value, str):
         if "\x00" in value:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any, cast
 
 import msgspec
 from django.db import DatabaseError, transaction
@@ -72,30 +73,32 @@ class Prepared:
 
     batch: protocol.Batch
     digest: str
-    by_type: Mapping[type, list]  # its events by kind, gradient ones (`grads`) left out
+    by_type: Mapping[type, list[Any]]  # its events by kind, gradient ones (`grads`) left out
     grads: GradEvents
     last_step: int | None  # its last completed step (`_last_step`), for the rank's facts and the run's liveness
-    claim: dict  # its row of the claim statement (`_claim`)
+    claim: dict[str, Any]  # its row of the claim statement (`_claim`)
     graph_hashes: list[str]
-    kinds: Counter  # events per wire tag, for /metrics
+    kinds: Counter[str | int | None]  # events per wire tag, for /metrics
     detail_steps: set[int]  # steps of the `detail` answers it carries
 
 
-_NO_OTHER_EVENTS: Mapping[type, list] = MappingProxyType({})
+_NO_OTHER_EVENTS: Mapping[type, list[Any]] = MappingProxyType({})
 
 
-ONE_GRADS = Counter({"grads": 1})  # the steady state's tally, shared and read only (`groupcommit._Tally`)
+ONE_GRADS: Counter[str | int | None] = Counter(
+    {"grads": 1}
+)  # the steady state's tally, shared and read only (`groupcommit._Tally`)
 
 
 def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
     events = batch.events
     if len(events) == 1 and type(events[0]) is protocol.Grads:  # the steady state: one packed grads event
-        last_step = events[0].step_numbers()[-1]
+        last_step: int | None = events[0].step_numbers()[-1]
         return Prepared(
             batch,
             body_digest,
             _NO_OTHER_EVENTS,
-            GradEvents(events, []),
+            GradEvents(cast(list[protocol.Grads], events), []),
             last_step,
             _claim_row(batch, body_digest, None, last_step),
             [],
@@ -103,7 +106,7 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
             set(),
         )
     if all(type(e) is protocol.Grads for e in events):
-        by_type, grads = _NO_OTHER_EVENTS, GradEvents(events, [])
+        by_type, grads = _NO_OTHER_EVENTS, GradEvents(cast(list[protocol.Grads], events), [])
     else:
         by_type = defaultdict(list)
         for event in events:
@@ -129,7 +132,7 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
 
 def _claim_row(
     batch: protocol.Batch, body_digest: str, start: protocol.RankStart | None, last_step: int | None
-) -> dict:
+) -> dict[str, Any]:
     """The batch's row of the claim statement's JSON document (`_claim`)."""
     return {
         "session": batch.session,
@@ -238,10 +241,10 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
             written = []
             break
     stored = _after_commit([w for _, w in written])
-    outcomes: list[Outcome] = [apart[j] if j in apart else [] for j in range(len(jobs))]
+    stored_of: dict[int, list[Stored]] = {}
     for (j, _), one in zip(written, stored):
-        outcomes[j].append(one)
-    return outcomes
+        stored_of.setdefault(j, []).append(one)
+    return [apart[j] if j in apart else stored_of.get(j, []) for j in range(len(jobs))]
 
 
 def _write_all(
@@ -320,7 +323,7 @@ def _new_run(project: Project, info: protocol.RunInfo) -> Run:
 def _claim_all(written: list[_Written]) -> None:
     """Claim every batch's (session, seq) and record its facts: one statement per run, for batches of
     distinct ranks (a rank's n-th batch in one group, rare for n > 1, goes into the n-th statement)."""
-    nth: Counter = Counter()
+    nth: Counter[tuple[int, int]] = Counter()
     waves: dict[tuple[int, int], list[_Written]] = {}
     for w in written:
         n = nth[w.run.id, w.p.batch.rank]
@@ -476,7 +479,7 @@ def _stored(w: _Written) -> Stored:
 _PROGRESS = (protocol.Grad, protocol.Grads, protocol.Step, protocol.Param)
 
 
-def _last_step(events: list[protocol.Event]) -> int | None:
+def _last_step(events: Sequence[protocol.Event]) -> int | None:
     """Last completed step: only progress events count (heartbeats carry the step in flight)."""
     steps = [
         e.step_numbers()[-1] if isinstance(e, protocol.Grads) else e.step for e in events if isinstance(e, _PROGRESS)

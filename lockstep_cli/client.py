@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from http.client import HTTPMessage
 from http.cookiejar import CookieJar
+from typing import IO, Any
 from urllib.parse import quote, urlencode
 
 from lockstep_cli import exits
@@ -24,7 +26,15 @@ NO_CREDENTIALS = "no credentials: pass --token (or set LOCKSTEP_TOKEN), or run `
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """A login answers 302 on success: the answer itself is what counts, not the page it points to."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> None:
         return None
 
 
@@ -34,11 +44,11 @@ class Client:
         self.token = token or None
         self.login = login
 
-    def get(self, path: str, **params: str) -> dict:
+    def get(self, path: str, **params: str) -> dict[str, Any]:
         query = f"?{urlencode(params)}" if params else ""
         return self._send("GET", f"/api/v1{path}{query}", None, self._reader_auth())
 
-    def post(self, path: str, body: dict) -> dict:
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._send("POST", f"/api/v1{path}", json.dumps(body).encode(), self._person_auth())
 
     def _reader_auth(self) -> dict[str, str]:
@@ -53,7 +63,7 @@ class Client:
             return {"Cookie": self.login.cookie_header(), "X-CSRFToken": self.login.csrftoken}
         return self._reader_auth()
 
-    def _send(self, method: str, path: str, body: bytes | None, auth: dict[str, str]) -> dict:
+    def _send(self, method: str, path: str, body: bytes | None, auth: dict[str, str]) -> dict[str, Any]:
         headers = {"Accept": "application/json", "Referer": self.url + "/", **auth}
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -98,7 +108,8 @@ class Client:
         """The answer's status, a redirect being an answer; a refusal or no answer as a CliError."""
         try:
             with opener.open(request, timeout=TIMEOUT_S) as answer:
-                return answer.status
+                status: int = answer.status
+                return status
         except urllib.error.HTTPError as err:
             if err.code in (301, 302, 303):
                 return err.code
@@ -123,7 +134,7 @@ def _cookie(jar: CookieJar, name: str) -> str | None:
     return next((c.value for c in jar if c.name == name), None)
 
 
-def _json(raw: bytes, path: str) -> dict:
+def _json(raw: bytes, path: str) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError:

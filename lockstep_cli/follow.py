@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from lockstep_cli import exits
 from lockstep_cli.client import Client, path_of
@@ -63,15 +64,18 @@ def can_follow(client: Client) -> Login:
 
 
 @contextmanager
-def feed(client: Client, key: str, login: Login) -> Iterator[Callable[[], Iterator[dict]]]:
+def feed(client: Client, key: str, login: Login) -> Iterator[Callable[[], Iterator[dict[str, Any]]]]:
     """Open the run's feed with `login` (`can_follow`'s); yields a function iterating its alert messages
     until it closes."""
     from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
     from websockets.sync.client import connect
+    from websockets.typing import Origin
 
     url = client.url.replace("http", "ws", 1) + f"/ws/runs/{path_of(key)}/"
     try:
-        ws = connect(url, origin=client.url, additional_headers={"Cookie": login.cookie_header()}, open_timeout=15)
+        ws = connect(
+            url, origin=Origin(client.url), additional_headers={"Cookie": login.cookie_header()}, open_timeout=15
+        )
     except InvalidStatus as err:
         client.get(f"/runs/{path_of(key)}")  # says why when it can: 404, 401 ...
         raise CliError(
@@ -83,7 +87,7 @@ def feed(client: Client, key: str, login: Login) -> Iterator[Callable[[], Iterat
     except (WebSocketException, OSError, TimeoutError) as err:
         raise CliError(f"cannot open the live feed {url}: {err}", exits.UNREACHABLE) from None
 
-    def messages() -> Iterator[dict]:
+    def messages() -> Iterator[dict[str, Any]]:
         try:
             for raw in ws:
                 message = json.loads(raw)

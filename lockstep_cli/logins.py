@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ def path() -> Path:
     return Path(base) / "lockstep" / "logins.json"
 
 
-def _read() -> dict[str, dict]:
+def _read() -> dict[str, dict[str, Any]]:
     try:
         stored = json.loads(path().read_text())
     except (OSError, ValueError):
@@ -36,7 +37,7 @@ def _read() -> dict[str, dict]:
     return stored if isinstance(stored, dict) else {}
 
 
-def _write(logins: dict[str, dict]) -> None:
+def _write(logins: dict[str, dict[str, Any]]) -> None:
     target = path()
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False) as tmp:  # mode 0600

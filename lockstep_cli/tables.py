@@ -6,6 +6,7 @@ import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MAX_CELL = 80
 MIN_WRAP = 24  # narrower than this, a wrapped last column reads worse than a cut one
@@ -73,7 +74,7 @@ def _fit(text: str, room: int | None, indent: int) -> str:
 ALERT_COLUMNS = ("id", "kind", "severity", "state", "ranks", "step", "acked_by", "message")
 
 
-def alert_row(alert: dict) -> list[object]:
+def alert_row(alert: dict[str, Any]) -> list[object]:
     return [state_word(alert[c]) if c == "state" else alert.get(c) for c in ALERT_COLUMNS]
 
 
@@ -82,14 +83,14 @@ def state_word(state: str) -> str:
     return state.replace("_", " ")
 
 
-def alerts(rows: Sequence[dict]) -> str:
+def alerts(rows: Sequence[dict[str, Any]]) -> str:
     return table(ALERT_COLUMNS, [alert_row(a) for a in rows]) if rows else "no alerts"
 
 
 INCIDENT_COLUMNS = ("id", "state", "severity", "root", "ranks", "step", "acked_by", "message")
 
 
-def incidents(rows: Sequence[dict]) -> str:
+def incidents(rows: Sequence[dict[str, Any]]) -> str:
     """One line per incident, its root first; what to do about it (and where the alert reference
     says more), then its other alerts folded under it, indented."""
     if not rows:
@@ -107,7 +108,7 @@ def incidents(rows: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
-def _incident_row(incident: dict) -> list[object]:
+def _incident_row(incident: dict[str, Any]) -> list[object]:
     root = incident.get("root") or {}
     return [
         incident["id"],
@@ -121,7 +122,7 @@ def _incident_row(incident: dict) -> list[object]:
     ]
 
 
-def cost(bill: dict) -> str:
+def cost(bill: dict[str, Any]) -> str:
     """A compile bill (GET /runs/KEY/cost) as a headline, the cost by cause, and the costliest lines
     with their remedies."""
     share = f"{bill['share']:.1%} of the run's GPU time" if bill.get("share") is not None else "share unknown"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The checks CI runs before the tests: import contracts, ruff (lint, then format), mypy (strict on agents/).
+# The checks CI runs before the tests: import contracts, ruff (lint, then format), mypy (levels per package:
+# docs/testing.md, Type checking).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh requirements-dev.txt >/dev/null

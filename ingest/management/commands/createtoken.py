@@ -1,7 +1,7 @@
 """`manage.py createtoken <project> [--scope S ...]`: new project token on the last line of stdout."""
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.validators import validate_slug
 
 from dashboard.tenancy.models import DEFAULT_SCOPES, TOKEN_SCOPES, Project, ProjectToken
@@ -13,7 +13,7 @@ class Command(BaseCommand):
         f"{' and '.join(DEFAULT_SCOPES)}; --scope names each scope it gets instead."
     )
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("project", help="project name (a slug: letters, digits, - and _)")
         parser.add_argument(
             "--scope",
@@ -22,7 +22,7 @@ class Command(BaseCommand):
             f"(default {','.join(DEFAULT_SCOPES)}; resolve and baseline can clear `lockstep check`)",
         )
 
-    def handle(self, *args, project: str, scope: list[str] | None, **options) -> None:
+    def handle(self, *args: object, project: str, scope: list[str] | None, **options: object) -> None:
         try:
             validate_slug(project)
         except ValidationError:
