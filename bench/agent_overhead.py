@@ -156,6 +156,7 @@ def handler_cost(args) -> Row:
         for mode in ("off", "on"):
             out = _run([sys.executable, "-c", _HANDLER_CHILD, mode, str(args.graphs)], env, args.timeout)
             m = re.search(r"seconds=([\d.]+)", out)
+            assert m is not None, out
             times[mode].append(float(m.group(1)))
     off, on = min(times["off"]), min(times["on"])
     print(
@@ -227,6 +228,7 @@ def hook_cost(args) -> Row:
         args.timeout,
     )
     m = re.search(r"HOOK step=([\d.]+) hook=([\d.]+) params=(\d+)", out)
+    assert m is not None, out
     step, hook, params = float(m.group(1)), float(m.group(2)), int(m.group(3))
     print(
         f"{'params':>10} {'batch':>6} {'step ms':>9} {'agent ms':>9} {'share':>7}   (medians, {args.threads} thread(s))"
@@ -298,6 +300,7 @@ def sampler_cost(args) -> Row:
         r"heartbeat=([\d.]+)",
         out,
     )
+    assert m is not None, out
     median, p99, n, step, every, heartbeat = (float(g) for g in m.groups())
     per_s = 1 / every + 1 / heartbeat
     print(f"{'samples':>8} {'median us':>10} {'p99 us':>8} {'per s':>6} {'step ms':>8} {'share':>8}")

@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
+import msgspec
+
 from agents import procstat
 from dashboard.devstack.processes import server_command
 
@@ -238,7 +240,7 @@ def raw_copy(packed: dict, ranks: int, run_key: str, together: int = 1) -> tuple
     rows = [binary_copy.HEADER]
     rank_steps = 0
     for body in packed.values():
-        events = binary_copy.GradEvents([protocol.msgspec.json.decode(body, type=protocol.Grads)], [])
+        events = binary_copy.GradEvents([msgspec.json.decode(body, type=protocol.Grads)], [])
         for first in range(0, ranks, together):
             rows += binary_copy.grad_copy(
                 [(run.id, rank, events) for rank in range(first, min(first + together, ranks))], now

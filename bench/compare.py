@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 from bench.common import configure_in_process, timed_get
 from bench.results import markdown, record, rerun
@@ -61,7 +62,7 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
         project=project, key=key, name=key, world_size=ranks, torch_version=torch, last_step=steps - 1
     )
     t = tables()
-    p = {
+    p: dict[str, Any] = {
         "run": run.id,
         "ranks": ranks,
         "steps": steps,

@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 from agents import protocol
 from bench.common import configure_in_process, python_speed, timed_get
@@ -50,7 +51,7 @@ def populate(key: str, ranks: int, steps: int) -> None:
         last_step=steps - 1,
     )
     t0 = time.time() - steps * STEP_S - 600
-    params = {
+    params: dict[str, Any] = {
         "run": run.id,
         "ranks": ranks,
         "steps": steps,

@@ -38,7 +38,7 @@ class AlertClock(threading.Thread):
             open_timeout=10,
             additional_headers={"Cookie": f"sessionid={session}", "Origin": url},
         )
-        self.seen: dict[tuple[str, str], float] = {}
+        self.seen: dict[tuple[str | None, str | None], float] = {}
 
     def run(self) -> None:
         try:

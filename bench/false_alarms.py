@@ -59,6 +59,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from agents.launch import torchrun
 from bench.common import ROOT, bench_env, free_port, fresh_database, setup_django, start_servers
@@ -347,23 +348,22 @@ def main(argv: list[str] | None = None) -> int:
                 informed += [(key, a) for a in alerts_of(key, info=True)]
                 text = ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) or "none"
                 print(f"{key:<40}  {'settled' if ok else 'NOT SETTLED'}  alerts: {text}", flush=True)
-            recorded = recorded_text
-            print(f"recorded controls  {recorded}", flush=True)
-            control += f"; recorded GPU controls: {recorded}"
+            print(f"recorded controls  {recorded_text}", flush=True)
+            control += f"; recorded GPU controls: {recorded_text}"
     finally:
         servers.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(beat_dir, ignore_errors=True)
 
-    total = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
     recorded = sum(1 for row in rows if str(row[1]).startswith("h200 "))
     print(
         f"\nFalse alarms: {len(rows) - recorded} live clean runs ({RANKS} ranks, {args.steps} steps each, gloo, torch.compile, "
         f"agent) and {recorded} recorded on an H200 (2-3 ranks, 8 steps each, uploaded)"
     )
     print(f"{'shape':<10} {'cache':<13} {'runs':>4} {'alerts raised':<40}")
-    by = collections.defaultdict(lambda: [0, collections.Counter()])
+    by: dict[tuple[str, str], list[Any]] = collections.defaultdict(lambda: [0, collections.Counter()])
     for _, shape, mode, _, _, _, kinds in rows:
         by[(shape, mode)][0] += 1
         by[(shape, mode)][1].update(kinds)

@@ -155,7 +155,7 @@ def configure_webhook(project, url: str) -> None:
     """A JSON webhook destination for the project: the pages, as a receiver sees them."""
     from dashboard.delivery.models import Webhook
 
-    Webhook.objects.create(project=project, kind=Webhook.Kind.JSON, url=url)
+    Webhook.objects.create(project=project, kind="json", url=url)
 
 
 @dataclass

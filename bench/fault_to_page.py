@@ -72,7 +72,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(timings: list[Timing]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for fault in dict.fromkeys(t.fault for t in timings):
         of_fault = [t for t in timings if t.fault == fault]
         paged = [t.to_page_s for t in of_fault if t.to_page_s is not None]

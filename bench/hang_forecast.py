@@ -103,6 +103,7 @@ def trial(url: str, token: str, env: dict, args, n: int, clock: ForecastClock) -
         cmd, cwd=ROOT, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     stalled = None
+    assert job.stdout is not None  # stdout=PIPE
     try:
         for line in job.stdout:
             match = re.search(r"STALL (\d+\.\d+)", line)

@@ -37,11 +37,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 try:
     import uvloop  # uvicorn[standard] brings it: the cheaper client loop, when present
 except ImportError:
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]  # absent: asyncio's own loop
 
 from bench.common import ROOT, bench_env, fingerprints, fresh_database, gzip_body, raw_copy, setup_django, start_servers
 from bench.results import report
@@ -98,7 +99,7 @@ def _client(url: str, token: str, requests: list, connections: int, clients: int
         queues.setdefault(sender // clients % connections, []).append(
             (head.format(path=path, length=len(body)).encode() + body, rank_steps)
         )
-    tally = {"ok": 0, "rank_steps": 0, "failures": []}
+    tally: dict[str, Any] = {"ok": 0, "rank_steps": 0, "failures": []}
 
     async def connection(todo: list) -> None:
         reader, writer = await asyncio.open_connection(host, int(port))

@@ -26,7 +26,7 @@ def train(steps: int, spool: str) -> None:
 
     agent = agents.attach(run="bench-record", rank=0, world_size=1, offline=True, spool_dir=spool)
     model = torch.compile(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)  # type: ignore[attr-defined]  # torch.compile's return type hides the module
     for i in range(steps):
         x = torch.randn(32 if i < steps // 2 else 16, 64)  # a batch-size change provokes a recompile
         loss = model(x).square().mean()
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         events = read_spool(spool)
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps({"recorded_with": "bench/ingest_record.py", "events": events}, indent=1))
-    kinds = {}
+    kinds: dict[str, int] = {}
     for e in events:
         kinds[e["t"]] = kinds.get(e["t"], 0) + 1
     print(f"wrote {OUT}: {kinds}")

@@ -16,6 +16,8 @@ import argparse
 import time
 import uuid
 
+import msgspec
+
 from bench.common import bench_env, compile_burst, fingerprints, fresh_database, recording, setup_django
 from bench.results import report
 
@@ -38,7 +40,7 @@ def ingest(ranks: int, steps: int, per_batch: int, buckets: int) -> None:
 
     project = Project.objects.create(name="storage-bench")
     run = protocol.RunInfo(key=f"storage-{uuid.uuid4().hex[:8]}", world_size=ranks)
-    burst = [protocol.msgspec.convert(e, protocol.AnyEvent) for e in compile_burst(recording(), 0)]
+    burst = [msgspec.convert(e, protocol.AnyEvent) for e in compile_burst(recording(), 0)]
     packed = [
         protocol.Grads.pack(first, [fingerprints(first + i, buckets) for i in range(per_batch)])
         for first in range(0, steps, per_batch)

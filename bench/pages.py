@@ -112,7 +112,7 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
                 """,
                 params,
             )
-        for kind, severity, ranks, step, frame, message in (
+        for kind, severity, alert_ranks, step, frame, message in (
             (
                 "grad_divergence",
                 "critical",
@@ -144,7 +144,7 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
                                              count, first_seen, last_seen, revision, notified_revision)
                 VALUES (%s, %s, %s, %s, 'firing', %s, %s, %s, %s, '{}', 1, now(), now(), 1, 1)
                 """,
-                [run.id, kind, f"{kind}:{step}", severity, ranks, step, frame, message],
+                [run.id, kind, f"{kind}:{step}", severity, alert_ranks, step, frame, message],
             )
     with connection.cursor() as cur:
         for table in (
