@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,6 +70,16 @@ def end_distributed(settle_s: float = 0.5) -> None:
     dist.barrier()
     time.sleep(settle_s)
     dist.destroy_process_group()
+
+
+def slow_backend(seconds: float) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]:
+    """A torch.compile backend that waits `seconds` before returning the graph as is: a slow compile on demand."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        time.sleep(seconds)
+        return gm.forward
+
+    return backend
 
 
 def pick_backend(choice: str) -> str:

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from demo.ddp_job import batch_for, end_distributed, make_model  # noqa: E402
+from demo.ddp_job import batch_for, end_distributed, make_model, slow_backend  # noqa: E402
 
 FAULTS = ("sigkill", "exception", "exit137", "loader_hang", "slow_compile", "recompile", "graph", "grad")
 DIVERGENCES = ("recompile", "graph", "grad")  # injected inside the step, where each happens
@@ -44,14 +44,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-seconds", type=float, default=25.0)
     p.add_argument("--hang-seconds", type=float, default=40.0)
     return p.parse_args()
-
-
-def slow_backend(seconds: float):
-    def backend(gm: torch.fx.GraphModule, example_inputs):
-        time.sleep(seconds)
-        return gm.forward
-
-    return backend
 
 
 def head(x: torch.Tensor) -> torch.Tensor:

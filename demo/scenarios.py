@@ -49,7 +49,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_job import batch_for, end_distributed, make_model  # noqa: E402
+from ddp_job import batch_for, end_distributed, make_model, slow_backend  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -145,14 +145,6 @@ def checked_elementwise(compiled, rank: int, step: int, mismatches: list[int]) -
         mismatches.append(step)
         print(f"rank {rank}: compiled != eager in {wrong} of {ELEMENTS} elements (step {step})", flush=True)
     return out
-
-
-def slow_backend(seconds: float):
-    def backend(gm: torch.fx.GraphModule, example_inputs):
-        time.sleep(seconds)
-        return gm.forward
-
-    return backend
 
 
 def make_model_for(args: argparse.Namespace) -> nn.Module:
