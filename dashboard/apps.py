@@ -1,4 +1,11 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from django.apps import AppConfig
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 class DashboardConfig(AppConfig):
@@ -31,7 +38,7 @@ def bound_sessions() -> None:
     )
 
 
-def _label_connection(sender, connection, **kwargs) -> None:
+def _label_connection(sender: object, connection: BaseDatabaseWrapper, **kwargs: object) -> None:
     """Name every PostgreSQL session after its OS process, so pg_stat_activity shows who holds what,
     and give it the process's bounds (`bound_sessions`), in the same round trip.
 

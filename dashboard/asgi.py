@@ -9,6 +9,7 @@ read API) goes to Django's handler behind the edge (`dashboard.web.edge`). Both 
 import gc
 import os
 import sys
+from typing import cast
 
 from django.core.asgi import get_asgi_application
 
@@ -21,15 +22,17 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from dashboard.apps import bound_sessions  # noqa: E402
 from dashboard.delivery.routing import websocket_urlpatterns  # noqa: E402
-from dashboard.web.edge import BodyEdge, ClientAddress  # noqa: E402
+from dashboard.web.edge import ASGIApp, BodyEdge, ClientAddress  # noqa: E402
 from ingest.door import Door  # noqa: E402
 
+# Django's handler is an ASGI app; its stub types the scope as a dict and the messages as Mappings, narrower than ours
+django_asgi_app = cast(ASGIApp, django_application)
 bound_sessions()  # before the first connection: every lock wait and statement of this server is bounded
 application = ClientAddress(  # the client's address: the socket's peer, or a trusted proxy's word for it
     ProtocolTypeRouter(
         {
             # one body reader and limit table (`ingest.bodies`): the door reads its routes' bodies, BodyEdge Django's
-            "http": Door(BodyEdge(django_application)),
+            "http": Door(BodyEdge(django_asgi_app)),
             "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }
     )

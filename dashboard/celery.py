@@ -18,7 +18,7 @@ app.autodiscover_tasks(["dashboard.detection"], related_name="tasks")
 
 
 @worker_init.connect
-def _bounded(**kwargs) -> None:
+def _bounded(**kwargs: object) -> None:
     """A worker's sessions wait for a lock and run a statement only so long (dashboard/apps.py), so a
     held table lock fails a sweep quickly instead of stalling it; the next sweep redoes the work."""
     from dashboard.apps import bound_sessions

@@ -15,6 +15,7 @@ import os
 import secrets
 import tempfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -33,7 +34,7 @@ def _env_bool(name: str, default: bool) -> bool:
     return os.environ.get(name, "1" if default else "0").lower() in {"1", "true", "yes", "on"}
 
 
-def _database(url: str) -> dict:
+def _database(url: str) -> dict[str, Any]:
     """Django DATABASES entry for a postgresql:// URL (host may be a socket dir in ?host=)."""
     parts = urlparse(url)
     if parts.scheme not in {"postgres", "postgresql"}:

@@ -8,6 +8,7 @@ hand-out back); a rank's `detail` events answer them (`answered`). Only this mod
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard.ledger import flight
@@ -81,6 +82,6 @@ def of_alert(alert_id: int) -> list[DetailRequest]:
     return list(_parameters().filter(alert_id=alert_id))
 
 
-def _parameters():
+def _parameters() -> QuerySet[DetailRequest]:
     """Requests for per-parameter fingerprints, which `detail` events answer."""
     return DetailRequest.objects.exclude(group__startswith=PARAM_PREFIX)

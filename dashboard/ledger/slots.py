@@ -173,7 +173,7 @@ def watermarks_before() -> str:
                       GROUP BY m.rank) w)"""
 
 
-def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict:
+def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict[str, object]:
     """`reports`: (rank, group, its sorted distinct steps) per rank and replicated group."""
     by_group: dict[str, list[list[int]]] = {}
     for _, group, steps in reports:
@@ -227,8 +227,8 @@ def grads_ready_sql(groups: int) -> str:
             )"""
 
 
-def grads_ready_params(before: dict[str, int], groups: list[str]) -> dict:
-    params = {}
+def grads_ready_params(before: dict[str, int], groups: list[str]) -> dict[str, object]:
+    params: dict[str, object] = {}
     for i, group in enumerate(groups):
         params[f"g{i}"] = group
         params[f"floor{i}"] = before.get(group, -1)
@@ -241,7 +241,7 @@ def unsettled(run_id: int) -> bool:
     return any(model.objects.filter(pending, run_id=run_id).exists() for model in (CompileSlot, GradSlot))
 
 
-def overdue(model, now: datetime | None = None) -> list[int]:
+def overdue(model: type[CompileSlot | GradSlot], now: datetime | None = None) -> list[int]:
     """Pending slots whose settle timeout has passed."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.LOCKSTEP_SETTLE_TIMEOUT)
     table = model._meta.db_table
@@ -253,7 +253,7 @@ def overdue(model, now: datetime | None = None) -> list[int]:
         return [row[0] for row in cur.fetchall()]
 
 
-MODELS = {COMPILE: CompileSlot, GRAD: GradSlot}
+MODELS: dict[str, type[CompileSlot | GradSlot]] = {COMPILE: CompileSlot, GRAD: GradSlot}
 
 
 def quarantine(kind: str, slot_id: int) -> int | None:

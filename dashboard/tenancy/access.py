@@ -6,11 +6,16 @@ rule decides what either door shows.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dashboard.tenancy.auth import Principal, user_project_ids
 from dashboard.tenancy.models import Run
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def principal_for(user) -> Principal:
+
+def principal_for(user: User) -> Principal:
     """A logged-in page user as the same kind of caller the API sees (never a bearer token)."""
     return Principal(user_project_ids(user), user)
 

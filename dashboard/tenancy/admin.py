@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest
 
 from dashboard.tenancy.models import Project, ProjectToken, Rank, Run
 
@@ -14,7 +15,7 @@ class TokenInline(admin.TabularInline):
     extra = 0
     can_delete = True
 
-    def has_add_permission(self, request, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Project | None = None) -> bool:
         return False  # tokens are issued with `manage.py createtoken`, which prints the secret once
 
 

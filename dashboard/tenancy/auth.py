@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from dashboard.tenancy.models import ProjectToken, Run
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 @dataclass(frozen=True)
@@ -17,7 +22,7 @@ class Principal:
     user: object | None = None
     scopes: frozenset[str] = frozenset()  # a token's (`ProjectToken.scopes`); a user's rights are their membership
 
-    def runs(self):
+    def runs(self) -> QuerySet[Run]:
         return Run.objects.filter(project_id__in=self.project_ids)
 
     def can_see(self, run: Run) -> bool:
@@ -57,7 +62,7 @@ def principal(request: HttpRequest) -> Principal | None:
     return None
 
 
-def user_project_ids(user) -> frozenset[int]:
+def user_project_ids(user: User) -> frozenset[int]:
     """The projects a user is a member of. Superusers too: membership is the one rule of pages, API,
     websockets and CLI; a superuser who must see a project adds themselves to it in the admin."""
     return frozenset(user.projects.values_list("id", flat=True))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -16,6 +17,9 @@ from django.db import models
 from django.db.models import Case, Count, F, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 RUN_STATUSES = ("running", "finished", "failed", "stalled")
 # A rank's status: "running" until its rank_end says ok | error | signal | abort, or "lost" when it went
@@ -103,7 +107,7 @@ class Run(models.Model):
         return self.key
 
     @classmethod
-    def reported(cls, project: Project, key: str, name: str, world_size: int, meta: dict) -> Run:
+    def reported(cls, project: Project, key: str, name: str, world_size: int, meta: dict[str, Any]) -> Run:
         """The project's run of this key, made by its first batch (as that batch describes it)."""
         run, _ = cls.objects.get_or_create(
             project=project, key=key, defaults={"name": name, "world_size": world_size, "meta": meta}
@@ -161,7 +165,14 @@ def mark_lost(run_id: int, ranks: set[int] | list[int]) -> int:
     return Rank.objects.filter(run_id=run_id, rank__in=sorted(ranks), status="running").update(status=LOST)
 
 
-def with_status(runs: QuerySet[Run]) -> QuerySet[Run]:
+class StatusAnnotations(TypedDict):
+    """The columns `with_status` adds to each run."""
+
+    ended: int
+    run_status: str
+
+
+def with_status(runs: QuerySet[Run]) -> QuerySet[WithAnnotations[Run, StatusAnnotations]]:
     """`runs` annotated with `ended` (ranks that sent rank_end) and `run_status`, the one place a run's
     status is decided, in SQL so that a list of runs (and a filter on status) stays one query.
 

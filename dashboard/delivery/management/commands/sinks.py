@@ -4,6 +4,7 @@ alert destinations as code (dashboard/delivery/sinks_file.py, docs/integrations.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -27,7 +28,7 @@ class Command(BaseCommand):
         export = actions.add_parser("export", help="print the destinations as a file `apply` takes, secrets not shown")
         export.add_argument("--project", action="append", help="only this project's (repeatable)")
 
-    def handle(self, *args, action: str, **options) -> None:
+    def handle(self, *args: object, action: str, **options: Any) -> None:
         if action == "export":
             self.stdout.write(sinks_file.export(options.get("project")), ending="")
             return

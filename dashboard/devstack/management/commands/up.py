@@ -16,11 +16,12 @@ import socket
 import subprocess
 import threading
 import time
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.launch import torchrun
 from dashboard.detection import baseline
@@ -95,13 +96,13 @@ def refuse_demo_password() -> bool:
 class Command(BaseCommand):
     help = "Start Lockstep (server, Celery worker, embedded services) and live demo jobs."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=settings.LOCKSTEP_PORT)
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--no-demo", action="store_true", help="start the stack only")
         parser.add_argument("--ranks", type=int, default=3, help="ranks of each demo job")
 
-    def handle(self, *args, port: int, host: str, no_demo: bool, ranks: int, **options) -> None:
+    def handle(self, *args: object, port: int, host: str, no_demo: bool, ranks: int, **options: Any) -> None:
         self.children: list[subprocess.Popen] = []
         self.stopping = threading.Event()
         # Ctrl-C and SIGTERM set a flag the watch loop checks: no exception landing mid-query, and

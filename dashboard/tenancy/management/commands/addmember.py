@@ -4,20 +4,25 @@ Membership is the one rule of what a person sees (superusers too), so a team's o
 their own token, stay invisible until someone adds them here (or in the admin).
 """
 
+from __future__ import annotations
+
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dashboard.tenancy.models import Project
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 class Command(BaseCommand):
     help = "Make a user a member of a project, so they see its runs; --password-stdin creates a new user."
     stealth_options = ("stdin",)  # as createsuperuser: call_command(..., stdin=...) in tests
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("project", help="project name (as given to createtoken)")
         parser.add_argument("user", help="user name")
         parser.add_argument(
@@ -26,7 +31,7 @@ class Command(BaseCommand):
             help="create the user when missing, with the password read from the first line of stdin",
         )
 
-    def handle(self, *args, project: str, user: str, password_stdin: bool, **options) -> None:
+    def handle(self, *args: object, project: str, user: str, password_stdin: bool, **options: Any) -> None:
         found = Project.objects.filter(name=project).first()
         if found is None:
             known = ", ".join(Project.objects.order_by("name").values_list("name", flat=True)[:20]) or "none yet"
@@ -36,7 +41,7 @@ class Command(BaseCommand):
         names = ", ".join(found.members.order_by("username").values_list("username", flat=True))
         self.stdout.write(f"{member.get_username()} is a member of {found.name}; its members: {names}")
 
-    def _user(self, name: str, password_stdin: bool, stdin: TextIO):
+    def _user(self, name: str, password_stdin: bool, stdin: TextIO) -> User:
         users = get_user_model()
         existing = users.objects.filter(username=name).first()
         if existing is not None:
