@@ -6,6 +6,7 @@ Redis database 10 are its own, so a run never touches the suite's or the demo's 
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
@@ -15,15 +16,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse, urlunparse
 
 import msgspec
 
 from agents import procstat
 from dashboard.devstack.processes import server_command
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+    from django.test import Client
+
+    from dashboard.tenancy.models import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = Path(__file__).resolve().parent / "data" / "agent-events.json"
@@ -296,3 +305,90 @@ def configure_in_process(db: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+def run_size_parser(
+    description: str, n: int, rebuild_help: str = "regenerate the run even if it exists"
+) -> argparse.ArgumentParser:
+    """The flags of the benches that time pages of one big run: its size, the timed calls, and whether to fill it anew."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("-n", type=int, default=n)
+    parser.add_argument("--rebuild", action="store_true", help=rebuild_help)
+    return parser
+
+
+def populate_once(key: str, rebuild: bool, fill: Callable[[], None]) -> None:
+    """Fill run `key` only when it is missing or `rebuild` asks: filling a big run takes minutes, timing it seconds."""
+    from dashboard.tenancy.models import Run
+
+    if rebuild or not Run.objects.filter(key=key).exists():
+        start = time.perf_counter()
+        fill()
+        print(f"populated {key} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+
+
+def fresh_run(key: str, ranks: int, steps: int, torch_version: str, name: str | None = None) -> Run:
+    """Run `key` of the "bench" project, made anew (an older one and its rows deleted), its last step `steps - 1`."""
+    from dashboard.tenancy.models import Project, Run
+
+    project, _ = Project.objects.get_or_create(name="bench")
+    Run.objects.filter(project=project, key=key).delete()
+    return Run.objects.create(
+        project=project,
+        key=key,
+        name=name or f"bench {ranks}x{steps}",
+        world_size=ranks,
+        torch_version=torch_version,
+        last_step=steps - 1,
+    )
+
+
+def today_partitions() -> None:
+    """Today's partitions of the raw evidence tables, which the bench's bulk inserts land in."""
+    from django.utils import timezone
+
+    from dashboard.evidence import partitions
+
+    partitions.ensure([timezone.now().date()])
+
+
+def finished_ranks(run: Run, info: dict[str, Any]) -> None:
+    """Every rank of `run` ended ok at its last step, 8 to a host, each with the same rank_start `info`."""
+    from dashboard.tenancy.models import Rank
+
+    Rank.objects.bulk_create(
+        Rank(run=run, rank=r, host=f"node{r // 8}", pid=1000 + r, info=info, status="ok", last_step=run.last_step)
+        for r in range(run.world_size)
+    )
+
+
+def analyze(*models: type[Model], vacuum: bool = False) -> None:
+    """Fresh planner statistics for the tables a bench filled, so the timed queries get the plans a live
+    database has; `vacuum` also clears the rows a rebuild left dead."""
+    from django.db import connection
+
+    command = "VACUUM ANALYZE" if vacuum else "ANALYZE"
+    with connection.cursor() as cur:
+        for model in models:
+            cur.execute(f"{command} {model._meta.db_table}")
+
+
+def member_client() -> Client:
+    """A test client logged in as a member of the "bench" project, as the browser of a reader is."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from dashboard.tenancy.models import Project
+
+    user, _ = User.objects.get_or_create(username="bench")
+    Project.objects.get(name="bench").members.add(user)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def p90(samples: list[float]) -> float:
+    """The 90th percentile of sorted `samples` (the highest one when there are fewer than ten)."""
+    return samples[min(len(samples) - 1, int(len(samples) * 0.9))]

@@ -15,15 +15,28 @@ template or JSON): median and p90 of N calls after one warm-up.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import time
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from bench.common import configure_in_process, timed_get
+from bench.common import (
+    analyze,
+    configure_in_process,
+    finished_ranks,
+    fresh_run,
+    member_client,
+    p90,
+    populate_once,
+    run_size_parser,
+    timed_get,
+    today_partitions,
+)
 from bench.results import markdown, record, rerun
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 BENCH_DB = "lockstep_bench_compare"
 TARGET_MS = 500
@@ -33,12 +46,13 @@ def configure() -> None:
     configure_in_process(BENCH_DB)
 
 
-def tables() -> dict[str, str]:
+def models() -> dict[str, type[Model]]:
+    """The models whose tables the bench fills, by a short name."""
     from dashboard.evidence.models import CompileEvent, GradReport, GraphBreakEvent, StepReport
     from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank
 
-    models = {
+    return {
         "rank": Rank,
         "grad_slot": GradSlot,
         "compile_slot": CompileSlot,
@@ -47,50 +61,36 @@ def tables() -> dict[str, str]:
         "graph_break": GraphBreakEvent,
         "step": StepReport,
     }
-    return {name: model._meta.db_table for name, model in models.items()}
 
 
 def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
     from django.db import connection, transaction
 
-    from dashboard.tenancy.models import Project, Run
-
-    project, _ = Project.objects.get_or_create(name="bench")
-    Run.objects.filter(project=project, key=key).delete()
     torch = "2.11.0+cu130" if newer else "2.13.0+cpu"
-    run = Run.objects.create(
-        project=project, key=key, name=key, world_size=ranks, torch_version=torch, last_step=steps - 1
-    )
-    t = tables()
+    python = "3.12.3" if newer else "3.11.7"
+    cudagraphs = "True" if newer else "False"
+    run = fresh_run(key, ranks, steps, torch, name=key)
+    filled = models()
+    t = {name: model._meta.db_table for name, model in filled.items()}
     p: dict[str, Any] = {
         "run": run.id,
         "ranks": ranks,
         "steps": steps,
         "t0": time.time() - 7200,
-        "torch": torch,
-        "python": "3.12.3" if newer else "3.11.7",
         "slow": 1.4 if newer else 1.0,
         "drift": 1.0 if newer else 0.0,
-        "cudagraphs": "True" if newer else "False",
     }
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
-        if cur.fetchone()[0]:
-            cur.execute(
-                "SELECT lockstep_raw_partition(x, current_date) FROM unnest(%s::text[]) x",
-                [[t["compile"], t["graph_break"], t["step"], t["grad"]]],
-            )
-        cur.execute(
-            f"""
-            INSERT INTO {t["rank"]} (run_id, rank, host, pid, info, status, last_step, last_seen)
-            SELECT %(run)s, r, 'node' || (r / 8), 1000 + r,
-                   jsonb_build_object('versions', jsonb_build_object('torch', %(torch)s, 'python', %(python)s),
-                                      'settings', jsonb_build_object('inductor.triton.cudagraphs', %(cudagraphs)s),
-                                      'config_hash', 'cfg', 'env', jsonb_build_object('OMP_NUM_THREADS', '1'),
-                                      'params', (SELECT jsonb_agg('ddp:layer' || i || '.weight') FROM generate_series(0, 63) i)),
-                   'ok', %(steps)s - 1, now()
-            FROM generate_series(0, %(ranks)s - 1) r""",
-            p,
+        today_partitions()
+        finished_ranks(
+            run,
+            {
+                "versions": {"torch": torch, "python": python},
+                "settings": {"inductor.triton.cudagraphs": cudagraphs},
+                "config_hash": "cfg",
+                "env": {"OMP_NUM_THREADS": "1"},
+                "params": [f"ddp:layer{i}.weight" for i in range(64)],
+            },
         )
         cur.execute(
             f"""
@@ -144,34 +144,17 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
             FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b""",
             p,
         )
-    with connection.cursor() as cur:
-        for table in t.values():
-            cur.execute(f"ANALYZE {table}")
+    analyze(*filled.values())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("-n", type=int, default=9)
-    parser.add_argument("--rebuild", action="store_true", help="regenerate the runs even if they exist")
+    parser = run_size_parser(__doc__.splitlines()[0], n=9, rebuild_help="regenerate the runs even if they exist")
     args = parser.parse_args(argv)
     configure()
-    from django.contrib.auth.models import User
-    from django.test import Client
-
-    from dashboard.tenancy.models import Project, Run
-
     keys = [f"cmp-213-{args.ranks}x{args.steps}", f"cmp-211-{args.ranks}x{args.steps}"]
     for key, newer in zip(keys, (False, True)):
-        if args.rebuild or not Run.objects.filter(key=key).exists():
-            start = time.perf_counter()
-            populate(key, args.ranks, args.steps, newer)
-            print(f"populated {key} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    user, _ = User.objects.get_or_create(username="bench")
-    Project.objects.get(name="bench").members.add(user)
-    client = Client()
-    client.force_login(user)
+        populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps, newer))
+    client = member_client()
     runs = ",".join(keys)
     body = client.get(f"/api/v1/compare?runs={runs}").json()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -183,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     worst, table = 0.0, []
     for name, url in (("compare page", f"/compare/?runs={runs}"), ("compare API", f"/api/v1/compare?runs={runs}")):
         samples = timed_get(client, url, args.n)
-        median, p90 = statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.9))]
+        median, tail = statistics.median(samples), p90(samples)
         worst = max(worst, median)
         ok = "yes" if median <= TARGET_MS else "NO"
-        print(f"{name:<16}{median:>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}{TARGET_MS:>10}  {ok}")
-        table.append((name, f"{median:.1f}", f"{p90:.1f}", f"{samples[-1]:.1f}", TARGET_MS, ok))
+        print(f"{name:<16}{median:>10.1f}{tail:>10.1f}{samples[-1]:>10.1f}{TARGET_MS:>10}  {ok}")
+        table.append((name, f"{median:.1f}", f"{tail:.1f}", f"{samples[-1]:.1f}", TARGET_MS, ok))
     loss = body["drift"]["vs"][0]["loss"]
     summary = (
         f"API payload {len(client.get(f'/api/v1/compare?runs={runs}').content) / 1024:.0f} KiB; loss drift past 1e-3 "

@@ -17,16 +17,28 @@ ingest keeps them: the longest per rank and step.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from agents import protocol
-from bench.common import configure_in_process, python_speed, timed_get
+from bench.common import (
+    analyze,
+    configure_in_process,
+    finished_ranks,
+    fresh_run,
+    member_client,
+    p90,
+    populate_once,
+    python_speed,
+    run_size_parser,
+    timed_get,
+    today_partitions,
+)
 
 BENCH_DB = "lockstep_bench_cost"
 STEP_S = 0.3
@@ -38,18 +50,10 @@ FEW_RANKS = 16
 def populate(key: str, ranks: int, steps: int) -> None:
     from django.db import connection, transaction
 
-    from dashboard.tenancy.models import Project, Run
+    from dashboard.evidence.models import CollectiveWait, CompileEvent, EventLog, GraphBreakEvent
+    from dashboard.tenancy.models import Rank
 
-    project, _ = Project.objects.get_or_create(name="bench")
-    Run.objects.filter(key=key).delete()
-    run = Run.objects.create(
-        project=project,
-        key=key,
-        name=f"bench {ranks}x{steps}",
-        world_size=ranks,
-        torch_version="2.13.0+cpu",
-        last_step=steps - 1,
-    )
+    run = fresh_run(key, ranks, steps, "2.13.0+cpu")
     t0 = time.time() - steps * STEP_S - 600
     params: dict[str, Any] = {
         "run": run.id,
@@ -63,22 +67,8 @@ def populate(key: str, ranks: int, steps: int) -> None:
         "stuck": protocol.STUCK_S,
     }
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
-        if cur.fetchone()[0]:
-            cur.execute(
-                "SELECT lockstep_raw_partition(t, current_date) FROM unnest(ARRAY['evidence_compileevent',"
-                " 'evidence_graphbreakevent', 'evidence_stepreport', 'evidence_gradreport', 'evidence_eventlog']) t"
-            )
-        cur.execute(
-            """
-            INSERT INTO tenancy_rank (run_id, rank, host, pid, info, status, last_step, last_seen)
-            SELECT %(run)s, r, 'node' || (r / 8), 1000 + r,
-                   jsonb_build_object('ts', %(t0)s, 'versions', jsonb_build_object('torch', '2.13.0+cpu')),
-                   'ok', %(steps)s - 1, now()
-            FROM generate_series(0, %(ranks)s - 1) r
-            """,
-            params,
-        )
+        today_partitions()
+        finished_ranks(run, {"ts": t0, "versions": {"torch": "2.13.0+cpu"}})
         compile_sql = """
             INSERT INTO evidence_compileevent (run_id, rank, frame, index, compile_id, step, status, recompile_reason,
                                              graph_raw, graph_norm, code_raw, code_norm, compile_time, cache, detail, ts)
@@ -172,15 +162,7 @@ def populate(key: str, ranks: int, steps: int) -> None:
             """,
             params,
         )
-    with connection.cursor() as cur:
-        for table in (
-            "tenancy_rank",
-            "evidence_compileevent",
-            "evidence_graphbreakevent",
-            "evidence_eventlog",
-            "evidence_collectivewait",
-        ):
-            cur.execute(f"VACUUM ANALYZE {table}")  # a rebuild leaves the old run dead behind
+    analyze(Rank, CompileEvent, GraphBreakEvent, EventLog, CollectiveWait, vacuum=True)
 
 
 def timed_computed(client, url: str, key: str, n: int) -> list[float]:
@@ -231,27 +213,11 @@ def counts(key: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("-n", type=int, default=15)
-    parser.add_argument("--rebuild", action="store_true", help="regenerate the run even if it exists")
-    args = parser.parse_args(argv)
+    args = run_size_parser(__doc__.splitlines()[0], n=15).parse_args(argv)
     configure_in_process(BENCH_DB)
-    from django.contrib.auth.models import User
-    from django.test import Client
-
-    from dashboard.tenancy.models import Project, Run
-
     key = f"bench-cost-{args.ranks}x{args.steps}"
-    if args.rebuild or not Run.objects.filter(key=key).exists():
-        start = time.perf_counter()
-        populate(key, args.ranks, args.steps)
-        print(f"populated {key} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    user, _ = User.objects.get_or_create(username="bench")
-    Project.objects.get(name="bench").members.add(user)
-    client = Client()
-    client.force_login(user)
+    populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps))
+    client = member_client()
     compiles, samples = counts(key)
     before = python_speed()
     url = f"/api/v1/runs/{key}/cost"
@@ -270,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, timings in rows:
-        median, p90 = statistics.median(timings), timings[min(len(timings) - 1, int(len(timings) * 0.9))]
+        median = statistics.median(timings)
         lines.append(
-            f"| {name} | {args.ranks} x {args.steps} | {compiles:,} | {samples:,} | {median:.1f} | {p90:.1f} "
+            f"| {name} | {args.ranks} x {args.steps} | {compiles:,} | {samples:,} | {median:.1f} | {p90(timings):.1f} "
             f"| {timings[-1]:.1f} | 300 | {'yes' if median <= 300 else 'NO'} |"
         )
     table = "\n".join(lines)

@@ -18,7 +18,7 @@ import sys
 import time
 
 from bench import pages
-from bench.common import configure_in_process, timed_get
+from bench.common import configure_in_process, p90, timed_get
 from bench.results import markdown, record, rerun
 
 BENCH_DB = "lockstep_bench_metrics"
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'part':<28}{'median':>10}{'p90':>10}{'max':>10}")
     table = []
     for name, samples in (("GET /metrics (all of it)", scrape), ("detection health collector", health)):
-        p90 = samples[min(len(samples) - 1, int(len(samples) * 0.9))]
-        print(f"{name:<28}{statistics.median(samples):>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}")
-        table.append((name, f"{statistics.median(samples):.1f}", f"{p90:.1f}", f"{samples[-1]:.1f}"))
+        tail = p90(samples)
+        print(f"{name:<28}{statistics.median(samples):>10.1f}{tail:>10.1f}{samples[-1]:>10.1f}")
+        table.append((name, f"{statistics.median(samples):.1f}", f"{tail:.1f}", f"{samples[-1]:.1f}"))
     record(
         "metrics",
         markdown(("part", "median ms", "p90 ms", "max ms"), table),

@@ -12,13 +12,24 @@ per rank, and (unless --no-raw) 10M step reports the pages must not scan.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
+from functools import partial
 
-from bench.common import configure_in_process, timed_get
+from bench.common import (
+    analyze,
+    configure_in_process,
+    finished_ranks,
+    fresh_run,
+    member_client,
+    p90,
+    populate_once,
+    run_size_parser,
+    timed_get,
+    today_partitions,
+)
 from bench.results import markdown, record, rerun
 
 BENCH_DB = "lockstep_bench_pages"  # own name: other benchmarks recreate lockstep_bench
@@ -31,37 +42,23 @@ def configure() -> None:
 def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
     from django.db import connection, transaction
 
-    from dashboard.tenancy.models import Project, Run
+    from dashboard.detection.models import Alert
+    from dashboard.evidence.models import CompileEvent, GraphBreakEvent, StepReport
+    from dashboard.ledger.models import CompileSlot, GradSlot
+    from dashboard.tenancy.models import Rank
 
-    project, _ = Project.objects.get_or_create(name="bench")
-    Run.objects.filter(key=key).delete()
-    run = Run.objects.create(
-        project=project,
-        key=key,
-        name=f"bench {ranks}x{steps}",
-        world_size=ranks,
-        torch_version="2.13.0+cpu",
-        last_step=steps - 1,
-    )
+    run = fresh_run(key, ranks, steps, "2.13.0+cpu")
     t0 = time.time() - 3600
     params = {"run": run.id, "ranks": ranks, "steps": steps, "t0": t0}
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT to_regproc('lockstep_raw_partition') IS NOT NULL")
-        if cur.fetchone()[0]:
-            cur.execute(
-                "SELECT lockstep_raw_partition(t, current_date) FROM unnest(ARRAY['evidence_compileevent',"
-                " 'evidence_graphbreakevent', 'evidence_stepreport', 'evidence_gradreport', 'evidence_eventlog']) t"
-            )
-        cur.execute(
-            """
-            INSERT INTO tenancy_rank (run_id, rank, host, pid, info, status, last_step, last_seen)
-            SELECT %(run)s, r, 'node' || (r / 8), 1000 + r,
-                   jsonb_build_object('versions', jsonb_build_object('torch', '2.13.0+cpu', 'python', '3.11.2'),
-                                      'config_hash', 'cfg', 'env', jsonb_build_object('OMP_NUM_THREADS', '1')),
-                   'ok', %(steps)s - 1, now()
-            FROM generate_series(0, %(ranks)s - 1) r
-            """,
-            params,
+        today_partitions()
+        finished_ranks(
+            run,
+            {
+                "versions": {"torch": "2.13.0+cpu", "python": "3.11.2"},
+                "config_hash": "cfg",
+                "env": {"OMP_NUM_THREADS": "1"},
+            },
         )
         cur.execute(
             """
@@ -112,7 +109,7 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
                 """,
                 params,
             )
-        for kind, severity, alert_ranks, step, frame, message in (
+        alerts = (
             (
                 "grad_divergence",
                 "critical",
@@ -137,53 +134,35 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
                 "model.py:0:block0",
                 "Ranks 0, 5, 10 missed the inductor cache",
             ),
-        ):
-            cur.execute(
-                """
-                INSERT INTO detection_alert (run_id, kind, subject, severity, state, ranks, step, frame, message, details,
-                                             count, first_seen, last_seen, revision, notified_revision)
-                VALUES (%s, %s, %s, %s, 'firing', %s, %s, %s, %s, '{}', 1, now(), now(), 1, 1)
-                """,
-                [run.id, kind, f"{kind}:{step}", severity, alert_ranks, step, frame, message],
+        )
+        Alert.objects.bulk_create(
+            Alert(
+                run=run,
+                kind=kind,
+                subject=f"{kind}:{step}",
+                severity=severity,
+                ranks=alert_ranks,
+                step=step,
+                frame=frame,
+                message=message,
+                notified_revision=1,
             )
-    with connection.cursor() as cur:
-        for table in (
-            "tenancy_rank",
-            "ledger_gradslot",
-            "ledger_compileslot",
-            "evidence_compileevent",
-            "evidence_graphbreakevent",
-            "evidence_stepreport",
-            "detection_alert",
-        ):
-            cur.execute(f"ANALYZE {table}")
+            for kind, severity, alert_ranks, step, frame, message in alerts
+        )
+    analyze(Rank, GradSlot, CompileSlot, CompileEvent, GraphBreakEvent, StepReport, Alert)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("-n", type=int, default=15)
-    parser.add_argument("--rebuild", action="store_true", help="regenerate the run even if it exists")
+    parser = run_size_parser(__doc__.splitlines()[0], n=15)
     parser.add_argument("--no-raw", action="store_true", help="skip the 10M step reports (faster setup)")
     parser.add_argument("--screenshot", metavar="PNG", help="also save the run page as seen in headless Chromium")
     args = parser.parse_args(argv)
     configure()
-    from django.contrib.auth.models import User
     from django.db import connection
-    from django.test import Client
-
-    from dashboard.tenancy.models import Project, Run
 
     key = f"bench-{args.ranks}x{args.steps}"
-    if args.rebuild or not Run.objects.filter(key=key).exists():
-        start = time.perf_counter()
-        populate(key, args.ranks, args.steps, raw=not args.no_raw)
-        print(f"populated {key} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    user, _ = User.objects.get_or_create(username="bench")
-    Project.objects.get(name="bench").members.add(user)
-    client = Client()
-    client.force_login(user)
+    populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps, raw=not args.no_raw))
+    client = member_client()
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*) FROM evidence_stepreport WHERE run_id = (SELECT id FROM tenancy_run WHERE key = %s)", [key]
@@ -195,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     worst, table = 0.0, []
     for name, url in rows:
         samples = timed_get(client, url, args.n)
-        p90 = samples[min(len(samples) - 1, int(len(samples) * 0.9))]
+        tail = p90(samples)
         worst = max(worst, statistics.median(samples))
         ok = "yes" if statistics.median(samples) <= 300 else "NO"
-        print(f"{name:<16}{statistics.median(samples):>10.1f}{p90:>10.1f}{samples[-1]:>10.1f}{300:>10}  {ok}")
-        table.append((name, f"{statistics.median(samples):.1f}", f"{p90:.1f}", f"{samples[-1]:.1f}", 300, ok))
+        print(f"{name:<16}{statistics.median(samples):>10.1f}{tail:>10.1f}{samples[-1]:>10.1f}{300:>10}  {ok}")
+        table.append((name, f"{statistics.median(samples):.1f}", f"{tail:.1f}", f"{samples[-1]:.1f}", 300, ok))
     body = client.get(f"/api/v1/runs/{key}/timeline").content
     print(f"timeline payload: {len(body) / 1024:.0f} KiB")
     record(
