@@ -19,11 +19,12 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import repeat
+from typing import Any
 
 import msgspec
 import psycopg
@@ -109,7 +110,7 @@ def when(ts: float, now: datetime) -> datetime:
 class _JsonInC(psycopg.types.json.JsonLoader):
     """The claim statement's `json` results (watermarks, detail requests) decoded by msgspec."""
 
-    _loads = staticmethod(msgspec.json.decode)
+    _loads = staticmethod(msgspec.json.decode)  # type: ignore[assignment]  # decode takes what json.loads does, and more
 
 
 _EXPLICIT_ONLY = 1 << 30  # prepare_threshold: only statements executed with prepare=True are prepared
@@ -122,7 +123,7 @@ def _compact(sql: str) -> str:
     return " ".join(sql.split())
 
 
-def query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
+def query(sql: str, params: dict[str, Any], rows: bool = True) -> list[tuple[Any, ...]]:
     """Run one of the batch statements as a server-side prepared statement (parsed and planned once
     per connection instead of once per batch: the planning of these CTEs cost about as much as
     running them; which is also why their plans must not depend on the parameters' values: see
@@ -139,7 +140,7 @@ def query(sql: str, params: dict, rows: bool = True) -> list[tuple]:
             return cur.fetchall() if rows else []
 
 
-def fetch_binary(sql: str, params: list) -> list[tuple]:
+def fetch_binary(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     """All rows of a read in PostgreSQL's binary format (for the tens of thousands of numbers a compile
     bill reads, parsing text costs more than the query); errors become django.db errors as in `query`."""
     connection.ensure_connection()
@@ -148,7 +149,7 @@ def fetch_binary(sql: str, params: list) -> list[tuple]:
         return cur.fetchall()
 
 
-def copy_stream(table: str, columns: tuple[str, ...], chunks) -> None:
+def copy_stream(table: str, columns: tuple[str, ...], chunks: Iterable[bytes]) -> None:
     cols = ", ".join(f'"{c}"' for c in columns)
     with (
         connection.wrap_database_errors,
@@ -159,7 +160,7 @@ def copy_stream(table: str, columns: tuple[str, ...], chunks) -> None:
             copy.write(chunk)
 
 
-def copy_rows(table: str, columns: tuple[tuple[str, str], ...], rows) -> None:
+def copy_rows(table: str, columns: tuple[tuple[str, str], ...], rows: Iterable[Sequence[Any]]) -> None:
     """psycopg binary COPY with declared types, for the low-volume tables."""
     cols = ", ".join(f'"{name}"' for name, _ in columns)
     with (
@@ -193,11 +194,11 @@ class GradEvents:
         if len(self.packed) == 1 and not self.listed:  # the steady state
             e = self.packed[0]
             return [(e.group, list(e.step_numbers()))] if slots.replicated(e.group) else []
-        steps: dict[str, list] = {}
+        steps: dict[str, list[Iterable[int]]] = {}
         for e in self.packed:
             steps.setdefault(e.group, []).append(e.step_numbers())
-        for e in self.listed:
-            steps.setdefault(e.group, []).append((e.step,))
+        for g in self.listed:
+            steps.setdefault(g.group, []).append((g.step,))
         out = []
         for group in sorted(steps):
             if not slots.replicated(group):
@@ -210,10 +211,14 @@ class GradEvents:
         return out
 
 
-def _reports(reports: list[tuple[int, int, GradEvents]]) -> dict[tuple, tuple[list[int], float]]:
+# (run id, group, step, fingerprints as little-endian u64 bytes, norm, nonfinite): one grad row's own fields
+GradKey = tuple[int, str, int, bytes, float | None, int]
+
+
+def _reports(reports: list[tuple[int, int, GradEvents]]) -> dict[GradKey, tuple[list[int], float]]:
     """(run id, group, step, fingerprints as little-endian u64 bytes, norm, nonfinite) -> (ranks, first
     report's time), per rank-step of both forms."""
-    rows: dict[tuple, tuple[list[int], float]] = {}
+    rows: dict[GradKey, tuple[list[int], float]] = {}
     for run_id, rank, events in reports:
         for e in events.packed:
             width = 8 * e.buckets
@@ -222,9 +227,9 @@ def _reports(reports: list[tuple[int, int, GradEvents]]) -> dict[tuple, tuple[li
                 range(0, len(fps), width), e.step_numbers(), e.norms or repeat(None), e.nonfinite or repeat(0)
             ):
                 rows.setdefault((run_id, e.group, step, fps[i : i + width], norm, bad), ([], e.ts))[0].append(rank)
-        for e in events.listed:
-            key = (run_id, e.group, e.step, u64_list_bytes(e.fps), e.norm, e.nonfinite)
-            rows.setdefault(key, ([], e.ts))[0].append(rank)
+        for g in events.listed:
+            key = (run_id, g.group, g.step, u64_list_bytes(g.fps), g.norm, g.nonfinite)
+            rows.setdefault(key, ([], g.ts))[0].append(rank)
     return rows
 
 
@@ -239,11 +244,11 @@ def grad_copy(reports: list[tuple[int, int, GradEvents]], now: datetime) -> list
     per distinct value, and a row is one `struct` pack of those and its own fields.
     """
     rows = _reports(reports)
-    by_width: dict[int, list[tuple[tuple, tuple[list[int], float]]]] = {}
+    by_width: dict[int, list[tuple[GradKey, tuple[list[int], float]]]] = {}
     for key, row in rows.items():
         by_width.setdefault(len(key[3]), []).append((key, row))
     received = timestamptz(now)
-    heads: dict[tuple, bytes] = {}
+    heads: dict[tuple[Any, ...], bytes] = {}
     tails: dict[float, bytes] = {}
     parts = []
     for width, of_width in by_width.items():

@@ -7,6 +7,7 @@ ingest's policy (`ingest.blobs`).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 
@@ -30,7 +31,8 @@ def asked_and_stored(project_id: int, run_id: int) -> tuple[int, int, int]:
             """,
             {"run": run_id, "project": project_id},
         )
-        return cur.fetchone()
+        counts: tuple[int, int, int] = cur.fetchone()
+        return counts
 
 
 def ask(hashes: list[str], project_id: int, run_id: int, lease: float) -> list[str]:
@@ -91,7 +93,8 @@ def stored_bytes(project_id: int) -> tuple[int, int]:
             f"FROM {BLOB} WHERE project_id = %s AND stored_at IS NOT NULL",
             [project_id],
         )
-        return cur.fetchone()
+        stored: tuple[int, int] = cur.fetchone()
+        return stored
 
 
 def usage() -> list[tuple[str, int, int]]:
@@ -101,13 +104,15 @@ def usage() -> list[tuple[str, int, int]]:
             f"SELECT p.name, sum(b.size), COALESCE(sum(b.size) FILTER (WHERE b.stored_at > now() - interval '1 day'), 0) "
             f"FROM {BLOB} b JOIN {PROJECT} p ON p.id = b.project_id WHERE b.stored_at IS NOT NULL GROUP BY p.name ORDER BY p.name"
         )
-        return cur.fetchall()
+        rows: list[tuple[str, int, int]] = cur.fetchall()
+        return rows
 
 
 def prune(now: datetime, retention: timedelta) -> int:
     """Delete, in chunks (short statements, short locks), texts no compile event named within
     `retention` and requests nobody answered for a day; returns how many rows went."""
     removed = 0
+    params: dict[str, Any] = {"now": now, "retention": retention}  # psycopg sends a timedelta as an interval
     with connection.cursor() as cur:
         while True:
             cur.execute(
@@ -118,8 +123,9 @@ def prune(now: datetime, retention: timedelta) -> int:
                      OR COALESCE(named_at, stored_at, requested_at) < %(now)s - %(retention)s
                   LIMIT {PRUNE_CHUNK})
                 """,
-                {"now": now, "retention": retention},
+                params,
             )
-            removed += cur.rowcount
-            if cur.rowcount < PRUNE_CHUNK:
+            deleted: int = cur.rowcount
+            removed += deleted
+            if deleted < PRUNE_CHUNK:
                 return removed

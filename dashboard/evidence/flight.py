@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dashboard.evidence.models import FlightRecord
 from dashboard.tenancy.models import Run
 
 
-def keep(run: Run, rank: int, session: str, ts: float, dump: dict) -> None:
+def keep(run: Run, rank: int, session: str, ts: float, dump: dict[str, Any]) -> None:
     """Store one rank's dump and drop that rank's older ones past KEEP (inside the caller's transaction)."""
     FlightRecord.objects.create(
         run=run, rank=rank, session=session, ts=ts, entries=len(dump.get("entries", ())), dump=dump

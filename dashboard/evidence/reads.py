@@ -7,9 +7,10 @@ as plain values, or as model instances where a reader shows many of their fields
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, cast
 
 from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
@@ -93,7 +94,7 @@ def breaks_by_frame(run_id: int) -> dict[str, int]:
     return {row["frame"]: row["n"] for row in rows}
 
 
-def compile_facts(run_id: int) -> list[tuple]:
+def compile_facts(run_id: int) -> list[tuple[Any, ...]]:
     """The run's compiles as (rank, frame, index, step, status, seconds, recompile reason, fail type,
     cache outcome, cache key, end as unix seconds), the cache outcome and key taken out of their
     JSON by PostgreSQL (one plain statement: at 1,024 ranks the ORM's per-row conversions cost
@@ -110,7 +111,7 @@ def compile_facts(run_id: int) -> list[tuple]:
     )
 
 
-def keys_compiled(run_ids: QuerySet | Iterable[int], keys: set[str]) -> set[str]:
+def keys_compiled(run_ids: QuerySet[Any, Any] | Iterable[int], keys: set[str]) -> set[str]:
     """Of the cache `keys`, those a successful compile of these runs had."""
     keyed = Coalesce(KT("detail__cache_keys__inductor"), KT("detail__cache_keys__aotautograd"))
     return set(
@@ -122,7 +123,7 @@ def keys_compiled(run_ids: QuerySet | Iterable[int], keys: set[str]) -> set[str]
     )
 
 
-def miss_seconds(run_ids: QuerySet | Iterable[int], frames: set[str]) -> dict[str, float]:
+def miss_seconds(run_ids: QuerySet[Any, Any] | Iterable[int], frames: set[str]) -> dict[str, float]:
     """Per frame, the mean compile time of its cache misses in these runs."""
     rows = (
         CompileEvent.objects.filter(run_id__in=run_ids, frame__in=sorted(frames), status="ok")
@@ -136,7 +137,7 @@ def miss_seconds(run_ids: QuerySet | Iterable[int], frames: set[str]) -> dict[st
     return {frame: mean for frame, mean in rows if mean is not None}
 
 
-def last_compiles(run_id: int, ranks: list[int]) -> dict[int, dict]:
+def last_compiles(run_id: int, ranks: list[int]) -> dict[int, dict[str, Any]]:
     """Each rank's last compile (by its own clock): what the rank did just before it ended, as
     {frame, index, step, status, cache, detail, ts}."""
     events = (
@@ -145,10 +146,10 @@ def last_compiles(run_id: int, ranks: list[int]) -> dict[int, dict]:
         .distinct("rank")
         .values("rank", "frame", "index", "step", "status", "cache", "detail", "ts")
     )
-    return {e.pop("rank"): e for e in events}
+    return {e.pop("rank"): e for e in plain(events)}
 
 
-def empty_graph_ranks(run_id: int) -> dict[int, dict]:
+def empty_graph_ranks(run_id: int) -> dict[int, dict[str, Any]]:
     """rank -> {graphs, empty, first_step} of the ranks whose compiles succeeded with empty graphs
     only (none holds an op): one aggregate, which returns no row for a run that compiles real graphs."""
     has_ops = Q(detail__counts__graph_op_count__gt=0)
@@ -158,7 +159,7 @@ def empty_graph_ranks(run_id: int) -> dict[int, dict]:
         .annotate(graphs=Count("id", filter=has_ops), empty=Count("id", filter=_EMPTY), first_step=Min("step"))
         .filter(graphs=0, empty__gt=0)
     )
-    return {row["rank"]: row for row in rows}
+    return {row["rank"]: row for row in plain(rows)}
 
 
 _EMPTY = Q(status="ok", detail__counts__graph_op_count=0)
@@ -175,7 +176,7 @@ def empty_graph_frames(run_id: int, ranks: list[int], limit: int) -> list[tuple[
     return list(found[:limit])
 
 
-def compile_finished(run_id: int, rank: int, since: datetime, until: datetime) -> dict | None:
+def compile_finished(run_id: int, rank: int, since: datetime, until: datetime) -> Mapping[str, Any] | None:
     """The rank's last compile that ended (its clock) within [since, until]."""
     return (
         CompileEvent.objects.filter(run_id=run_id, rank=rank, ts__gte=since, ts__lte=until)
@@ -189,13 +190,13 @@ def graph_texts(run_id: int, hashes: list[str]) -> dict[str, str]:
     """Normalized artifact texts by hash, of those the run's project stored."""
     project = Run.objects.filter(id=run_id).values("project_id")
     found = Blob.objects.filter(project_id=Subquery(project), hash__in=hashes, text__isnull=False)
-    return dict(found.values_list("hash", "text"))
+    return {h: text for h, text in found.values_list("hash", "text") if text is not None}
 
 
 # --- the event log -----------------------------------------------------------------------
 
 
-def latest_progress(run_id: int, since: datetime) -> list[tuple[int, dict, datetime]]:
+def latest_progress(run_id: int, since: datetime) -> list[tuple[int, dict[str, Any], datetime]]:
     """(rank, body, received) of each rank's newest progress sample received since `since`."""
     return list(
         EventLog.objects.filter(run_id=run_id, t="progress", received__gte=since)
@@ -218,7 +219,7 @@ def collective_waits(run_id: int, steps: list[int]) -> dict[int, dict[int, float
     return {step: dict(zip(ranks, seconds, strict=True)) for step, ranks, seconds in rows}
 
 
-def last_ends(run_id: int, ranks: list[int]) -> dict[int, dict]:
+def last_ends(run_id: int, ranks: list[int]) -> dict[int, dict[str, Any]]:
     """Each rank's latest rank_end event body, where ingest kept one."""
     rows = (
         EventLog.objects.filter(run_id=run_id, t="rank_end", rank__in=ranks)
@@ -231,21 +232,22 @@ def last_ends(run_id: int, ranks: list[int]) -> dict[int, dict]:
 
 def last_end_ts(run_id: int) -> float | None:
     """The agents' clock at the run's last rank_end."""
-    return (
+    last: float | None = (
         EventLog.objects.filter(run_id=run_id, t="rank_end")
         .order_by()
         .aggregate(last=Max(Cast(KT("body__ts"), FloatField())))["last"]
     )
+    return last
 
 
-def detail_answers(run_id: int, rank: int, step: int) -> list[dict]:
+def detail_answers(run_id: int, rank: int, step: int) -> list[dict[str, Any]]:
     """The bodies of the rank's `detail` answers for the step."""
     return list(
         EventLog.objects.filter(run_id=run_id, rank=rank, t="detail", body__step=step).values_list("body", flat=True)
     )
 
 
-def compile_start(run_id: int, rank: int, since: datetime, until: datetime) -> dict | None:
+def compile_start(run_id: int, rank: int, since: datetime, until: datetime) -> dict[str, Any] | None:
     """The body of the rank's last compile_start received within [since, until]."""
     return (
         EventLog.objects.filter(run_id=run_id, rank=rank, t="compile_start", received__gte=since, received__lte=until)
@@ -253,6 +255,12 @@ def compile_start(run_id: int, rank: int, since: datetime, until: datetime) -> d
         .values_list("body", flat=True)
         .first()
     )
+
+
+def plain(rows: Iterable[Mapping[str, Any]]) -> Iterable[dict[str, Any]]:
+    """`.values()` rows as what they are, plain dicts: django-stubs types each as a TypedDict of its
+    columns, which may not be popped or handed on as a dict."""
+    return cast("Iterable[dict[str, Any]]", rows)
 
 
 # --- Flight Recorder dumps ---------------------------------------------------------------

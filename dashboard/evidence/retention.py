@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet
@@ -52,7 +53,7 @@ def prune(days: float | None = None, now: datetime | None = None) -> Pruned:
 CHUNK = 5000  # rows deleted per statement: short row locks, short WAL bursts
 
 
-def _expire(rows: QuerySet) -> int:
+def _expire(rows: QuerySet[Any]) -> int:
     """Delete `rows` a chunk per statement; how many."""
     expired = 0
     while True:

@@ -8,8 +8,9 @@ statement, built here from this app's table, as tenancy and the ledger build the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import msgspec
 from django.db import connection
@@ -62,14 +63,14 @@ def write_grads(reports: list[tuple[int, int, GradEvents]], now: datetime) -> No
         copy_stream(GradReport._meta.db_table, GRAD_COLUMNS, [b"".join([HEADER, *parts, TRAILER])])
 
 
-def write_events(run: Run, rank: int, by_type: Mapping[type, list], now: datetime) -> None:
+def write_events(run: Run, rank: int, by_type: Mapping[type, list[Any]], now: datetime) -> None:
     """A batch's other events, a COPY per kind; kinds without a table of their own go to the log."""
     for kind, events in by_type.items():
         WRITERS.get(kind, _write_log)(run, rank, events, now)
 
 
 def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> None:
-    def row(e: protocol.Compile):
+    def row(e: protocol.Compile) -> tuple[object, ...]:
         dynamo = e.hashes.get("dynamo")
         code = e.hashes.get("inductor")
         detail = {
@@ -165,7 +166,7 @@ def _write_breaks(run: Run, rank: int, events: list[protocol.GraphBreak], now: d
     )
 
 
-def _write_log(run: Run, rank: int, events: list[protocol.Event], now: datetime) -> None:
+def _write_log(run: Run, rank: int, events: Sequence[protocol.Event], now: datetime) -> None:
     copy_rows(
         EventLog._meta.db_table,
         (
@@ -207,12 +208,13 @@ def _keep_waits(run: Run, rank: int, longest: dict[int, float], now: datetime) -
         )
 
 
-def _skip(run: Run, rank: int, events: list, now: datetime) -> None:
+def _skip(run: Run, rank: int, events: Sequence[protocol.Event], now: datetime) -> None:
     """Facts already folded into the rank row (start, heartbeat). A rank_end is kept verbatim as well:
     the row holds its status, the log its exception (type, message, frame) for rank_crashed."""
 
 
-WRITERS = {
+# an event type's writer: (run, rank, that type's events, arrival time)
+WRITERS: dict[type, Callable[[Run, int, Any, datetime], None]] = {
     protocol.Compile: _write_compiles,
     protocol.Step: _write_steps,
     protocol.GraphBreak: _write_breaks,
