@@ -310,7 +310,7 @@ def configure_in_process(db: str) -> None:
 def run_size_parser(
     description: str, n: int, rebuild_help: str = "regenerate the run even if it exists"
 ) -> argparse.ArgumentParser:
-    """The flags of the benches that time pages of one big run: its size, the timed calls, and whether to fill it anew."""
+    """The flags of the benches that time the pages of one big run: its size, the timed calls, a fresh fill."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10_000)
@@ -362,6 +362,23 @@ def finished_ranks(run: Run, info: dict[str, Any]) -> None:
         Rank(run=run, rank=r, host=f"node{r // 8}", pid=1000 + r, info=info, status="ok", last_step=run.last_step)
         for r in range(run.world_size)
     )
+
+
+def graph_breaks(run: Run, t0: float, frame: str) -> None:
+    """Four graph breaks of `frame` per rank at step 0 (a `print` in the model), from `t0` + 30 s, one a second."""
+    from django.db import connection
+
+    from dashboard.evidence.models import GraphBreakEvent
+
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            INSERT INTO {GraphBreakEvent._meta.db_table} (run_id, rank, frame, reason, step, ts)
+            SELECT %(run)s, r, %(frame)s, 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
+            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b
+            """,
+            {"run": run.id, "ranks": run.world_size, "t0": t0, "frame": frame},
+        )
 
 
 def analyze(*models: type[Model], vacuum: bool = False) -> None:

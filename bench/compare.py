@@ -21,18 +21,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from bench.common import (
-    analyze,
-    configure_in_process,
-    finished_ranks,
-    fresh_run,
-    member_client,
-    p90,
-    populate_once,
-    run_size_parser,
-    timed_get,
-    today_partitions,
-)
+from bench import common
 from bench.results import markdown, record, rerun
 
 if TYPE_CHECKING:
@@ -43,7 +32,7 @@ TARGET_MS = 500
 
 
 def configure() -> None:
-    configure_in_process(BENCH_DB)
+    common.configure_in_process(BENCH_DB)
 
 
 def models() -> dict[str, type[Model]]:
@@ -69,7 +58,7 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
     torch = "2.11.0+cu130" if newer else "2.13.0+cpu"
     python = "3.12.3" if newer else "3.11.7"
     cudagraphs = "True" if newer else "False"
-    run = fresh_run(key, ranks, steps, torch, name=key)
+    run = common.fresh_run(key, ranks, steps, torch, name=key)
     filled = models()
     t = {name: model._meta.db_table for name, model in filled.items()}
     p: dict[str, Any] = {
@@ -81,8 +70,8 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
         "drift": 1.0 if newer else 0.0,
     }
     with transaction.atomic(), connection.cursor() as cur:
-        today_partitions()
-        finished_ranks(
+        common.today_partitions()
+        common.finished_ranks(
             run,
             {
                 "versions": {"torch": torch, "python": python},
@@ -137,24 +126,18 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
             FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, generate_series(0, 2) i""",
             p,
         )
-        cur.execute(
-            f"""
-            INSERT INTO {t["graph_break"]} (run_id, rank, frame, reason, step, ts)
-            SELECT %(run)s, r, 'model.py:10:Block1.forward', 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
-            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b""",
-            p,
-        )
-    analyze(*filled.values())
+        common.graph_breaks(run, p["t0"], "model.py:10:Block1.forward")
+    common.analyze(*filled.values())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = run_size_parser(__doc__.splitlines()[0], n=9, rebuild_help="regenerate the runs even if they exist")
+    parser = common.run_size_parser(__doc__.splitlines()[0], n=9, rebuild_help="regenerate the runs even if they exist")
     args = parser.parse_args(argv)
     configure()
     keys = [f"cmp-213-{args.ranks}x{args.steps}", f"cmp-211-{args.ranks}x{args.steps}"]
     for key, newer in zip(keys, (False, True)):
-        populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps, newer))
-    client = member_client()
+        common.populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps, newer))
+    client = common.member_client()
     runs = ",".join(keys)
     body = client.get(f"/api/v1/compare?runs={runs}").json()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -165,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
     worst, table = 0.0, []
     for name, url in (("compare page", f"/compare/?runs={runs}"), ("compare API", f"/api/v1/compare?runs={runs}")):
-        samples = timed_get(client, url, args.n)
-        median, tail = statistics.median(samples), p90(samples)
+        samples = common.timed_get(client, url, args.n)
+        median, tail = statistics.median(samples), common.p90(samples)
         worst = max(worst, median)
         ok = "yes" if median <= TARGET_MS else "NO"
         print(f"{name:<16}{median:>10.1f}{tail:>10.1f}{samples[-1]:>10.1f}{TARGET_MS:>10}  {ok}")

@@ -26,19 +26,7 @@ from functools import partial
 from typing import Any
 
 from agents import protocol
-from bench.common import (
-    analyze,
-    configure_in_process,
-    finished_ranks,
-    fresh_run,
-    member_client,
-    p90,
-    populate_once,
-    python_speed,
-    run_size_parser,
-    timed_get,
-    today_partitions,
-)
+from bench import common
 
 BENCH_DB = "lockstep_bench_cost"
 STEP_S = 0.3
@@ -53,7 +41,7 @@ def populate(key: str, ranks: int, steps: int) -> None:
     from dashboard.evidence.models import CollectiveWait, CompileEvent, EventLog, GraphBreakEvent
     from dashboard.tenancy.models import Rank
 
-    run = fresh_run(key, ranks, steps, "2.13.0+cpu")
+    run = common.fresh_run(key, ranks, steps, "2.13.0+cpu")
     t0 = time.time() - steps * STEP_S - 600
     params: dict[str, Any] = {
         "run": run.id,
@@ -67,8 +55,8 @@ def populate(key: str, ranks: int, steps: int) -> None:
         "stuck": protocol.STUCK_S,
     }
     with transaction.atomic(), connection.cursor() as cur:
-        today_partitions()
-        finished_ranks(run, {"ts": t0, "versions": {"torch": "2.13.0+cpu"}})
+        common.today_partitions()
+        common.finished_ranks(run, {"ts": t0, "versions": {"torch": "2.13.0+cpu"}})
         compile_sql = """
             INSERT INTO evidence_compileevent (run_id, rank, frame, index, compile_id, step, status, recompile_reason,
                                              graph_raw, graph_norm, code_raw, code_norm, compile_time, cache, detail, ts)
@@ -111,14 +99,7 @@ def populate(key: str, ranks: int, steps: int) -> None:
             ),
             params,
         )
-        cur.execute(
-            """
-            INSERT INTO evidence_graphbreakevent (run_id, rank, frame, reason, step, ts)
-            SELECT %(run)s, r, 'model.py:1:block1', 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
-            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b
-            """,
-            params,
-        )
+        common.graph_breaks(run, t0, "model.py:1:block1")
         cur.execute(  # heartbeat samples: one per rank every HEARTBEAT_S
             """
             INSERT INTO evidence_eventlog (run_id, rank, t, body, ts)
@@ -162,7 +143,7 @@ def populate(key: str, ranks: int, steps: int) -> None:
             """,
             params,
         )
-    analyze(Rank, CompileEvent, GraphBreakEvent, EventLog, CollectiveWait, vacuum=True)
+    common.analyze(Rank, CompileEvent, GraphBreakEvent, EventLog, CollectiveWait, vacuum=True)
 
 
 def timed_computed(client, url: str, key: str, n: int) -> list[float]:
@@ -213,15 +194,15 @@ def counts(key: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = run_size_parser(__doc__.splitlines()[0], n=15).parse_args(argv)
-    configure_in_process(BENCH_DB)
+    args = common.run_size_parser(__doc__.splitlines()[0], n=15).parse_args(argv)
+    common.configure_in_process(BENCH_DB)
     key = f"bench-cost-{args.ranks}x{args.steps}"
-    populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps))
-    client = member_client()
+    common.populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps))
+    client = common.member_client()
     compiles, samples = counts(key)
-    before = python_speed()
+    before = common.python_speed()
     url = f"/api/v1/runs/{key}/cost"
-    kept = timed_get(client, url, args.n)
+    kept = common.timed_get(client, url, args.n)
     stale = sorted(timed_stale(client, url, key, args.n))
     computed = sorted(timed_computed(client, url, key, args.n))
     bill = client.get(url).json()
@@ -236,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, timings in rows:
-        median = statistics.median(timings)
+        median, tail = statistics.median(timings), common.p90(timings)
         lines.append(
-            f"| {name} | {args.ranks} x {args.steps} | {compiles:,} | {samples:,} | {median:.1f} | {p90(timings):.1f} "
+            f"| {name} | {args.ranks} x {args.steps} | {compiles:,} | {samples:,} | {median:.1f} | {tail:.1f} "
             f"| {timings[-1]:.1f} | 300 | {'yes' if median <= 300 else 'NO'} |"
         )
     table = "\n".join(lines)
@@ -251,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.results import record
 
     command = " ".join(sys.argv if argv is None else ["python -m bench cost", *argv])
-    speeds = f"{before:.2f} CPU-s before the timings and {python_speed():.2f} after"
+    speeds = f"{before:.2f} CPU-s before the timings and {common.python_speed():.2f} after"
     print(f"python speed: the fixed loop of bench.common.python_speed took {speeds}")
     note = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; the fixed Python loop took {speeds}"
     record("cost", table, command, note=note)

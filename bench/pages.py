@@ -18,25 +18,14 @@ import sys
 import time
 from functools import partial
 
-from bench.common import (
-    analyze,
-    configure_in_process,
-    finished_ranks,
-    fresh_run,
-    member_client,
-    p90,
-    populate_once,
-    run_size_parser,
-    timed_get,
-    today_partitions,
-)
+from bench import common
 from bench.results import markdown, record, rerun
 
 BENCH_DB = "lockstep_bench_pages"  # own name: other benchmarks recreate lockstep_bench
 
 
 def configure() -> None:
-    configure_in_process(BENCH_DB)
+    common.configure_in_process(BENCH_DB)
 
 
 def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
@@ -47,12 +36,12 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
     from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank
 
-    run = fresh_run(key, ranks, steps, "2.13.0+cpu")
+    run = common.fresh_run(key, ranks, steps, "2.13.0+cpu")
     t0 = time.time() - 3600
     params = {"run": run.id, "ranks": ranks, "steps": steps, "t0": t0}
     with transaction.atomic(), connection.cursor() as cur:
-        today_partitions()
-        finished_ranks(
+        common.today_partitions()
+        common.finished_ranks(
             run,
             {
                 "versions": {"torch": "2.13.0+cpu", "python": "3.11.2"},
@@ -92,14 +81,7 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
             """,
             params,
         )
-        cur.execute(
-            """
-            INSERT INTO evidence_graphbreakevent (run_id, rank, frame, reason, step, ts)
-            SELECT %(run)s, r, 'model.py:1:block1', 'call_function print', 0, to_timestamp(%(t0)s + 30 + b)
-            FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 3) b
-            """,
-            params,
-        )
+        common.graph_breaks(run, t0, "model.py:1:block1")
         if raw:
             cur.execute(
                 """
@@ -149,11 +131,11 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
             )
             for kind, severity, alert_ranks, step, frame, message in alerts
         )
-    analyze(Rank, GradSlot, CompileSlot, CompileEvent, GraphBreakEvent, StepReport, Alert)
+    common.analyze(Rank, GradSlot, CompileSlot, CompileEvent, GraphBreakEvent, StepReport, Alert)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = run_size_parser(__doc__.splitlines()[0], n=15)
+    parser = common.run_size_parser(__doc__.splitlines()[0], n=15)
     parser.add_argument("--no-raw", action="store_true", help="skip the 10M step reports (faster setup)")
     parser.add_argument("--screenshot", metavar="PNG", help="also save the run page as seen in headless Chromium")
     args = parser.parse_args(argv)
@@ -161,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
 
     key = f"bench-{args.ranks}x{args.steps}"
-    populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps, raw=not args.no_raw))
-    client = member_client()
+    common.populate_once(key, args.rebuild, partial(populate, key, args.ranks, args.steps, raw=not args.no_raw))
+    client = common.member_client()
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*) FROM evidence_stepreport WHERE run_id = (SELECT id FROM tenancy_run WHERE key = %s)", [key]
@@ -173,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'endpoint':<16}{'median':>10}{'p90':>10}{'max':>10}{'target':>10}  ok")
     worst, table = 0.0, []
     for name, url in rows:
-        samples = timed_get(client, url, args.n)
-        tail = p90(samples)
+        samples = common.timed_get(client, url, args.n)
+        tail = common.p90(samples)
         worst = max(worst, statistics.median(samples))
         ok = "yes" if statistics.median(samples) <= 300 else "NO"
         print(f"{name:<16}{statistics.median(samples):>10.1f}{tail:>10.1f}{samples[-1]:>10.1f}{300:>10}  {ok}")
