@@ -211,7 +211,7 @@ DATABASES["default"]["OPTIONS"]["pool"] = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-CHANNEL_LAYERS = {
+CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # redis-py >= 8 times reads out after 5 s by default, exactly channels_redis' 5 s BZPOPMIN:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
@@ -27,9 +28,10 @@ class WebhookForm(forms.ModelForm):
         model = Webhook
         fields = ("project", "kind", "url", "secret", "clear_secret", "active")
 
-    def clean(self) -> dict:
+    def clean(self) -> dict[str, Any]:
         """Decide the secret before the model's own checks see it (they need the kept one)."""
         data = super().clean()
+        assert data is not None  # ModelForm.clean returns cleaned_data
         if data.get("clear_secret"):
             data["secret"] = ""
         elif not data.get("secret") and self.instance.pk:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -21,6 +22,9 @@ from django.contrib.auth import SESSION_KEY, get_user_model
 from dashboard.delivery.notify import project_group, run_group
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import user_project_ids
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 RECHECK_S = 2.0
 
@@ -47,7 +51,7 @@ class _Feed(AsyncJsonWebsocketConsumer):
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 
-    async def lockstep_message(self, event: dict) -> None:
+    async def lockstep_message(self, event: dict[str, Any]) -> None:
         is_alert = event["message"].get("type") in ("alert", "incident")
         if is_alert or time.monotonic() - self.checked_at >= RECHECK_S:
             self.allowed = await self.projects_allowed()
@@ -74,31 +78,33 @@ class _Feed(AsyncJsonWebsocketConsumer):
             return frozenset()
         return self.visible(user)
 
-    def visible(self, user) -> frozenset[int]:
+    def visible(self, user: User) -> frozenset[int]:
         return user_project_ids(user)
 
-    async def groups_for(self, user) -> list[str] | None:
+    async def groups_for(self, user: User) -> list[str] | None:
         raise NotImplementedError
 
 
 class RunFeed(_Feed):
     @database_sync_to_async
-    def groups_for(self, user) -> list[str] | None:
+    def groups_for(self, user: User) -> list[str] | None:
         run = access.visible_run(access.principal_for(user), self.scope["url_route"]["kwargs"]["key"])
         self.run_project = run.project_id if run is not None else None
         return [run_group(run.id)] if run is not None else None
 
-    def visible(self, user) -> frozenset[int]:
+    def visible(self, user: User) -> frozenset[int]:
         return user_project_ids(user) & {self.run_project}
 
 
 class AlertFeed(_Feed):
     @database_sync_to_async
-    def groups_for(self, user) -> list[str] | None:
+    def groups_for(self, user: User) -> list[str] | None:
         return [project_group(p) for p in sorted(user_project_ids(user))]
 
 
-async def unknown_path(scope: dict, receive: Callable, send: Callable) -> None:
+async def unknown_path(
+    scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[dict[str, Any]], Awaitable[None]]
+) -> None:
     """Every websocket path no feed has: a 404 the client can read, naming the path (was: the router
     raised, a 500). Without uvicorn's denial-response extension, a plain refusal (403)."""
     await receive()  # websocket.connect

@@ -31,9 +31,9 @@ def wanted(incident: Incident, now: datetime) -> tuple[datetime | None, str]:
     if incident.state != Incident.State.FIRING:
         return None, ""
     ends: list[tuple[datetime, str]] = []
-    if incident.acked_at is not None and incident.acked_by_id is not None:
+    if incident.acked_at is not None and incident.acked_by is not None:
         ends.append((incident.acked_at + ACK_HOLD, f"acknowledged in Lockstep by {incident.acked_by.get_username()}"))
-    if incident.root_id is not None:
+    if incident.root is not None:
         ends += [(s.expires_at, f"Lockstep silence {s.id}: {s.comment}") for s in silences.matching(incident.root)]
     ends = [e for e in ends if e[0] > now]
     return max(ends, key=lambda e: e[0]) if ends else (None, "")

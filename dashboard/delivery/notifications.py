@@ -19,6 +19,7 @@ pending older one (the latest state wins) and is due no later than the one it re
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, Q
@@ -36,7 +37,7 @@ QUEUE_LEASE = timedelta(seconds=60)  # a queued send not yet run is queued again
 MINOR_INTERVAL = timedelta(seconds=60)  # at most one count/message-only re-send per incident and destination
 
 
-def page_key(incident: Incident) -> dict:
+def page_key(incident: Incident) -> dict[str, Any]:
     """What makes a revision a new page rather than an update of counts or messages."""
     root = transports.root_of(incident)
     return {
@@ -71,7 +72,7 @@ def queue(incident: Incident, muted: bool = False, now: datetime | None = None) 
     return ids
 
 
-def _row(incident: Incident, hook: Webhook, key: dict, now: datetime) -> Notification | None:
+def _row(incident: Incident, hook: Webhook, key: dict[str, Any], now: datetime) -> Notification | None:
     """This revision's row, due at once for a new page, else MINOR_INTERVAL after the last send;
     never later than the pending rows it supersedes."""
     note, created = Notification.objects.get_or_create(incident=incident, webhook=hook, revision=incident.revision)
@@ -96,7 +97,8 @@ def _row(incident: Incident, hook: Webhook, key: dict, now: datetime) -> Notific
 
 def backoff(attempts: int) -> timedelta:
     """Wait after the `attempts`-th failed attempt: BACKOFF_FIRST doubling, at most BACKOFF_MAX."""
-    return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(attempts - 1, 20))
+    doubled: timedelta = BACKOFF_FIRST * 2 ** min(attempts - 1, 20)
+    return min(BACKOFF_MAX, doubled)
 
 
 def due(now: datetime | None = None, limit: int = 200) -> list[int]:
@@ -134,7 +136,7 @@ def send(notification_id: int, now: datetime | None = None) -> bool:
     return True
 
 
-def _sent(note: Notification, incident: Incident, receipt: dict, now: datetime) -> None:
+def _sent(note: Notification, incident: Incident, receipt: dict[str, Any], now: datetime) -> None:
     """Record a send; the latest firing revision Alertmanager holds is the one refreshed."""
     refresh = None
     every = sinks.SINKS[note.webhook.kind].refresh

@@ -14,6 +14,8 @@ that same coroutine (channels_redis #332: "Event loop is closed").
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
@@ -23,6 +25,7 @@ from django.db.models import F
 from dashboard.delivery import mirror, notifications
 from dashboard.detection import incidents, lifecycle, silences
 from dashboard.detection.models import Alert, Incident
+from dashboard.tenancy.models import Run
 
 
 def run_group(run_id: int) -> str:
@@ -33,25 +36,29 @@ def project_group(project_id: int) -> str:
     return f"project.{project_id}"
 
 
-def message(alert: Alert) -> dict:
+def message(alert: Alert) -> dict[str, Any]:
     return {"type": "alert", "alert": {**alert.as_json(), **silences.mute_state(alert)}}
 
 
-def incident_message(incident: Incident) -> dict:
+def incident_message(incident: Incident) -> dict[str, Any]:
     return {"type": "incident", "incident": incident.as_json()}
 
 
-def push(alerts: list[Alert], changed_incidents: list[Incident] = ()) -> None:
+def push(alerts: list[Alert], changed_incidents: Sequence[Incident] = ()) -> None:
     """Send the alerts' and incidents' current state to their run's and project's websocket groups."""
-    messages = []
-    for item, text in [*((a, message(a)) for a in alerts), *((i, incident_message(i)) for i in changed_incidents)]:
+    messages: list[tuple[str, dict[str, Any]]] = []
+    items: list[tuple[Alert | Incident, dict[str, Any]]] = [
+        *((a, message(a)) for a in alerts),
+        *((i, incident_message(i)) for i in changed_incidents),
+    ]
+    for item, text in items:
         body = {"type": "lockstep.message", "message": text, "project": item.run.project_id}
         messages += [(run_group(item.run_id), body), (project_group(item.run.project_id), body)]
     if messages:
         asyncio.run(_send(messages))
 
 
-def push_progress(run, ranks: list[dict], strip: list[dict] | None = None) -> None:
+def push_progress(run: Run, ranks: list[dict[str, Any]], strip: list[dict[str, Any]] | None = None) -> None:
     """An aggregate per run (never raw per-rank events: groups have a capacity). `strip`: the run page's
     per-rank phases (`detection.runs.strip`, bounded), for the run's group only."""
     steps = [r["last_step"] for r in ranks if r["last_step"] is not None]
@@ -81,7 +88,10 @@ def deliver(alert_id: int) -> int | None:
         if alert.notified_revision < alert.revision:
             push([alert])
             lifecycle.mark_notified(alert)
-    pending_incident = Incident.objects.filter(id=alert.incident_id, notified_revision__lt=F("revision")).exists()
+    pending_incident = (
+        alert.incident_id is not None
+        and Incident.objects.filter(id=alert.incident_id, notified_revision__lt=F("revision")).exists()
+    )
     return alert.incident_id if pending_incident else None
 
 
@@ -107,7 +117,7 @@ def deliver_incident(incident_id: int) -> tuple[list[int], list[int]]:
 
 def muted(incident: Incident) -> bool:
     """A Lockstep silence that matches the incident's root mutes the incident."""
-    return incident.root_id is not None and bool(silences.matching(incident.root))
+    return incident.root is not None and bool(silences.matching(incident.root))
 
 
 def pending(limit: int = 500) -> list[int]:
@@ -118,7 +128,7 @@ def pending_incidents(limit: int = 500) -> list[int]:
     return list(Incident.objects.filter(notified_revision__lt=F("revision")).values_list("id", flat=True)[:limit])
 
 
-async def _send(messages: list[tuple[str, dict]]) -> None:
+async def _send(messages: list[tuple[str, dict[str, Any]]]) -> None:
     layer = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])
     try:
         for group, body in messages:

@@ -19,6 +19,7 @@ import socket
 import time
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from django.conf import settings
@@ -58,13 +59,14 @@ def request(method: str, url: str, body: bytes | None = None, headers: dict[str,
     """One request to a checked address; a non-2xx status, a redirect, a timeout or a network error
     is a `SendError`, a refused URL a `Refused`."""
     parts = _parts(url)
+    host = parts.hostname or ""  # `_parts` refused a URL without one
     port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     proxy = _proxy(parts)
     conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     if proxy is None:
         addresses = _addresses(parts)
-        conn = conn_class(parts.hostname, port, timeout=TIMEOUT_S)
+        conn = conn_class(host, port, timeout=TIMEOUT_S)
         conn._create_connection = lambda _addr, *args, **kwargs: _connect(addresses, port, *args, **kwargs)  # type: ignore[attr-defined]
     else:
         try:
@@ -73,7 +75,7 @@ def request(method: str, url: str, body: bytes | None = None, headers: dict[str,
             pass  # not resolvable here: the proxy resolves it
         if parts.scheme == "https":
             conn = http.client.HTTPSConnection(*proxy, timeout=TIMEOUT_S)
-            conn.set_tunnel(parts.hostname, port)
+            conn.set_tunnel(host, port)
         else:
             conn = http.client.HTTPConnection(*proxy, timeout=TIMEOUT_S)
             path = f"http://{parts.netloc}{path}"
@@ -95,7 +97,7 @@ def request(method: str, url: str, body: bytes | None = None, headers: dict[str,
     return answer
 
 
-def _connect(addresses: list[str], port: int, *args, **kwargs) -> socket.socket:
+def _connect(addresses: list[str], port: int, *args: Any, **kwargs: Any) -> socket.socket:
     """The first of the checked addresses that accepts (a name with an IPv6 and an IPv4 address)."""
     error: OSError | None = None
     for address in addresses:
@@ -152,7 +154,7 @@ def _addresses(parts: SplitResult) -> list[str]:
             infos = socket.getaddrinfo(host, parts.port or 80, proto=socket.IPPROTO_TCP)
         except OSError as exc:
             raise SendError(f"cannot resolve {host!r}: {exc}") from exc
-        addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+        addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
     if not settings.LOCKSTEP_SINKS_ALLOW_PRIVATE:
         for address in addresses:
             if not _public(address):

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from dashboard.delivery import mirror, notifications, notify
 from dashboard.detection import runs
+from dashboard.detection.models import Silence
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,13 @@ def sweep() -> int:
     return len(pending)
 
 
-def on_alerts_changed(sender, alert_ids: list[int], **kwargs) -> None:
+def on_alerts_changed(sender: object, alert_ids: list[int], **kwargs: object) -> None:
     """detection.signals.alerts_changed."""
     for alert_id in alert_ids:
         deliver.delay(alert_id)
 
 
-def on_silence_saved(sender, instance, **kwargs) -> None:
+def on_silence_saved(sender: object, instance: Silence, **kwargs: object) -> None:
     """A Lockstep silence made or expired: Alertmanager destinations of its project follow (after
     commit; with the broker down the silence is still stored, and the next incident revision plans it)."""
     project_id = instance.project_id

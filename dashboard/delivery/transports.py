@@ -55,7 +55,7 @@ def members(incident: Incident) -> list[Alert]:
 
 def root_of(incident: Incident) -> Alert:
     """The root alert; an incident whose root alert is gone is titled by its oldest alert."""
-    if incident.root_id is not None:
+    if incident.root is not None:  # no query when root_id is None
         return incident.root
     alerts = members(incident)
     return alerts[0] if alerts else Alert(kind="incident", message=incident.cause, ranks=[], run=incident.run)
@@ -91,7 +91,7 @@ def status_word(incident: Incident) -> str:
         return "[RESOLVED]"
     if incident.state == Incident.State.ENDED_UNRESOLVED:
         return f"[{incident.severity.upper()}, RUN ENDED UNRESOLVED]"
-    acked = f" ACKED by {incident.acked_by.get_username()}" if incident.acked_by_id else ""
+    acked = f" ACKED by {incident.acked_by.get_username()}" if incident.acked_by is not None else ""
     return f"[{incident.severity.upper()}{acked}]"
 
 
@@ -107,7 +107,7 @@ def folded(consequences: list[Alert]) -> str:
     return "\n".join(lines)[:TEXT_MAX_CHARS]
 
 
-def bounded_json(incident: Incident) -> dict:
+def bounded_json(incident: Incident) -> dict[str, Any]:
     """`Incident.as_json` with messages cut to TEXT_MAX_CHARS and at most 50 consequences listed."""
     out = incident.as_json(members(incident))
     if out["root"]:

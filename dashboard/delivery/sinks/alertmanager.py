@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import quote
 
 from django.utils import timezone
@@ -67,7 +68,7 @@ class Alertmanager(Sink):
         }
         return {name: value[: transports.SHORT_MAX_CHARS] for name, value in labels.items() if value}
 
-    def posted(self, incident: Incident, labels: dict[str, str]) -> dict:
+    def posted(self, incident: Incident, labels: dict[str, str]) -> dict[str, Any]:
         root, consequences = transports.root_of(incident), transports.consequences_of(incident)
         resolved = incident.state != Incident.State.FIRING  # fixed, or the run ended first
         ends = (incident.resolved_at or timezone.now()) if resolved else timezone.now() + self.HOLD
@@ -83,7 +84,7 @@ class Alertmanager(Sink):
             annotations["step"] = str(root.step)
         if root.frame:
             annotations["frame"] = root.frame[: transports.SHORT_MAX_CHARS]
-        if incident.acked_by_id:
+        if incident.acked_by is not None:
             annotations["acknowledged_by"] = incident.acked_by.get_username()[: transports.SHORT_MAX_CHARS]
         out = {
             "labels": labels,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from dashboard.delivery import transports
 from dashboard.delivery.sinks.base import Sink
@@ -29,7 +30,7 @@ class JsonWebhook(Sink):
         return {}
 
     @staticmethod
-    def payload(incident: Incident) -> dict:
+    def payload(incident: Incident) -> dict[str, Any]:
         return {
             "project": incident.run.project.name,
             "revision": incident.revision,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dashboard.delivery import transports
 from dashboard.delivery.sinks.base import Sink
 from dashboard.detection.models import Incident
@@ -38,7 +40,7 @@ class PagerDuty(Sink):
         transports.post_json(url, {**base, "event_action": "acknowledge"}, {})
         return {"dedup_key": key, "action": "acknowledge"}
 
-    def trigger(self, incident: Incident, base: dict) -> dict:
+    def trigger(self, incident: Incident, base: dict[str, Any]) -> dict[str, Any]:
         root = transports.root_of(incident)
         event = {
             **base,

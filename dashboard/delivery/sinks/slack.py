@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dashboard.delivery import transports
 from dashboard.delivery.sinks.base import Sink
 from dashboard.detection.models import Incident
@@ -23,7 +25,7 @@ class SlackWebhook(Sink):
         return {}
 
     @classmethod
-    def payload(cls, incident: Incident, previous: transports.Receipt | None = None) -> dict:
+    def payload(cls, incident: Incident, previous: transports.Receipt | None = None) -> dict[str, Any]:
         root, consequences = transports.root_of(incident), transports.consequences_of(incident)
         fields = [
             {"title": "ranks", "value": transports.slack_escape(transports.ranks_text(root.ranks)), "short": True},

@@ -103,7 +103,7 @@ class Command(BaseCommand):
         parser.add_argument("--ranks", type=int, default=3, help="ranks of each demo job")
 
     def handle(self, *args: object, port: int, host: str, no_demo: bool, ranks: int, **options: Any) -> None:
-        self.children: list[subprocess.Popen] = []
+        self.children: list[subprocess.Popen[bytes]] = []
         self.stopping = threading.Event()
         # Ctrl-C and SIGTERM set a flag the watch loop checks: no exception landing mid-query, and
         # it works where SIGINT arrives ignored (a shell's background jobs start with SIG_IGN,
@@ -173,7 +173,7 @@ class Command(BaseCommand):
         self.stdout.write(f"[lockstep {time.strftime('%H:%M:%S')}] {text}")
         self.stdout.flush()
 
-    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(settings.DATA_DIR / f"{name}.log", "ab")
         child = subprocess.Popen(
             args, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -181,7 +181,7 @@ class Command(BaseCommand):
         self.children.append(child)
         return child
 
-    def wait_listening(self, host: str, port: int, server: subprocess.Popen, timeout: float = 120) -> bool:
+    def wait_listening(self, host: str, port: int, server: subprocess.Popen[bytes], timeout: float = 120) -> bool:
         """Whether the server accepts connections (so the URL printed next works when opened); False
         once it exited or `timeout` passed. Ctrl-C returns True: the watch loop then stops at once."""
         deadline = time.monotonic() + timeout
@@ -195,7 +195,7 @@ class Command(BaseCommand):
                 self.stopping.wait(0.2)
         return False
 
-    def watch(self, services: list[subprocess.Popen]) -> None:
+    def watch(self, services: list[subprocess.Popen[bytes]]) -> None:
         """Print every alert of the demo project as it fires and as it resolves (`stream.AlertStream`);
         stop if a service dies."""
         alerts = Alert.objects.select_related("run").filter(run__project__name="demo").order_by("id")
@@ -209,7 +209,7 @@ class Command(BaseCommand):
                 return
         self.say("a stack process exited (see the logs in the data folder); stopping")
 
-    def run_demo(self, env: dict, token: str, ranks: int) -> None:
+    def run_demo(self, env: dict[str, str], token: str, ranks: int) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         data = str(settings.DATA_DIR)
         for name in ("cold", "shared"):
