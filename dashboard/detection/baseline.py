@@ -68,7 +68,7 @@ def compare(run: Run) -> list[int]:
         view = first_difference(run, link.baseline) if link else None
         findings = list(baseline_divergence(view)) if view else []
         changed = lifecycle.apply(run, findings, stale, None)
-        if view is not None:
+        if view is not None and view.baseline_key is not None:
             name_buckets(run, view.baseline_key, view.group, view.step)
         return changed
 

@@ -221,7 +221,7 @@ def for_sweep(run: Run, compile_seconds: float, wall_s: float, now: datetime | N
     wall) stays under it."""
     now = now or timezone.now()
     row = RunCost.objects.filter(run=run).first()
-    age = (now - row.computed_at).total_seconds() if row else None
+    age = (now - row.computed_at).total_seconds() if row else float("inf")  # read only when there is a row
     stale = row is None or age >= REFRESH_S or abs(row.compile_seconds - compile_seconds) > 1e-3
     if stale and compile_seconds > 0 and (row is None or age >= MIN_AGE_S):
         row = store(run, cost.bill_of(run, now), now)

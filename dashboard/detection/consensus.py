@@ -5,18 +5,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from dashboard.detection.text import ranks_text
 
+H = TypeVar("H", bound=Hashable)  # the compared value: a hash, a tuple of fingerprints, a schedule
+
 
 @dataclass(frozen=True)
-class Consensus:
-    reference: Hashable
+class Consensus(Generic[H]):
+    reference: H
     dissenters: tuple[int, ...]
     tie: bool  # no strict majority: the lowest rank's value is the reference
 
 
-def consensus(values: Mapping[int, Hashable]) -> Consensus:
+def consensus(values: Mapping[int, H]) -> Consensus[H]:
     """Strict majority wins; otherwise (2 ranks, or a split) the lowest rank's value is the reference."""
     if not values:
         raise ValueError("consensus of no ranks")
@@ -28,7 +31,7 @@ def consensus(values: Mapping[int, Hashable]) -> Consensus:
     return Consensus(reference=value, dissenters=dissenters, tie=tie and bool(dissenters))
 
 
-def at_fault(verdict: Consensus, ranks: Iterable[int]) -> tuple[int, ...]:
+def at_fault(verdict: Consensus[H], ranks: Iterable[int]) -> tuple[int, ...]:
     """The ranks a finding names: the dissenters, or every compared rank where no majority says which
     is off (two ranks that differ: blaming the higher one only because it is not the lowest is a guess)."""
     return tuple(sorted(ranks)) if verdict.tie else verdict.dissenters

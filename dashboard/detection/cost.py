@@ -53,7 +53,7 @@ class Compile(NamedTuple):
 
     rank: int
     frame: str
-    index: int
+    index: int  # type: ignore[assignment]  # the compile's index, shadowing tuple.index (never called)
     step: int | None
     status: str
     seconds: float

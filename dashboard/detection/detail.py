@@ -58,6 +58,7 @@ def name_buckets(alert: Alert, group: str, rank: int) -> None:
 def request(alert: Alert, group: str, dissenters: tuple[int, ...], reference: int) -> None:
     """Ask the ranks of one divergent step (idempotent per run, rank, step, group), and say at once
     which parameters the differing buckets hold."""
+    assert alert.step is not None  # a divergent step's alert names it
     details.ask(alert.run_id, {*dissenters, reference}, alert.step, group, alert.id)
     name_buckets(alert, group, reference)
 

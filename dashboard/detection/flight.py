@@ -21,6 +21,7 @@ import logging
 import pkgutil
 from collections import Counter
 from datetime import timedelta
+from typing import Any
 
 import msgspec
 from django.conf import settings
@@ -103,7 +104,8 @@ def analyze(dumps: dict[int, dict], world_size: int | None = None) -> dict:
     Returns {"ranks": {rank: {entered, completed, entries, error}}, "mismatch": {...} | None,
     "collectives": n, "notes": [...], "error": str}."""
     result: dict = {"ranks": {}, "mismatch": None, "collectives": 0, "notes": [], "error": ""}
-    details, versions = {}, Counter()
+    details: dict[str, Any] = {}
+    versions: Counter[Any] = Counter()
     for rank, dump in sorted(dumps.items()):
         result["ranks"][str(rank)] = _rank_facts(dump)
         if dump.get("error") or not dump.get("entries"):

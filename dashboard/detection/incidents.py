@@ -199,6 +199,7 @@ def _ranks_of(cause: str) -> set[int]:
 def _members(incidents: list[Incident]) -> dict[int, list[Alert]]:
     out: dict[int, list[Alert]] = {i.id: [] for i in incidents}
     for alert in Alert.objects.filter(incident__in=incidents):
+        assert alert.incident_id is not None  # filtered on its incident
         out[alert.incident_id].append(alert)
     return out
 

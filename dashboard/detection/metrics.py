@@ -24,7 +24,7 @@ the last `runs.ACTIVE_WINDOW`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -243,7 +243,7 @@ def _settle_lag(ids: list[int], now: datetime) -> dict[int, float]:
     return {run_id: max(0.0, (now - first).total_seconds()) for run_id, first in oldest.items()}
 
 
-def _sum_by_project(projects: dict[int, str], per_run: dict[int, float]) -> dict[str, float]:
+def _sum_by_project(projects: dict[int, str], per_run: Mapping[int, float]) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for run_id, project in projects.items():
         out[project] += per_run.get(run_id, 0)
@@ -264,7 +264,7 @@ def _per_project(name: str, doc: str, values: dict[str, float]) -> GaugeMetricFa
     return family
 
 
-def _per_run(name: str, doc: str, names: dict[int, tuple[str, str]], values: dict[int, float]) -> GaugeMetricFamily:
+def _per_run(name: str, doc: str, names: dict[int, tuple[str, str]], values: Mapping[int, float]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=RUN_LABELS)
     _fill(family, names, values)
     return family
@@ -278,7 +278,9 @@ def _run_counter(
     return family
 
 
-def _fill(family: Metric, names: dict[int, tuple[str, str]], values: dict[int, float]) -> None:
+def _fill(
+    family: GaugeMetricFamily | CounterMetricFamily, names: dict[int, tuple[str, str]], values: Mapping[int, float]
+) -> None:
     """One sample per shown run (0 where the query found nothing), so series do not come and go."""
     for run_id, labels in names.items():
         family.add_metric(list(labels), values.get(run_id, 0))

@@ -69,7 +69,7 @@ class Alert(models.Model):
             "acked_at": self.acked_at.isoformat() if self.acked_at else None,
             "incident": self.incident_id,
             "resolve_reason": self.resolve_reason or None,
-            "resolved_by": self.resolved_by.get_username() if self.resolved_by_id else None,
+            "resolved_by": self.resolved_by.get_username() if self.resolved_by is not None else None,
         }
 
 

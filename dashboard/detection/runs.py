@@ -3,7 +3,9 @@ spent compiling; ranks given up as lost, and the end of a run (its open alerts e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -47,8 +49,8 @@ def active_runs() -> list[Run]:
     return list(Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW).filter(running | just_crashed | still_open))
 
 
-def rank_rows(run: Run) -> list[dict]:
-    return list(Rank.objects.filter(run=run).values("rank", "last_step", "status"))
+def rank_rows(run: Run) -> list[dict[str, Any]]:
+    return list(reads.plain(Rank.objects.filter(run=run).values("rank", "last_step", "status")))
 
 
 def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
@@ -100,7 +102,7 @@ def strip(run: Run) -> list[dict]:
     the others up first (not in the collective the others wait in), then the longest since a step."""
     view = progress_of(run)
     late = hang_forecast.split(view)[1]
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "rank": r,
             "phase": p.phase,
@@ -133,7 +135,7 @@ def crash_facts(run: Run) -> dict[int, dict]:
     return {row["rank"]: _crash(row, ends.get(row["rank"], {}), compiles.get(row["rank"])) for row in rows}
 
 
-def _crash(row: dict, end: dict, compiled: dict | None) -> dict:
+def _crash(row: Mapping[str, Any], end: dict[str, Any], compiled: dict[str, Any] | None) -> dict[str, Any]:
     """One crashed rank's facts as plain values. Status and exit code are the rank row's (ingest keeps
     them there); the exception comes from the rank_end body, absent where ingest kept none."""
     ended_at = end.get("ts") or row["last_seen"].timestamp()

@@ -67,7 +67,7 @@ def settle_grad(slot_id: int) -> list[int]:
                 _ask_for_parameters(slot, verdict)
             if kinds & WEIGHTS_CHANGED:
                 _ask_for_weights(slot, kinds & WEIGHTS_CHANGED)
-            if "baseline_divergence" in kinds:
+            if "baseline_divergence" in kinds and ref_key is not None:
                 baseline.name_buckets(slot.run, ref_key, slot.group, slot.step)
         return changed
 

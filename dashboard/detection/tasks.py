@@ -72,7 +72,7 @@ def queue_settles(ready: list[tuple[str, int]], expires: float | None = None) ->
         by_kind.setdefault(kind, []).append(slot_id)
     for kind, ids in by_kind.items():
         for i in range(0, len(ids), SETTLE_CHUNK):
-            settle_slots.apply_async((kind, ids[i : i + SETTLE_CHUNK]), expires=expires)
+            settle_slots.apply_async((kind, ids[i : i + SETTLE_CHUNK]), expires=expires)  # type: ignore[arg-type]  # None: no expiry; celery's stubs leave None out
 
 
 @shared_task(acks_late=True, ignore_result=True)

@@ -98,7 +98,9 @@ def ranks_text(ranks: Iterable[int]) -> str:
 
 
 def max_length(model: type[models.Model], field: str) -> int:
-    length = model._meta.get_field(field).max_length
+    found = model._meta.get_field(field)
+    assert isinstance(found, models.Field), f"{model.__name__}.{field} is a relation"
+    length = found.max_length
     assert length is not None, f"{model.__name__}.{field} has no max_length"
     return length
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from agents import procstat
 
@@ -35,7 +36,7 @@ def worker_command(*options: str, loglevel: str = "warning") -> list[str]:
     return [sys.executable, *worker, "--loglevel", loglevel, *options]
 
 
-def stop_groups(procs: list[subprocess.Popen[bytes]], grace: float = 15) -> None:
+def stop_groups(procs: list[subprocess.Popen[Any]], grace: float = 15) -> None:
     """SIGTERM every still-running process group, give them `grace` seconds, then kill what is left
     (`kill_tree`), including members of a group whose leader went first (a Celery worker's beat or
     pool child outliving its main process). The processes must have been started with
@@ -54,7 +55,7 @@ def stop_groups(procs: list[subprocess.Popen[bytes]], grace: float = 15) -> None
             _signal_group(pgid, signal.SIGKILL)
 
 
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
     """SIGKILL a process, its group and every process below it, then reap it. torchrun starts each
     worker in a session of its own, so killing torchrun's group alone leaves the ranks running
     (a frozen rank and the ranks waiting for it in a collective would live on)."""

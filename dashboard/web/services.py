@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.db import transaction
 from django.db.models import Count, OuterRef, QuerySet, Subquery
@@ -28,6 +28,21 @@ from dashboard.tenancy.models import RUN_STATUSES, Project, Run, with_status
 from dashboard.web.pages import compare as comparing
 from dashboard.web.pages import drift, timeline
 from ingest.refusals import Refusal
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from django_stubs_ext import WithAnnotations
+
+    class ListedColumns(TypedDict):
+        """What `runs_list` adds to each run (`tenancy.models.with_status`, `_with_alert_counts`)."""
+
+        ended: int
+        run_status: str
+        critical: int
+        warning: int
+
+    ListedRun = WithAnnotations[Run, ListedColumns]
 
 Row = TypeVar("Row", Alert, Incident)  # the rows an action names by id
 
@@ -55,7 +70,7 @@ def runs_for(caller: Principal, keys: Iterable[str]) -> list[Run]:
 RUNS_WINDOW = 2000  # the newest runs a list (and its status or health filters) looks at
 
 
-def runs_list(caller: Principal, status: str = "", verdict_kind: str = "") -> QuerySet[Run]:
+def runs_list(caller: Principal, status: str = "", verdict_kind: str = "") -> QuerySet[ListedRun]:
     """The caller's newest RUNS_WINDOW runs, newest first, annotated with unresolved alert counts
     (`critical`, `warning`), ranks that ended (`ended`) and their status (so `Run.status` needs no
     query per run); only those of `status`, or of `verdict_kind` (`detection.verdict`), when one is
@@ -83,7 +98,7 @@ def verdicts(runs: Iterable[Run]) -> dict[int, verdict.Verdict]:
     return verdict.of_runs(runs)
 
 
-def run_with_alert_counts(caller: Principal, key: str) -> Run:
+def run_with_alert_counts(caller: Principal, key: str) -> ListedRun:
     """One run annotated like `runs_list` rows."""
     found = run_for(caller, key)
     return _with_alert_counts(Run.objects.filter(id=found.id).select_related("project")).get()
@@ -125,7 +140,7 @@ def compare_tolerance(text: str | None) -> float:
         ) from None
 
 
-def _with_alert_counts(runs: QuerySet[Run]) -> QuerySet[Run]:
+def _with_alert_counts(runs: QuerySet[Run]) -> QuerySet[ListedRun]:
     return with_status(runs).annotate(critical=_firing("critical"), warning=_firing("warning"))
 
 
@@ -189,6 +204,7 @@ def _incidents_json(queryset: QuerySet[Incident], limit: int | None = None) -> l
     found = list(queryset.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
     members: dict[int, list[Alert]] = {i.id: [] for i in found}
     for alert in Alert.objects.filter(incident__in=found).order_by("first_seen", "id"):
+        assert alert.incident_id is not None  # filtered on its incident
         members[alert.incident_id].append(alert)
     return [{**i.as_json(members[i.id]), "unresolved": incidents.unresolved(i)} for i in found]
 

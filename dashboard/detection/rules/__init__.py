@@ -15,9 +15,10 @@ import pkgutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import wraps
+from typing import Any, TypeVar
 
 from dashboard.detection.consensus import Consensus, consensus
-from dashboard.detection.text import ranks_text  # every rule names ranks through it: ranges, bounded
+from dashboard.detection.text import ranks_text as ranks_text  # every rule names ranks through it: ranges, bounded
 
 # Severities: "critical", "warning", and information (a cache hit/miss race): it explains the
 # incident it joins and never opens one, leads one or keeps one open, so it never pages.
@@ -59,7 +60,7 @@ class GradSlotView:
     step: int
     group: str
     reports: dict  # rank -> dashboard.evidence.reads.GradRow
-    consensus: Consensus | None
+    consensus: Consensus[tuple[int, ...]] | None  # of the ranks' fingerprints
     world_size: int
     baseline: tuple | None = None  # the baseline run's consensus for the same step and group
     baseline_key: str | None = None
@@ -125,17 +126,20 @@ class CompiledWorkView:
 class Rule:
     kind: str
     view: type
-    check: Callable[[object], Iterable[Finding]]
-    subject: Callable[[object], str | list[str]] | None = None
+    check: Callable[[Any], Iterable[Finding]]  # takes a `view`
+    subject: Callable[[Any], str | list[str]] | None = None
 
 
 REGISTRY: list[Rule] = []
+V = TypeVar("V")  # the view a rule checks
 
 
-def rule(kind: str, view: type, subject: Callable[[object], str | list[str]] | None = None):
-    def register(fn: Callable[[object], Iterable[Finding]]):
+def rule(
+    kind: str, view: type[V], subject: Callable[[V], str | list[str]] | None = None
+) -> Callable[[Callable[[V], Iterable[Finding] | None]], Callable[[V], Iterator[Finding]]]:
+    def register(fn: Callable[[V], Iterable[Finding] | None]) -> Callable[[V], Iterator[Finding]]:
         @wraps(fn)
-        def check(v: object) -> Iterator[Finding]:
+        def check(v: V) -> Iterator[Finding]:
             declared = subject(v) if subject is not None else None
             for finding in fn(v) or ():
                 named = finding.subject or (declared if isinstance(declared, str) else "")
@@ -169,7 +173,7 @@ def clean_subjects(view: object, findings: list[Finding]) -> list[tuple[str, str
 
 def position(view: object) -> int:
     """Where a view sits in its subject's history: resolution only moves forward."""
-    return getattr(view, "step", None) if isinstance(view, GradSlotView) else getattr(view, "index", 0)
+    return view.step if isinstance(view, GradSlotView) else getattr(view, "index", 0)
 
 
 def load_all() -> None:
@@ -209,6 +213,7 @@ def with_settings(message: str, view: CompileSlotView) -> tuple[str, dict]:
 
 def differing_buckets(view: GradSlotView) -> list[int]:
     """Bucket indices where some dissenting rank differs from the reference fingerprints."""
+    assert view.consensus is not None  # only slots with a consensus have dissenters
     reference = view.consensus.reference
     return sorted(
         {i for r in view.consensus.dissenters for i, (a, b) in enumerate(zip(view.reports[r].fps, reference)) if a != b}

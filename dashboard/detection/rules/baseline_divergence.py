@@ -9,7 +9,12 @@ from dashboard.detection.rules import Finding, GradSlotView, bucket_params, rule
 
 @rule("baseline_divergence", GradSlotView)
 def baseline_divergence(view: GradSlotView):
-    if view.baseline is None or view.consensus is None or tuple(view.consensus.reference) == tuple(view.baseline):
+    if (
+        view.baseline is None
+        or view.baseline_key is None
+        or view.consensus is None
+        or tuple(view.consensus.reference) == tuple(view.baseline)
+    ):
         return
     buckets = [i for i, (a, b) in enumerate(zip(view.consensus.reference, view.baseline)) if a != b]
     if len(view.consensus.reference) != len(view.baseline):

@@ -27,7 +27,7 @@ def hang_forecast(view: RunView):
     waiting, late = split(live)
     if not late:
         return
-    step = max(p.step for p in waiting.values())
+    step = max(p.step for p in waiting.values() if p.step is not None)  # each waiting rank has one
     wait = max(p.phase_s for p in waiting.values())
     timeout = view.collective_timeout_s
     half = 0.5 * timeout if timeout else float("inf")
@@ -58,7 +58,7 @@ def split(progress: dict[int, RankProgress]) -> tuple[dict[int, RankProgress], d
     waiting = {r: p for r, p in progress.items() if p.phase in WAITING and p.step is not None}
     if not waiting:
         return {}, {}
-    step = max(p.step for p in waiting.values())
+    step = max(p.step for p in waiting.values() if p.step is not None)  # each waiting rank has one
     late = {r: p for r, p in progress.items() if p.phase not in WAITING and (p.step is None or p.step <= step)}
     return waiting, late
 

@@ -9,6 +9,7 @@ today's frame keys (`agents.normalize.canonical_frame` brings those to today's f
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from agents.normalize import canonical_frame, frame_label, split_frame
 from agents.protocol import PER_LAUNCH_ENV
@@ -95,7 +96,7 @@ def environment_diff(envs: list[dict[str, str]]) -> list[dict]:
     counts as the same when every named setting agrees: agents before the canonical hash hashed
     set-valued settings in the process's hash-seed order, so equal configs hashed apart."""
     fields = sorted(set().union(*envs), key=lambda f: (not f.startswith("versions."), f))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for field in fields:
         values = [env.get(field) or missing(field, env) for env in envs]
         rows.append({"field": field, "values": values, "same": len(set(values)) == 1})

@@ -8,6 +8,8 @@ cache less; frames with the most of those come first.
 
 from __future__ import annotations
 
+from typing import Any
+
 TIME_RATIO = 1.25
 # (metric, the cell's field, True when a larger value is worse)
 METRICS = (
@@ -46,7 +48,7 @@ def frame_rows(frames: list[dict]) -> list[dict]:
     rows = []
     for frame in frames:
         base, others = frame["cells"][0], frame["cells"][1:]
-        against = []
+        against: list[dict[str, Any]] = []
         for other in others:
             if base is None or other is None:
                 against.append(

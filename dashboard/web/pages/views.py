@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import wraps
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -39,6 +41,9 @@ from dashboard.web.pages.links import run_links
 from dashboard.web.paging import RanksPage, ranks_page
 from ingest.refusals import Refusal
 
+if TYPE_CHECKING:
+    from dashboard.web.services import ListedRun
+
 ALERTS_ON_RUN_PAGE = 100
 RUNS_LISTED = 200
 BASELINE_REFUSED = "Choose another run of the same project as the baseline."
@@ -53,6 +58,7 @@ def page(view: View) -> View:
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
         try:
+            assert isinstance(request.user, User)  # login_required let only a logged-in user through
             return view(request, access.principal_for(request.user), *args, **kwargs)
         except Refusal as refusal:
             if refusal.status not in (403, 404):
@@ -65,7 +71,7 @@ def page(view: View) -> View:
 # --- runs --------------------------------------------------------------------------------
 
 
-def _filtered(runs: QuerySet[Run], params: Mapping[str, str]) -> QuerySet[Run]:
+def _filtered(runs: QuerySet[ListedRun], params: Mapping[str, str]) -> QuerySet[ListedRun]:
     """Runs list filters: text, project, torch version and health (on `runs_list` annotations);
     status is `runs_list`'s own filter, shared with the API."""
     q, project, torch, health = (params.get(k, "").strip() for k in ("q", "project", "torch", "health"))
@@ -103,7 +109,7 @@ def runs(request: HttpRequest, caller: Principal) -> HttpResponse:
     shown = list(_filtered(listed, request.GET)[:RUNS_LISTED])
     verdicts = services.verdicts(shown)
     for row in shown:
-        row.verdict = verdicts[row.id]
+        row.verdict = verdicts[row.id]  # type: ignore[attr-defined]  # for the template only
     return render(request, "dashboard/runs.html", {**context, "runs": shown})
 
 
@@ -162,7 +168,7 @@ def _ranks(run: Run, page: str | None) -> RanksPage:
         raise Http404(refusal.message) from None
 
 
-def is_over(run: Run) -> bool:
+def is_over(run: ListedRun) -> bool:
     """Nothing live to show: every rank ended or was lost, or the whole run has said nothing for
     LOCKSTEP_SILENT_AFTER (its launcher killed it; nobody said goodbye). `run` from `runs_list`."""
     quiet = timezone.now() - run.last_seen >= timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER)
@@ -286,7 +292,8 @@ def silence_create(request: HttpRequest, caller: Principal) -> HttpResponse:
     form = SilenceForm(request.POST)
     if not form.is_valid():
         messages.error(
-            request, "Silence not created: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+            request,
+            "Silence not created: " + "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()),
         )
         return _back(request)
     try:
