@@ -16,6 +16,8 @@ from dashboard.detection import bills, flight, lifecycle, tally, text
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import (
     CompiledWorkView,
+    CompileFacts,
+    Crash,
     Finding,
     RankProgress,
     RankWork,
@@ -84,7 +86,7 @@ def progress_of(run: Run) -> dict[int, RankProgress]:
     return {rank: _progress(body, (now - received).total_seconds()) for rank, body, received in rows}
 
 
-def _progress(body: dict, age: float) -> RankProgress:
+def _progress(body: dict[str, Any], age: float) -> RankProgress:
     since = body.get("since_step_s")
     return RankProgress(
         phase=body.get("phase") or "other",
@@ -97,7 +99,7 @@ def _progress(body: dict, age: float) -> RankProgress:
     )
 
 
-def strip(run: Run) -> list[dict]:
+def strip(run: Run) -> list[dict[str, Any]]:
     """The run page's per-rank strip: phase now and seconds since the last step, the ranks that hold
     the others up first (not in the collective the others wait in), then the longest since a step."""
     view = progress_of(run)
@@ -119,7 +121,7 @@ def strip(run: Run) -> list[dict]:
     return rows[:STRIP_RANKS]
 
 
-def crash_facts(run: Run) -> dict[int, dict]:
+def crash_facts(run: Run) -> dict[int, Crash]:
     """rank -> how it ended (status, exit code, the exception and where) and its last compile before."""
     rows = list(
         Rank.objects.filter(run=run)
@@ -135,7 +137,7 @@ def crash_facts(run: Run) -> dict[int, dict]:
     return {row["rank"]: _crash(row, ends.get(row["rank"], {}), compiles.get(row["rank"])) for row in rows}
 
 
-def _crash(row: Mapping[str, Any], end: dict[str, Any], compiled: dict[str, Any] | None) -> dict[str, Any]:
+def _crash(row: Mapping[str, Any], end: dict[str, Any], compiled: dict[str, Any] | None) -> Crash:
     """One crashed rank's facts as plain values. Status and exit code are the rank row's (ingest keeps
     them there); the exception comes from the rank_end body, absent where ingest kept none."""
     ended_at = end.get("ts") or row["last_seen"].timestamp()
@@ -155,7 +157,7 @@ def _printable(value: str | None) -> str | None:
     return text.printable(value) if value else value
 
 
-def _compile_facts(event: dict, ended_at: float) -> dict:
+def _compile_facts(event: dict[str, Any], ended_at: float) -> CompileFacts:
     keys = (event["detail"] or {}).get("cache_keys") or {}
     return {
         "frame": event["frame"],

@@ -29,6 +29,8 @@ from dashboard.evidence.models import (
 )
 from dashboard.tenancy.models import Run
 
+CompileReport = CompileEvent  # what detection names one rank's compile (it never imports the models)
+
 # --- one slot's reports ------------------------------------------------------------------
 
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from dashboard.detection.consensus import Consensus, consensus
 from dashboard.detection.text import ranks_text as ranks_text  # every rule names ranks through it: ranges, bounded
+
+if TYPE_CHECKING:  # the views' types only: the rules never read the database
+    from dashboard.evidence.reads import CompileReport, GradRow
 
 # Severities: "critical", "warning", and information (a cache hit/miss race): it explains the
 # incident it joins and never opens one, leads one or keeps one open, so it never pages.
@@ -35,7 +38,7 @@ class Finding:
     message: str
     step: int | None = None
     frame: str | None = None
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
     subject: str = ""
     kind: str = ""
 
@@ -46,11 +49,13 @@ class CompileSlotView:
 
     frame: str
     index: int
-    reports: dict  # rank -> its CompileEvent (`dashboard.evidence.reads.compile_reports`)
+    reports: dict[int, CompileReport]  # rank -> its compile (`dashboard.evidence.reads.compile_reports`)
     accountable: set[int]  # ranks whose silence means "did not compile this"
     world_size: int
-    rank_info: dict = field(default_factory=dict)  # rank -> rank_start facts (cache_dirs, collective timeout)
-    graph_breaks: list = field(default_factory=list)  # (rank, reason) of this frame
+    rank_info: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # rank -> rank_start facts (cache_dirs, collective timeout)
+    graph_breaks: list[tuple[int, str]] = field(default_factory=list)  # (rank, reason) of this frame
 
 
 @dataclass
@@ -59,13 +64,15 @@ class GradSlotView:
 
     step: int
     group: str
-    reports: dict  # rank -> dashboard.evidence.reads.GradRow
+    reports: dict[int, GradRow]
     consensus: Consensus[tuple[int, ...]] | None  # of the ranks' fingerprints
     world_size: int
-    baseline: tuple | None = None  # the baseline run's consensus for the same step and group
+    baseline: tuple[int, ...] | None = None  # the baseline run's consensus for the same step and group
     baseline_key: str | None = None
-    rank_info: dict = field(default_factory=dict)  # rank -> rank_start facts (the parameters' names and buckets)
-    nonfinite_losses: dict = field(default_factory=dict)  # rank -> first step of a NaN/inf loss, read where
+    rank_info: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # rank -> rank_start facts (the parameters' names and buckets)
+    nonfinite_losses: dict[int, int] = field(default_factory=dict)  # rank -> first step of a NaN/inf loss, read where
     # every rank's gradients are non-finite (whose loss went first)
 
 
@@ -82,23 +89,49 @@ class RankProgress:
     reason: str = ""
 
 
+class CompileFacts(TypedDict):
+    """A rank's last compile before it ended (`runs.crash_facts`)."""
+
+    frame: str
+    index: int
+    step: int | None
+    status: str
+    cache: dict[str, str]  # stage -> its cache outcome(s)
+    cache_keys: dict[str, str]  # stage -> its cache key
+    seconds_before_end: float
+
+
+class Crash(TypedDict):
+    """How a rank ended badly (`runs.crash_facts`): the rank row's status and exit code, the exception
+    of its rank_end, and its last compile."""
+
+    status: str
+    exit_code: int | None
+    reason: str | None
+    exc_type: str | None
+    where: str | None
+    ended_at: float
+    last_step: int | None
+    last_compile: CompileFacts | None
+
+
 @dataclass
 class RunView:
     """A run's ranks as the periodic sweep sees them (for rules about liveness and totals)."""
 
     run_id: int
     world_size: int
-    last_seen: dict  # rank -> seconds since the rank's last report
+    last_seen: dict[int, float]  # rank -> seconds since the rank's last report
     ended: set[int]
     silent_after: float
-    crashes: dict = field(default_factory=dict)  # rank -> how it ended badly (`runs.crash_facts`)
-    progress: dict = field(default_factory=dict)  # rank -> RankProgress, ranks that sampled recently
+    crashes: dict[int, Crash] = field(default_factory=dict)  # rank -> how it ended badly (`runs.crash_facts`)
+    progress: dict[int, RankProgress] = field(default_factory=dict)  # ranks that sampled recently
     collective_timeout_s: float | None = None
     hang_warn_after: float = 10.0
     lost_after: float = 12.0  # a rank left running alone this long after its peers ended is lost
     grace: float = 20.0  # how long consequences (a lost peer, a stop by signal) wait for their root
     now: float = 0.0  # the sweep's clock (epoch seconds), for crash times
-    compile_cost: dict | None = None  # the kept compile bill against its budget (`bills.for_sweep`)
+    compile_cost: dict[str, Any] | None = None  # the kept compile bill against its budget (`bills.for_sweep`)
 
 
 @dataclass(frozen=True)
@@ -117,8 +150,8 @@ class CompiledWorkView:
     a rank's compiles are known in full only once it finished the step they started in."""
 
     run_id: int
-    work: dict  # rank -> RankWork, for the ranks with an empty compile
-    last_step: dict  # rank -> its last completed step (None before the first)
+    work: dict[int, RankWork]  # for the ranks with an empty compile
+    last_step: dict[int, int | None]  # rank -> its last completed step (None before the first)
     ended: set[int]
 
 
@@ -164,7 +197,7 @@ def evaluate(view: object) -> list[Finding]:
 def clean_subjects(view: object, findings: list[Finding]) -> list[tuple[str, str]]:
     """(kind, subject) pairs this view checked and found healthy: their alerts may resolve."""
     fired = {(f.kind, f.subject) for f in findings}
-    checked = set()
+    checked: set[tuple[str, str]] = set()
     for r in rules_for(view):
         subjects = r.subject(view) if r.subject is not None else []
         checked |= {(r.kind, s) for s in ([subjects] if isinstance(subjects, str) else subjects)}
@@ -189,7 +222,8 @@ def settings_split(view: CompileSlotView) -> tuple[str, dict[str, dict[str, str]
     infos = {r: view.rank_info.get(r) or {} for r in view.reports}
     settings = {r: info.get("settings") or {} for r, info in infos.items()}
     keys = sorted(set().union(*settings.values())) if settings else []
-    parts, split = [], {}
+    parts: list[str] = []
+    split: dict[str, dict[str, str]] = {}
     for key in keys:
         values = {r: str(s.get(key, "default")) for r, s in settings.items()}
         verdict = consensus(values)
@@ -205,7 +239,7 @@ def settings_split(view: CompileSlotView) -> tuple[str, dict[str, dict[str, str]
     return "; ".join(parts), split
 
 
-def with_settings(message: str, view: CompileSlotView) -> tuple[str, dict]:
+def with_settings(message: str, view: CompileSlotView) -> tuple[str, dict[str, Any]]:
     """`message`, plus how the ranks' compiler settings differ when they do (and the details key)."""
     text, split = settings_split(view)
     return (f"{message} ({text})" if text else message), ({"settings": split} if split else {})
@@ -259,17 +293,17 @@ def outcome_of(values: str | None) -> str | None:
     return "hit" if all(v == "hit" for v in parts) else "miss" if "miss" in parts else parts[0]
 
 
-def cache_outcome(cache: dict, stage: str) -> str | None:
+def cache_outcome(cache: Mapping[str, str], stage: str) -> str | None:
     """The stage's outcome (`outcome_of`) in a compile's cache report."""
     return outcome_of(cache.get(stage))
 
 
-def compile_outcome(cache: dict) -> str | None:
+def compile_outcome(cache: Mapping[str, str]) -> str | None:
     """The Inductor (FX graph) cache outcome of a compile, or AOTAutograd's where Inductor reported none."""
     return cache_outcome(cache, "inductor") or cache_outcome(cache, "aotautograd")
 
 
-def cache_key(keys: dict) -> str:
+def cache_key(keys: Mapping[str, str]) -> str:
     """The Inductor (FX graph) cache key of a compile, or AOTAutograd's where Inductor reported none."""
     return keys.get("inductor") or keys.get("aotautograd") or ""
 
@@ -279,5 +313,5 @@ def short_key(key: str) -> str:
     return ",".join(part[:12] + ("…" if len(part) > 12 else "") for part in key.split(","))
 
 
-def first_step(reports: dict, ranks: Iterable[int]) -> int | None:
-    return min((reports[r].step for r in ranks if reports[r].step is not None), default=None)
+def first_step(reports: Mapping[int, CompileReport], ranks: Iterable[int]) -> int | None:
+    return min((step for r in ranks if (step := reports[r].step) is not None), default=None)

@@ -3,12 +3,14 @@ the message names the parameters the differing buckets hold, in module order."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, GradSlotView, bucket_params, rule, where_text
 
 
 @rule("baseline_divergence", GradSlotView)
-def baseline_divergence(view: GradSlotView):
+def baseline_divergence(view: GradSlotView) -> Iterator[Finding]:
     if (
         view.baseline is None
         or view.baseline_key is None

@@ -24,6 +24,8 @@ forecast: `incidents.FRAME_FOLLOWERS`), below its root.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import (
     INFO,
@@ -46,7 +48,7 @@ VERB = {"miss": "missed", "bypass": "bypassed", "hit": "hit"}
     CompileSlotView,
     subject=lambda v: [subjects.frame(v.frame), subjects.recompile_lookups(v.frame)],
 )
-def cache_divergence(view: CompileSlotView):
+def cache_divergence(view: CompileSlotView) -> Iterator[Finding]:
     finding = _lone_recompile(view) or _split(view)
     if finding is not None:
         yield finding
@@ -139,7 +141,7 @@ def _lone_recompile(view: CompileSlotView) -> Finding | None:
     )
 
 
-def _cause(view: CompileSlotView, ranks: set[int]) -> dict:
+def _cause(view: CompileSlotView, ranks: set[int]) -> dict[str, str]:
     """A split in a recompile whose reason is the odd ranks' own: the recompile is its cause."""
     if view.index == 0:
         return {}

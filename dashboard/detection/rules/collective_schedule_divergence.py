@@ -3,17 +3,24 @@ so they will wait on each other forever (a hang in waiting)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from dashboard.detection import subjects
 from dashboard.detection.consensus import at_fault, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
+if TYPE_CHECKING:
+    from dashboard.evidence.reads import CompileReport
 
-def schedule(event) -> str | None:
-    return (((event.detail or {}).get("hashes") or {}).get("collectives") or {}).get("norm")
+
+def schedule(event: CompileReport) -> str | None:
+    norm: str | None = (((event.detail or {}).get("hashes") or {}).get("collectives") or {}).get("norm")
+    return norm
 
 
 @rule("collective_schedule_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
-def collective_schedule_divergence(view: CompileSlotView):
+def collective_schedule_divergence(view: CompileSlotView) -> Iterator[Finding]:
     schedules = {r: schedule(e) or "" for r, e in view.reports.items()}
     if len(schedules) < 2 or not any(schedules.values()) or len(set(schedules.values())) == 1:
         return

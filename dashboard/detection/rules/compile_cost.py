@@ -7,6 +7,8 @@ RESOLVE_AT of the budget (the run amortized it), so a share hovering at the budg
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RunView, rule
 
@@ -30,7 +32,7 @@ def checked(view: RunView) -> list[str]:
 
 
 @rule("compile_cost", RunView, subject=checked)
-def compile_cost(view: RunView):
+def compile_cost(view: RunView) -> Iterator[Finding]:
     bill = view.compile_cost
     if not bill or bill.get("share") is None or bill["share"] <= bill["budget"] or not bill.get("top"):
         return

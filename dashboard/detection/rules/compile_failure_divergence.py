@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
 @rule("compile_failure_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
-def compile_failure_divergence(view: CompileSlotView):
+def compile_failure_divergence(view: CompileSlotView) -> Iterator[Finding]:
     failed = tuple(sorted(r for r, e in view.reports.items() if e.status != "ok"))
     if not failed or len(failed) == len(view.reports):
         return

@@ -6,6 +6,7 @@ critical once the skew reaches half of the collective timeout.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from statistics import median
 
 from dashboard.detection import subjects
@@ -23,7 +24,7 @@ def straggles(seconds: float, mid: float) -> bool:
 
 
 @rule("compile_straggler", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
-def compile_straggler(view: CompileSlotView):
+def compile_straggler(view: CompileSlotView) -> Iterator[Finding]:
     times = {r: e.compile_time for r, e in view.reports.items() if e.compile_time is not None}
     if len(times) < 2:
         return

@@ -9,6 +9,8 @@ rank for that fingerprint at once (`settle._ask_for_weights`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.consensus import at_fault, disagree_text
 from dashboard.detection.rules import (
@@ -24,7 +26,7 @@ from dashboard.detection.rules.param_divergence import is_param, weights_agree
 
 
 @rule("grad_divergence", GradSlotView, subject=weights_agree)
-def grad_divergence(view: GradSlotView):
+def grad_divergence(view: GradSlotView) -> Iterator[Finding]:
     if is_param(view) or view.consensus is None or not view.consensus.dissenters:
         return
     ranks = at_fault(view.consensus, view.reports)

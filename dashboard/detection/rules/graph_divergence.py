@@ -3,13 +3,15 @@ that differ have no majority: both are named)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.consensus import at_fault, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule, with_settings
 
 
 @rule("graph_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
-def graph_divergence(view: CompileSlotView):
+def graph_divergence(view: CompileSlotView) -> Iterator[Finding]:
     hashes = {r: e.graph_norm for r, e in view.reports.items() if e.graph_norm}
     if len(hashes) < 2:
         return

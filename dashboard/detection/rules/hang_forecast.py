@@ -10,6 +10,9 @@ long until the timeout kills the job. It resolves as soon as no rank waits for a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RankProgress, RunView, ranks_text, rule
 
@@ -18,7 +21,7 @@ LATES_TOLD = 8  # what each late rank is doing, for the first few: the message s
 
 
 @rule("hang_forecast", RunView, subject=lambda v: subjects.HANG)
-def hang_forecast(view: RunView):
+def hang_forecast(view: RunView) -> Iterator[Finding]:
     live = {
         r: p
         for r, p in view.progress.items()
@@ -77,7 +80,13 @@ def doing(p: RankProgress) -> str:
 
 
 def _message(
-    waiting: dict, late: dict, wait: float, first: RankProgress, step: int, timeout: float | None, left: float | None
+    waiting: dict[int, RankProgress],
+    late: dict[int, RankProgress],
+    wait: float,
+    first: RankProgress,
+    step: int,
+    timeout: float | None,
+    left: float | None,
 ) -> str:
     where = (
         f"in {first.op}"
@@ -96,7 +105,7 @@ def _message(
     return head + f"; {left:.0f} s left before the {timeout:.0f} s collective timeout kills the job"
 
 
-def _facts(p: RankProgress) -> dict:
+def _facts(p: RankProgress) -> dict[str, Any]:
     return {
         "phase": p.phase,
         "for_s": round(p.phase_s, 1),

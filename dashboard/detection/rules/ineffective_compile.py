@@ -13,10 +13,11 @@ step with breaks says nothing about how the model runs.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 from agents.normalize import frame_label
 from dashboard.detection import subjects
-from dashboard.detection.rules import CompiledWorkView, CompileSlotView, Finding, ranks_text, rule
+from dashboard.detection.rules import CompiledWorkView, CompileSlotView, Finding, RankWork, ranks_text, rule
 
 MANY_BREAKS = 8
 
@@ -29,12 +30,12 @@ def headline(reason: str) -> str:
 
 
 @rule("ineffective_compile", CompiledWorkView, subject=lambda v: subjects.RUN)
-def model_runs_eager(view: CompiledWorkView):
+def model_runs_eager(view: CompiledWorkView) -> Iterator[Finding]:
     eager = sorted(r for r, work in view.work.items() if work.empty and not work.graphs and _known(view, r, work))
     if not eager:
         return
     frames = sorted({f for r in eager for f in view.work[r].empty_frames})
-    steps = [view.work[r].first_step for r in eager if view.work[r].first_step is not None]
+    steps = [step for r in eager if (step := view.work[r].first_step) is not None]
     shown = ", ".join(frame_label(f) for f in frames[:3]) + (", ..." if len(frames) > 3 else "")
     yield Finding(
         severity="warning",
@@ -48,14 +49,14 @@ def model_runs_eager(view: CompiledWorkView):
     )
 
 
-def _known(view: CompiledWorkView, rank: int, work) -> bool:
+def _known(view: CompiledWorkView, rank: int, work: RankWork) -> bool:
     """The rank's compiles of its first compiled step are all in: it finished a later step, or ended."""
     last = view.last_step.get(rank)
     return rank in view.ended or (last is not None and work.first_step is not None and last > work.first_step)
 
 
 @rule("ineffective_compile", CompileSlotView)
-def shredded(view: CompileSlotView):
+def shredded(view: CompileSlotView) -> Iterator[Finding]:
     ranks = {r for r, e in view.reports.items() if ((e.detail or {}).get("graph_breaks") or 0) >= MANY_BREAKS}
     if not ranks:
         return

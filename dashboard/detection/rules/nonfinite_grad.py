@@ -15,6 +15,8 @@ every rank is.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, GradSlotView, ranks_text, rule
 from dashboard.detection.rules.param_divergence import is_param, weights_agree
@@ -39,7 +41,7 @@ def first_loss(view: GradSlotView) -> tuple[int, int] | None:
 
 
 @rule("nonfinite_grad", GradSlotView, subject=lambda v: weights_agree(v) + finite_everywhere(v))
-def nonfinite_grad(view: GradSlotView):
+def nonfinite_grad(view: GradSlotView) -> Iterator[Finding]:
     if is_param(view):
         return
     bad = tuple(sorted(r for r, report in view.reports.items() if report.nonfinite))

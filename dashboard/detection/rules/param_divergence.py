@@ -5,6 +5,8 @@ are both named."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.consensus import at_fault, disagree_text
 from dashboard.detection.rules import (
@@ -33,7 +35,7 @@ def weights_agree(view: GradSlotView) -> list[str]:
 
 
 @rule("param_divergence", GradSlotView, subject=lambda v: subjects.group(v.group))
-def param_divergence(view: GradSlotView):
+def param_divergence(view: GradSlotView) -> Iterator[Finding]:
     if not is_param(view) or view.consensus is None or not view.consensus.dissenters:
         return
     ranks = at_fault(view.consensus, view.reports)

@@ -23,9 +23,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from dashboard.detection import subjects
-from dashboard.detection.rules import Finding, RunView, cache_key, compile_outcome, ranks_text, rule, short_key
+from dashboard.detection.rules import (
+    CompileFacts,
+    Crash,
+    Finding,
+    RunView,
+    cache_key,
+    compile_outcome,
+    ranks_text,
+    rule,
+    short_key,
+)
 from dashboard.detection.rules.rank_silent import silent_ranks
 from dashboard.tenancy.models import VANISHED
 
@@ -41,16 +52,23 @@ LOST_PEER = re.compile(
 )
 
 
-def is_signal(crash: dict) -> bool:
+class LastCompile(CompileFacts):
+    """The last compile, in the step the rank ended in, with its cache outcome and key."""
+
+    outcome: str | None
+    key: str
+
+
+def is_signal(crash: Crash) -> bool:
     return crash["status"] == "signal"
 
 
-def lost_peer(crash: dict) -> bool:
+def lost_peer(crash: Crash) -> bool:
     """The rank failed because another rank went away: what gloo and NCCL say then."""
     return bool(LOST_PEER.search(" ".join(filter(None, (crash.get("reason"), crash.get("exc_type"))))))
 
 
-def is_consequence(crash: dict) -> bool:
+def is_consequence(crash: Crash) -> bool:
     return is_signal(crash) or lost_peer(crash)
 
 
@@ -60,7 +78,7 @@ def waiting(view: RunView, consequences: list[int]) -> bool:
     return first is not None and view.now - first < view.grace
 
 
-def how_it_ended(rank: int, crash: dict) -> str:
+def how_it_ended(rank: int, crash: Crash) -> str:
     code = f", exit code {crash['exit_code']}" if crash["exit_code"] is not None else ""
     if crash["status"] == VANISHED:
         return f"Rank {rank}'s process vanished without a word, as the ranks on its node saw"
@@ -74,13 +92,14 @@ def how_it_ended(rank: int, crash: dict) -> str:
     return f"Rank {rank} ended with status {crash['status']}{code}"
 
 
-def raised_alike(group: list[int], crash: dict) -> str:
+def raised_alike(group: list[int], crash: Crash) -> str:
+    assert crash["reason"] is not None  # ranks are alike by their exception's message (`same_error`)
     reason = crash["reason"] if len(crash["reason"]) <= MAX_REASON else crash["reason"][:MAX_REASON] + "…"
     where = f" at {crash['where']}" if crash["where"] else ""
     return f"{ranks_text(group).capitalize()} raised the same error: {reason}{where}"
 
 
-def in_progress(crash: dict) -> int | None:
+def in_progress(crash: Crash) -> int | None:
     """The step the rank ended in: one past its last completed step (its progress events arrive
     before its rank_end), or its last compile's when it completed none."""
     if crash["last_step"] is not None:
@@ -88,7 +107,7 @@ def in_progress(crash: dict) -> int | None:
     return crash["last_compile"]["step"] if crash["last_compile"] else None
 
 
-def just_before(crash: dict, step: int | None) -> dict | None:
+def just_before(crash: Crash, step: int | None) -> LastCompile | None:
     """The last compile, with its cache outcome and key, when it happened in the step the rank ended
     in (for a compile outside the training steps: within RECENT_S of the end); else None."""
     event = crash["last_compile"]
@@ -100,7 +119,7 @@ def just_before(crash: dict, step: int | None) -> dict | None:
     return {**event, "outcome": compile_outcome(event["cache"]), "key": cache_key(event["cache_keys"])}
 
 
-def doing(event: dict) -> str:
+def doing(event: LastCompile) -> str:
     """What the rank did right before it ended, in words."""
     frame, key = event["frame"], short_key(event["key"]) if event["key"] else ""
     if event["status"] != "ok":
@@ -112,7 +131,7 @@ def doing(event: dict) -> str:
     )
 
 
-def hint(crash: dict, event: dict | None) -> str:
+def hint(crash: Crash, event: LastCompile | None) -> str:
     if crash["status"] == VANISHED:
         return (
             "Killed outright (SIGKILL, the kernel's OOM killer: see dmesg on its node) or crashed in native "
@@ -184,7 +203,7 @@ def _consequence(view: RunView, rank: int, root: int) -> Finding:
     )
 
 
-def _facts(crash: dict, event: dict | None) -> dict:
+def _facts(crash: Crash, event: LastCompile | None) -> dict[str, Any]:
     return {
         "status": crash["status"],
         "exit_code": crash["exit_code"],
@@ -197,7 +216,7 @@ def _facts(crash: dict, event: dict | None) -> dict:
     }
 
 
-def same_error(crash: dict, step: int | None) -> tuple | None:
+def same_error(crash: Crash, step: int | None) -> tuple[str | None, str, int | None] | None:
     """What makes crashes of several ranks one cause: the exception (type, and message with the rank
     numbers it names made alike: DDP's "did not receive grad for rank 1") and the step it ended in.
     None for an end without an exception message (an exit code, a signal, a vanished process)."""
@@ -206,7 +225,7 @@ def same_error(crash: dict, step: int | None) -> tuple | None:
     return crash["exc_type"], RANK_NUMBER.sub("rank N", crash["reason"]), step
 
 
-def crash_subject(crash: dict, step: int | None) -> str | None:
+def crash_subject(crash: Crash, step: int | None) -> str | None:
     """The subject of an exception's alert (`subjects.error`); None for an end without one."""
     key = same_error(crash, step)
     return subjects.error(step, key[0], key[1]) if key is not None else None

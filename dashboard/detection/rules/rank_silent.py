@@ -9,6 +9,8 @@ wait for it as their root, and the page should name the dead rank within seconds
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import Finding, RunView, rule
 
@@ -52,7 +54,7 @@ def ended_message(rank: int, quiet_s: float, lost: bool) -> str:
 
 
 @rule("rank_silent", RunView, subject=lambda v: [subjects.rank(r) for r in v.last_seen])
-def rank_silent(view: RunView):
+def rank_silent(view: RunView) -> Iterator[Finding]:
     for rank, why in sorted(silent_ranks(view).items()):
         age = view.last_seen[rank]
         yield Finding(

@@ -22,8 +22,8 @@ are two caches. Keys that differ per rank (the device index in the key) are harm
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dashboard.detection import subjects
 from dashboard.detection.consensus import Consensus, consensus
@@ -39,7 +39,12 @@ from dashboard.detection.rules import (
     short_key,
 )
 
+if TYPE_CHECKING:
+    from dashboard.evidence.reads import CompileReport
+
 Location = tuple[str, str, str]  # ("host", host, path) or ("fs", fsid, path): equal tuples are one directory
+
+Facts = tuple[tuple[str, str], ...]  # (name, value) pairs in name order: comparable across ranks
 
 
 class Dir(NamedTuple):
@@ -52,7 +57,7 @@ class Dir(NamedTuple):
 FIX = "clear the shared cache dir or give each node type its own TORCHINDUCTOR_CACHE_DIR"
 
 
-def cache_location(info: dict) -> Location | None:
+def cache_location(info: dict[str, Any]) -> Location | None:
     """Where a rank's Inductor cache really is; old agents (no `cache_fs`) only tell host and path."""
     fs = (info.get("cache_fs") or {}).get("inductor") or {}
     if fs.get("shared") and fs.get("fsid") and fs.get("path"):
@@ -61,7 +66,7 @@ def cache_location(info: dict) -> Location | None:
     return ("host", info["host"], path) if path and info.get("host") else None
 
 
-def describe(location: Location, info: dict) -> Dir:
+def describe(location: Location, info: dict[str, Any]) -> Dir:
     kind, where, path = location
     if kind == "host":
         return Dir(path, f"{path} on host {where}")
@@ -69,7 +74,7 @@ def describe(location: Location, info: dict) -> Dir:
     return Dir(path, f"{path} ({fs} filesystem shared by the hosts)")
 
 
-def codegen_facts(info: dict, device: bool) -> dict[str, str]:
+def codegen_facts(info: dict[str, Any], device: bool) -> dict[str, str]:
     """What shapes generated code but not the cache key: the agent's `codegen` facts, and the GPU
     (in words only: the raw graph is what tells whether the device shapes the code)."""
     facts = {name: str(value) for name, value in (info.get("codegen") or {}).items()}
@@ -78,27 +83,27 @@ def codegen_facts(info: dict, device: bool) -> dict[str, str]:
     return facts
 
 
-def facts_of(view: CompileSlotView, ranks: list[int]) -> dict[int, dict]:
+def facts_of(view: CompileSlotView, ranks: list[int]) -> dict[int, dict[str, str]]:
     """Codegen facts of these ranks; the GPU is named only where their raw Dynamo graphs differ (they name
     the device): a graph of CPU work compiles alike on cuda:0 and cuda:1."""
     named = len({view.reports[r].graph_raw for r in ranks if view.reports[r].graph_raw}) > 1
     return {r: codegen_facts(view.rank_info[r], named) for r in ranks}
 
 
-def comparable(facts: dict[int, dict]) -> dict[int, tuple]:
+def comparable(facts: Mapping[int, Mapping[str, str]]) -> dict[int, Facts]:
     """Only facts every rank reported: an old agent's missing fact is unknown, not different."""
     names = set.intersection(*(set(f) for f in facts.values()))
     return {r: tuple(sorted((n, f[n]) for n in names)) for r, f in facts.items()}
 
 
-def codegen_split(facts: dict[int, dict]) -> tuple[Consensus, str]:
+def codegen_split(facts: Mapping[int, Mapping[str, str]]) -> tuple[Consensus[Facts], str]:
     """Ranks whose codegen facts differ from the majority (tie: the lowest rank's), and how, in words."""
     values = comparable(facts)
     verdict = consensus(values)
     reference = dict(verdict.reference)
     parts = []
     for name, ref in sorted(reference.items()):
-        odd = defaultdict(list)
+        odd: defaultdict[str, list[int]] = defaultdict(list)
         for r in verdict.dissenters:
             if (value := dict(values[r])[name]) != ref:
                 odd[value].append(r)
@@ -108,7 +113,7 @@ def codegen_split(facts: dict[int, dict]) -> tuple[Consensus, str]:
     return verdict, "; ".join(parts)
 
 
-def targets(view: CompileSlotView, ranks: list[int]) -> dict[int, tuple]:
+def targets(view: CompileSlotView, ranks: list[int]) -> dict[int, tuple[Facts, str]]:
     """Per rank what its own code depends on beyond the key: codegen facts (not the device: the graph
     says whether it matters), and the raw graph where the code carries rank-specific text."""
     facts = comparable({r: codegen_facts(view.rank_info[r], device=False) for r in ranks})
@@ -119,7 +124,7 @@ def targets(view: CompileSlotView, ranks: list[int]) -> dict[int, tuple]:
 def foreign_runs(view: CompileSlotView, ranks: list[int]) -> dict[int, int | None]:
     """Rank that runs code made for another target -> the rank of this run that compiled it (None: an
     earlier run did; then the ranks off the majority target are named)."""
-    by_code = defaultdict(list)
+    by_code: defaultdict[str, list[int]] = defaultdict(list)
     for r in ranks:
         if view.reports[r].code_raw:
             by_code[view.reports[r].code_raw].append(r)
@@ -137,7 +142,7 @@ def foreign_runs(view: CompileSlotView, ranks: list[int]) -> dict[int, int | Non
     return found
 
 
-def code_diff(events: list) -> str | None:
+def code_diff(events: list[CompileReport]) -> str | None:
     """How the code of these compiles differs: only in rank-specific text (normalized equal) or in itself."""
     raws = {e.code_raw for e in events if e.code_raw}
     norms = {e.code_norm for e in events if e.code_norm}
@@ -146,11 +151,13 @@ def code_diff(events: list) -> str | None:
     return "rank-specific text only" if len(raws) > 1 else None
 
 
-def _outcome(event) -> str | None:
+def _outcome(event: CompileReport) -> str | None:
     return compile_outcome(event.cache or {})
 
 
-def _details(view: CompileSlotView, key: str, place: Dir, ranks: list[int], facts: dict[int, dict]) -> dict:
+def _details(
+    view: CompileSlotView, key: str, place: Dir, ranks: list[int], facts: dict[int, dict[str, str]]
+) -> dict[str, Any]:
     """Every fact the alert rests on; `diff` compares fresh compiles only (loaded code prints otherwise)."""
     return {
         "index": view.index,
@@ -202,7 +209,9 @@ def judge(view: CompileSlotView, key: str, place: Dir, ranks: list[int]) -> Iter
     )
 
 
-def foreign_finding(view: CompileSlotView, key: str, place: Dir, ranks: list[int], foreign: dict) -> Finding:
+def foreign_finding(
+    view: CompileSlotView, key: str, place: Dir, ranks: list[int], foreign: dict[int, int | None]
+) -> Finding:
     """Critical: `foreign` (rank -> the rank that compiled what it runs, None: an earlier run) run code
     made for another target."""
     facts = facts_of(view, ranks)
@@ -235,7 +244,7 @@ def foreign_finding(view: CompileSlotView, key: str, place: Dir, ranks: list[int
 
 def sharing_groups(view: CompileSlotView) -> dict[Location, list[int]]:
     """Ranks per cache directory they really share (directories of one rank left out)."""
-    by_location = defaultdict(list)
+    by_location: defaultdict[Location, list[int]] = defaultdict(list)
     for rank in sorted(view.reports):
         location = cache_location(view.rank_info.get(rank) or {})
         if location:
@@ -248,7 +257,7 @@ def problems(view: CompileSlotView) -> Iterator[Finding]:
         return  # the ranks traced different graphs: graph_divergence's slot, whatever the cache did
     for location, ranks in sharing_groups(view).items():
         place = describe(location, view.rank_info[ranks[0]])
-        by_key = defaultdict(list)
+        by_key: defaultdict[str, list[int]] = defaultdict(list)
         for r in ranks:  # a compile of several graphs reports their keys joined: each is an entry
             for key in cache_key((view.reports[r].detail or {}).get("cache_keys") or {}).split(","):
                 if key:
@@ -258,12 +267,12 @@ def problems(view: CompileSlotView) -> Iterator[Finding]:
                 yield from judge(view, key, place, sharing)
 
 
-def _facts_text(facts: dict) -> str:
+def _facts_text(facts: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(facts.items())) or "unknown"
 
 
 @rule("rank_specific_artifact", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
-def rank_specific_artifact(view: CompileSlotView):
+def rank_specific_artifact(view: CompileSlotView) -> Iterator[Finding]:
     """One alert per frame: the worst problem of the slot (a load across targets before different writes)."""
     found = list(problems(view))
     critical = [f for f in found if f.severity == "critical"]

@@ -5,13 +5,15 @@ A rank that went silent is not counted as "did not recompile" (that is rank_sile
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dashboard.detection import subjects
 from dashboard.detection.consensus import at_fault, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
 @rule("recompile_divergence", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
-def recompile_divergence(view: CompileSlotView):
+def recompile_divergence(view: CompileSlotView) -> Iterator[Finding]:
     if view.index == 0:
         return
     compiled = set(view.reports)
@@ -42,7 +44,7 @@ def _count_finding(view: CompileSlotView, compiled: set[int], skipped: set[int])
     )
 
 
-def _reason_finding(view: CompileSlotView):
+def _reason_finding(view: CompileSlotView) -> Iterator[Finding]:
     reasons = {r: (e.recompile_reason or "") for r, e in view.reports.items()}
     if len(set(reasons.values())) == 1:
         return

@@ -3,19 +3,25 @@ times. (What compiling costs the run as a share of its time is `compile_cost`'s.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from dashboard.detection import subjects
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
+
+if TYPE_CHECKING:
+    from dashboard.evidence.reads import CompileReport
 
 STORM_INDEX = 8
 
 
-def hit_limit(event) -> bool:
+def hit_limit(event: CompileReport) -> bool:
     text = " ".join(x for x in (event.fail_reason, event.recompile_reason, event.fail_type) if x).lower()
     return "recompile_limit" in text or "cache_size_limit" in text or "recompile limit" in text
 
 
 @rule("recompile_storm", CompileSlotView)
-def recompile_storm(view: CompileSlotView):
+def recompile_storm(view: CompileSlotView) -> Iterator[Finding]:
     limited = {r for r, e in view.reports.items() if hit_limit(e)}
     if view.index + 1 < STORM_INDEX and not limited:
         return
