@@ -29,6 +29,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -51,7 +52,7 @@ WAIT_S = 30.0  # a reader waits this long for another's computation, then comput
 log = logging.getLogger(__name__)
 
 
-def store(run: Run, bill: dict, now: datetime | None = None) -> RunCost:
+def store(run: Run, bill: dict[str, Any], now: datetime | None = None) -> RunCost:
     """Keep `bill`; each cause's counted seconds only ever grow."""
     now = now or timezone.now()
     old = RunCost.objects.filter(run=run).values_list("counted", flat=True).first() or {}
@@ -78,7 +79,7 @@ def store(run: Run, bill: dict, now: datetime | None = None) -> RunCost:
     return row
 
 
-def summary_of(bill: dict) -> dict:
+def summary_of(bill: dict[str, Any]) -> dict[str, Any]:
     top = bill["top"]
     return {
         "gpu_seconds": bill["gpu_seconds"],
@@ -92,7 +93,7 @@ def summary_of(bill: dict) -> dict:
     }
 
 
-def fresh_bill(run: Run, now: datetime | None = None) -> dict:
+def fresh_bill(run: Run, now: datetime | None = None) -> dict[str, Any]:
     """The run's bill as of now, and kept (the worker's: the sweep, `tasks.keep_bills`): the one a
     reader computed is kept as it is when nothing reached the run since, else it is computed."""
     now = now or timezone.now()
@@ -106,7 +107,7 @@ def fresh_bill(run: Run, now: datetime | None = None) -> dict:
     return {**bill, "computed_at": at.isoformat(), "stale": False}
 
 
-def current_bill(run: Run, now: datetime | None = None) -> dict:
+def current_bill(run: Run, now: datetime | None = None) -> dict[str, Any]:
     """A reader's bill; reading writes nothing. The kept bill while it is current (`is_current`) or
     while the sweep still looks at the run (it reported within SWEPT_S: the sweep refreshes the bill
     within MIN_AGE_S of new compiles, and bills an ended run once more, `final_bill`), marked `stale`
@@ -130,7 +131,7 @@ def current_bill(run: Run, now: datetime | None = None) -> dict:
     return {**bill, "computed_at": at.isoformat(), "stale": False}
 
 
-def _kept(run: Run, now: datetime) -> dict | None:
+def _kept(run: Run, now: datetime) -> dict[str, Any] | None:
     row = RunCost.objects.filter(run=run).values_list("bill", "computed_at", "compile_seconds").first()
     if row and row[0]:
         current = is_current(run, row[1], row[2], now)
@@ -165,7 +166,7 @@ def computing(run: Run) -> Iterator[None]:
                 log.warning("bill lock of run %s not released", run.id, exc_info=True)
 
 
-def _share(run: Run, bill: dict, at: datetime) -> None:
+def _share(run: Run, bill: dict[str, Any], at: datetime) -> None:
     """A bill a reader computed, for the other readers and the worker to keep, for REFRESH_S."""
     value = json.dumps({"bill": bill, "computed_at": at.isoformat()}, cls=DjangoJSONEncoder)
     try:
@@ -174,7 +175,7 @@ def _share(run: Run, bill: dict, at: datetime) -> None:
         log.warning("redis unavailable: the bill of run %s is not shared", run.id, exc_info=True)
 
 
-def _shared(run: Run) -> tuple[dict, datetime] | None:
+def _shared(run: Run) -> tuple[dict[str, Any], datetime] | None:
     """The bill a reader computed within REFRESH_S, and when."""
     try:
         raw = ratelimit.client().get(_name(run, "shared"))
@@ -214,7 +215,7 @@ def final_bill(run: Run, now: datetime | None = None) -> None:
         fresh_bill(run, now)
 
 
-def for_sweep(run: Run, compile_seconds: float, wall_s: float, now: datetime | None = None) -> dict | None:
+def for_sweep(run: Run, compile_seconds: float, wall_s: float, now: datetime | None = None) -> dict[str, Any] | None:
     """What the budget rule reads: the kept bill's summary, its share of the wall time as of now, the
     budget; recomputed first when stale (and not younger than MIN_AGE_S). None before the budget
     applies, or while even the most the bill could be (world x every compile second, over world x
@@ -252,11 +253,11 @@ def counted_by_project() -> dict[tuple[str, str], float]:
     return totals
 
 
-def top_frames(project_id: int, days: int, now: datetime | None = None, limit: int = 20) -> list[dict]:
+def top_frames(project_id: int, days: int, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
     """The frames that cost the project most over its runs of the last `days` days (kept bills),
     summed across runs by frame."""
     since = (now or timezone.now()) - timedelta(days=days)
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for key, frames in RunCost.objects.filter(run__project_id=project_id, run__started_at__gte=since).values_list(
         "run__key", "frames"
     ):

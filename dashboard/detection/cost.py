@@ -28,9 +28,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple, TypedDict
 
-from django.db.models import Count, FloatField, Min, Q
+from django.db.models import Count, FloatField, Min, Q, QuerySet
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -64,6 +64,11 @@ class Compile(NamedTuple):
     end: float = 0.0  # unix seconds when it finished (the agent's clock)
 
 
+Unit = tuple[Literal["step"], int] | tuple[Literal["slot"], str, int]  # what the ranks wait on together
+Slot = tuple[str, int]  # (frame, n-th compile)
+LineKey = tuple[str, str, str]  # (frame, cause, reason)
+
+
 @dataclass
 class Line:
     frame: str
@@ -72,7 +77,7 @@ class Line:
     gpu_seconds: float = 0.0
     compiles: int = 0
     compile_seconds: float = 0.0
-    ranks: set = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)
     measured: float = 0.0  # of gpu_seconds, from measured waits
 
 
@@ -132,7 +137,7 @@ def straggler_excess(seconds: float, others: list[float]) -> float:
     return seconds - mid if straggles(seconds, mid) else 0.0
 
 
-def unit_of(c: Compile) -> tuple:
+def unit_of(c: Compile) -> Unit:
     return ("step", c.step) if c.step is not None else ("slot", c.frame, c.index)
 
 
@@ -143,10 +148,10 @@ def compute(
     *,
     wall_s: float = 0.0,
     price: float | None = None,
-    had_before: set[str] | frozenset = frozenset(),
+    had_before: set[str] | frozenset[str] = frozenset(),
     miss_s_elsewhere: dict[str, float] | None = None,
     breaks: dict[str, int] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The bill of `compiles` in a job of `world` ranks. `waits`: step -> rank -> seconds the rank was
     seen waiting in a collective; `had_before`: cache keys an earlier run had; `miss_s_elsewhere`:
     per frame, the mean miss time in earlier runs (for savings where this run has only hits);
@@ -159,10 +164,10 @@ def compute(
         if (seen := {r: s for r, s in per_rank.items() if s >= protocol.STUCK_S and 0 <= r < world})
     }
     miss_means = _miss_means(compiles, miss_s_elsewhere)
-    lines: dict[tuple, Line] = {}
+    lines: dict[LineKey, Line] = {}
     owners, units = _sort(compiles, avoidable(compiles, set(had_before)), breaks, lines)
     basis = {"assumed_units": 0, "measured_units": 0, "assumed_s": 0.0, "measured_s": 0.0}
-    saved: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    saved: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for unit, slots in units.items():
         seen = by_step.get(unit[1], {}) if unit[0] == "step" else {}
         sums = _unit_sums(slots, compiles, miss_means)
@@ -176,14 +181,14 @@ def compute(
 
 
 def _sort(
-    compiles: list[Compile], skipped: set[int], breaks: dict[str, int], lines: dict
-) -> tuple[list[Line], dict[tuple, dict[tuple, list[int]]]]:
+    compiles: list[Compile], skipped: set[int], breaks: dict[str, int], lines: dict[LineKey, Line]
+) -> tuple[list[Line], dict[Unit, dict[Slot, list[int]]]]:
     """One pass: each compile's line (frame, cause, reason), counted there, and the compiles by unit
     and slot (frame, n-th compile). The cause and reason are worked out once per kind of compile: a
     1,024-rank job repeats each kind on every rank."""
-    kinds: dict[tuple, Line] = {}
+    kinds: dict[tuple[str, str, bool, bool, str | None, str | None], Line] = {}
     owners = []
-    units: dict[tuple, dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
+    units: dict[Unit, dict[Slot, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, c in enumerate(compiles):
         kind = (c.frame, c.status, c.index > 0, i in skipped, c.reason, c.fail_type)
         line = kinds.get(kind)
@@ -198,7 +203,7 @@ def _sort(
     return owners, units
 
 
-def _line(lines: dict, frame: str, cause: str, reason: str) -> Line:
+def _line(lines: dict[LineKey, Line], frame: str, cause: str, reason: str) -> Line:
     key = (frame, cause, reason)
     if key not in lines:
         lines[key] = Line(frame, cause, reason)
@@ -215,7 +220,7 @@ class UnitSums(NamedTuple):
     hits: dict[str, int]
 
 
-def _unit_sums(slots: dict[tuple, list[int]], compiles: list[Compile], miss_means: dict[str, float]) -> UnitSums:
+def _unit_sums(slots: dict[Slot, list[int]], compiles: list[Compile], miss_means: dict[str, float]) -> UnitSums:
     sums = UnitSums(defaultdict(float), defaultdict(float), defaultdict(int))
     actual, cold = sums.actual, sums.cold
     for (frame, _), members in slots.items():
@@ -234,11 +239,11 @@ def _unit_sums(slots: dict[tuple, list[int]], compiles: list[Compile], miss_mean
 def _bill_unit(
     world: int,
     seen: dict[int, float],
-    slots: dict[tuple, list[int]],
+    slots: dict[Slot, list[int]],
     compiles: list[Compile],
     owners: list[Line],
     sums: UnitSums,
-    lines: dict,
+    lines: dict[LineKey, Line],
 ) -> float:
     """The unit's cost, charged to the slowest rank's compiles. `seen`: the ranks whose waits in the
     unit's collective were measured; the others wait for the slowest (assumed)."""
@@ -257,7 +262,9 @@ def _bill_unit(
     return cost
 
 
-def _charge(c: Compile, owner: Line, share: float, slot_times: list[float], lines: dict, *, measured: bool) -> None:
+def _charge(
+    c: Compile, owner: Line, share: float, slot_times: list[float], lines: dict[LineKey, Line], *, measured: bool
+) -> None:
     """`share` of a unit's cost onto compile `c`'s line; what it straggled behind its slot's median
     onto the frame's `compile_straggler` line."""
     excess = straggler_excess(c.seconds, slot_times)
@@ -272,7 +279,7 @@ def _charge(c: Compile, owner: Line, share: float, slot_times: list[float], line
             line.measured += amount
 
 
-def _count_basis(basis: dict, cost: float, *, measured: bool) -> None:
+def _count_basis(basis: dict[str, float], cost: float, *, measured: bool) -> None:
     if cost:
         kind = "measured" if measured else "assumed"
         basis[f"{kind}_units"] += 1
@@ -281,7 +288,7 @@ def _count_basis(basis: dict, cost: float, *, measured: bool) -> None:
 
 def _miss_means(compiles: list[Compile], elsewhere: dict[str, float]) -> dict[str, float]:
     """Per frame, the mean time of its cache misses here, else in earlier runs."""
-    sums: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for c in compiles:
         if c.outcome == "miss" and c.status != "failed":
             sums[c.frame][0] += c.seconds
@@ -289,7 +296,7 @@ def _miss_means(compiles: list[Compile], elsewhere: dict[str, float]) -> dict[st
     return {**elsewhere, **{f: s / n for f, (s, n) in sums.items() if n}}
 
 
-def _save_unit(world: int, sums: UnitSums, saved: dict) -> None:
+def _save_unit(world: int, sums: UnitSums, saved: dict[str, list[float]]) -> None:
     """What the unit would have cost (assumed) had each hit been a miss of its frame, minus what it cost."""
     if not sums.hits:
         return
@@ -303,11 +310,16 @@ def _save_unit(world: int, sums: UnitSums, saved: dict) -> None:
 
 
 def _summary(
-    world: int, lines: dict[tuple, Line], basis: dict, saved: dict, wall_s: float, price: float | None
-) -> dict:
+    world: int,
+    lines: dict[LineKey, Line],
+    basis: dict[str, float],
+    saved: dict[str, list[float]],
+    wall_s: float,
+    price: float | None,
+) -> dict[str, Any]:
     total = sum(line.gpu_seconds for line in lines.values())
     as_json = {id(line): _line_json(line) for line in lines.values()}  # a frame's lines and the ranked ones
-    frames: dict[str, dict] = {}
+    frames: dict[str, dict[str, Any]] = {}
     for line in sorted(lines.values(), key=lambda x: -x.gpu_seconds):
         row = frames.setdefault(
             line.frame,
@@ -365,7 +377,7 @@ def _summary(
     }
 
 
-def _line_json(line: Line) -> dict:
+def _line_json(line: Line) -> dict[str, Any]:
     return {
         "frame": line.frame,
         "label": frame_label(line.frame),
@@ -399,7 +411,11 @@ def collective_waits(run_id: int, steps: list[int]) -> dict[int, dict[int, float
     return reads.collective_waits(run_id, steps) if steps else {}
 
 
-def earlier_runs(run: Run):
+class RunId(TypedDict):
+    id: int
+
+
+def earlier_runs(run: Run) -> QuerySet[Run, RunId]:
     return Run.objects.filter(
         project_id=run.project_id, started_at__lt=run.started_at, started_at__gte=run.started_at - LOOKBACK
     ).values("id")
@@ -450,13 +466,13 @@ def without_collector_pauses() -> Iterator[None]:
             gc.enable()
 
 
-def bill_of(run: Run, now: datetime | None = None) -> dict:
+def bill_of(run: Run, now: datetime | None = None) -> dict[str, Any]:
     """The run's bill (`compute`) from its stored compile events and progress samples."""
     with without_collector_pauses():
         return _bill_of(run, now)
 
 
-def _bill_of(run: Run, now: datetime | None) -> dict:
+def _bill_of(run: Run, now: datetime | None) -> dict[str, Any]:
     compiles = compile_rows(run.id)
     steps = sorted({c.step for c in compiles if c.step is not None})
     misses = {c.key for c in compiles if c.outcome == "miss" and c.key}

@@ -20,7 +20,8 @@ import copy
 import logging
 import pkgutil
 from collections import Counter
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -40,7 +41,7 @@ _ENTRY_DEFAULTS = msgspec.structs.asdict(protocol.FREntry(record_id=0))
 COMPILE_WINDOW_S = 600.0  # compile events this long before a dump count as "of that moment"
 
 
-def _ranks_of(text) -> list[int] | None:
+def _ranks_of(text: object) -> list[int] | None:
     try:
         ranks = ast.literal_eval(text) if isinstance(text, str) else text
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -50,14 +51,14 @@ def _ranks_of(text) -> list[int] | None:
     return None
 
 
-def _prepared(rank: int, dump: dict, world_size: int | None) -> tuple[dict, list[str]]:
+def _prepared(rank: int, dump: dict[str, Any], world_size: int | None) -> tuple[dict[str, Any], list[str]]:
     """One rank's dump as torch's loader returns it (`fr_trace.read_dump`), repaired; and what was repaired."""
     notes = []
     entries = [
         {**_ENTRY_DEFAULTS, **e, "process_group": tuple(e.get("process_group") or ("", ""))[:2]}
         for e in dump.get("entries") or []
     ]  # the wire omits default values; torch reads every key
-    config = {}
+    config: dict[str, dict[str, Any]] = {}
     for name, c in (dump.get("pg_config") or {}).items():
         ranks = _ranks_of((c or {}).get("ranks"))
         if ranks is None:
@@ -94,16 +95,16 @@ def _prepared(rank: int, dump: dict, world_size: int | None) -> tuple[dict, list
     }, notes
 
 
-def _names(c) -> dict:
+def _names(c: Any) -> dict[str, Any]:  # a collective of torch's analysis
     return {"seq": c.collective_seq_id, "op": c.collective_name, "pg": c.pg_desc, "state": c.collective_state}
 
 
-def analyze(dumps: dict[int, dict], world_size: int | None = None) -> dict:
+def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> dict[str, Any]:
     """torch's analysis of the ranks' dumps (rank -> `protocol.FRDump` as a dict) and what it says, per rank.
 
     Returns {"ranks": {rank: {entered, completed, entries, error}}, "mismatch": {...} | None,
     "collectives": n, "notes": [...], "error": str}."""
-    result: dict = {"ranks": {}, "mismatch": None, "collectives": 0, "notes": [], "error": ""}
+    result: dict[str, Any] = {"ranks": {}, "mismatch": None, "collectives": 0, "notes": [], "error": ""}
     details: dict[str, Any] = {}
     versions: Counter[Any] = Counter()
     for rank, dump in sorted(dumps.items()):
@@ -151,10 +152,10 @@ def analyze(dumps: dict[int, dict], world_size: int | None = None) -> dict:
     return result
 
 
-def _rank_facts(dump: dict) -> dict:
+def _rank_facts(dump: dict[str, Any]) -> dict[str, Any]:
     entries = [e for e in dump.get("entries") or [] if not e.get("is_p2p")]
     newest = max(entries, key=lambda e: (e.get("collective_seq_id") or 0, e.get("record_id") or 0), default=None)
-    facts = {
+    facts: dict[str, Any] = {
         "entries": len(dump.get("entries") or []),
         "error": dump.get("error") or "",
         "entered": None,
@@ -186,7 +187,7 @@ def _rank_facts(dump: dict) -> dict:
     return facts
 
 
-def _entry_facts(e: dict) -> dict:
+def _entry_facts(e: dict[str, Any]) -> dict[str, Any]:
     pg = e.get("process_group") or ["", ""]
     user = user_frame(e.get("frames") or [])
     return {
@@ -201,7 +202,7 @@ def _entry_facts(e: dict) -> dict:
 _AGENT_FILES = tuple(f"/agents/{m.name}.py" for m in pkgutil.iter_modules(agents.__path__))
 
 
-def user_frame(frames: list[dict]) -> dict | None:
+def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The collective's call site: the innermost frame that is neither torch's nor the Lockstep agent's
     (older agents sent their own DDP wrapper, `agents/grads.py ... __init__`, among the frames)."""
 
@@ -251,17 +252,17 @@ def summarize(alert_id: int, revision: int) -> bool:
         return True
 
 
-def _same(a: dict, b: dict) -> bool:
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "message"} == {k: v for k, v in b.items() if k != "message"}
 
 
-def compiles_at(run_id: int, rank: int, at) -> dict:
+def compiles_at(run_id: int, rank: int, at: datetime) -> dict[str, Any]:
     """What the rank compiled at the moment of its dump: its last compile_start and last finished compile
     within COMPILE_WINDOW_S before it, and whether that start is still running (no compile of its id yet)."""
     window = at - timedelta(seconds=COMPILE_WINDOW_S)
     start = reads.compile_start(run_id, rank, window, at)
     done = reads.compile_finished(run_id, rank, window, at + timedelta(seconds=5))
-    out: dict = {"compiling": None, "last": None}
+    out: dict[str, Any] = {"compiling": None, "last": None}
     if done:
         out["last"] = {
             "frame": done["frame"],
@@ -279,11 +280,12 @@ def compiles_at(run_id: int, rank: int, at) -> dict:
     return out
 
 
-def headline(summary: dict) -> str:
+def headline(summary: dict[str, Any]) -> str:
     """One line: who entered which collective and who did not (torch's mismatch), or why there is none."""
     m = summary.get("mismatch")
-    if summary.get("error") and not m:
-        return summary["error"]
+    error: str = summary.get("error") or ""
+    if error and not m:
+        return error
     if not m:
         return "Flight Recorder: torch's analysis found every recorded collective complete on the ranks that answered"
     missing = m.get("missing_ranks") or []
@@ -305,9 +307,9 @@ def headline(summary: dict) -> str:
     return head
 
 
-def _ranks(ranks) -> str:
-    ranks = list(ranks)
-    return text.ranks_text(ranks) if ranks else "no rank"
+def _ranks(ranks: Iterable[int]) -> str:
+    listed = list(ranks)
+    return text.ranks_text(listed) if listed else "no rank"
 
 
 def wait_s() -> float:
