@@ -5,6 +5,8 @@ Only consensus rows are compared, so the comparison costs O(slots), never O(slot
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import transaction
 
 from dashboard.detection import detail, lifecycle, subjects
@@ -15,8 +17,11 @@ from dashboard.detection.rules.baseline_divergence import baseline_divergence
 from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Rank, Run
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def reference(run: Run, step: int, group: str) -> tuple[tuple | None, str | None]:
+
+def reference(run: Run, step: int, group: str) -> tuple[tuple[int, ...] | None, str | None]:
     """The baseline run's agreed fingerprints for this step and group, and the baseline's key."""
     link = Baseline.objects.select_related("baseline").filter(run=run).first()
     if link is None:
@@ -41,7 +46,7 @@ def first_difference(run: Run, baseline: Run) -> GradSlotView | None:
     return None
 
 
-def choose(run: Run, base: Run, user=None) -> Baseline:
+def choose(run: Run, base: Run, user: User | None = None) -> Baseline:
     """Make `base` the baseline of `run` (`tasks.choose_baseline` also queues the comparison)."""
     if base.id == run.id:
         raise ValueError("a run cannot be its own baseline")

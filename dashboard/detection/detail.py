@@ -16,6 +16,7 @@ right away (`ask_for_weights`) instead of at its next `LOCKSTEP_PARAM_EVERY` ste
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -36,7 +37,7 @@ PACE_SLOTS = 16  # the pace of a run: over its last this many gradient slots
 MAX_LEAD_STEPS = 100_000
 
 
-def bucket_members(info: dict, group: str, buckets: list[int]) -> dict[str, list[str]]:
+def bucket_members(info: dict[str, Any], group: str, buckets: list[int]) -> dict[str, list[str]]:
     """{bucket index: parameter names} of one comparison group, from a rank_start layout
     (`params` are "group:name", `buckets` index lists into them, each group's in order)."""
     params, layout = info.get("params") or [], info.get("buckets") or []

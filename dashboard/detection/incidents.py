@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.models import F
@@ -36,6 +37,9 @@ from dashboard.detection import text
 from dashboard.detection.models import Alert, Incident
 from dashboard.detection.rules import INFO
 from dashboard.tenancy.models import Run
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 # Most causal first. A kind missing here ranks after all of them.
 ROOT_ORDER = (
@@ -255,7 +259,7 @@ def recount(alerts: Iterable[Alert]) -> None:
     )
 
 
-def acknowledge(incident: Incident, user) -> Incident:
+def acknowledge(incident: Incident, user: User | None) -> Incident:
     """Someone is on it: a new revision, so PagerDuty and Alertmanager hear of it too."""
     incident.acked_by, incident.acked_at = user, timezone.now()
     incident.revision += 1

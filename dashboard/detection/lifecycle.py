@@ -10,6 +10,7 @@ module does; delivery reports back which revision it pushed (`mark_notified`).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import F
@@ -19,6 +20,9 @@ from dashboard.detection import incidents, text
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import Finding
 from dashboard.tenancy.models import Run
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 KEPT_ON_UPDATE = ("flight_recorder",)  # enrichments a finding's fresher details keep (until a new episode)
 
@@ -130,7 +134,7 @@ def end_of_run(run: Run, last_words: dict[tuple[str, str], str] | None = None) -
     return [alert.id for alert in alerts]
 
 
-def acknowledge(alert: Alert, user) -> Alert:
+def acknowledge(alert: Alert, user: User | None) -> Alert:
     """Someone is on it. Not a new revision: webhooks stay quiet; websockets get a push."""
     alert.acked_by, alert.acked_at = user, timezone.now()
     alert.save(update_fields=["acked_by", "acked_at", "last_seen"])
@@ -150,7 +154,7 @@ def unacknowledge(alert: Alert) -> Alert:
 BY_HAND = "resolved by hand"  # the resolve_reason of an alert a person (or a project's automation) closed
 
 
-def resolve_by_hand(alert: Alert, user, reason: str) -> Alert:
+def resolve_by_hand(alert: Alert, user: User | None, reason: str) -> Alert:
     """An operator closes a stale alert: resolved, who (`user`, None for a project token: the caller
     names it in `reason`) and why, the ack expired as on any resolve; a new revision, so every sink
     hears the resolve, and its incident follows. A resolved alert stays as it is; one the run's end
@@ -168,7 +172,7 @@ def resolve_by_hand(alert: Alert, user, reason: str) -> Alert:
     return alert
 
 
-def enrich(alert: Alert, details: dict, message: str | None = None, news: bool = False) -> None:
+def enrich(alert: Alert, details: dict[str, Any], message: str | None = None, news: bool = False) -> None:
     """Add to an alert's details (and message); `news`: a change worth a notification (a new revision)."""
     alert.details = {**alert.details, **details}
     fields = ["details"]

@@ -102,7 +102,7 @@ def _project_families(
 
 
 def _run_families(
-    shown: list[tuple],
+    shown: list[tuple[int, str, str, int | None]],  # (run id, key, project, last step)
     names: dict[int, tuple[str, str]],
     reporting: dict[int, int],
     silent: dict[int, int],

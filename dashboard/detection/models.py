@@ -5,6 +5,8 @@ writes alerts, and only `dashboard.detection.incidents` writes incidents.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
@@ -50,7 +52,7 @@ class Alert(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "kind", "subject"], name="alert_identity")]
         ordering = ["-first_seen"]
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "run": self.run.key,
@@ -105,7 +107,7 @@ class Incident(models.Model):
         ordering = ["-opened_at"]
         indexes = [models.Index(fields=["run", "state"], name="incident_run_state")]
 
-    def as_json(self, alerts: list[Alert] | None = None) -> dict:
+    def as_json(self, alerts: list[Alert] | None = None) -> dict[str, Any]:
         """The incidents API's shape; `alerts`: this incident's alerts when the caller has them."""
         members = alerts if alerts is not None else list(self.alerts.order_by("first_seen", "id"))
         root = self.root

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
 
 _PREFIX = re.compile(r"^\s*-?\s*(?:!?\d+/)*\d+:\s*")  # "0/0: ", "!1/0/2: " (compile ids before each reason)
 _COMMENT = re.compile(r"\s+#.*$")  # torch appends the user line as a comment
@@ -141,7 +142,7 @@ INCIDENT_REMEDIES = {
 }
 
 
-def incident_remedy(kind: str, details: dict | None) -> dict:
+def incident_remedy(kind: str, details: dict[str, Any] | None) -> dict[str, Any]:
     """What to do about an incident rooted in an alert of `kind`, and where the alert reference says
     more: the alert's own advice where its rule gave one (a crash's hint, a cost's remedy)."""
     own = (details or {}).get("hint") or (details or {}).get("remedy")

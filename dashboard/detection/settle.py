@@ -3,14 +3,16 @@ reports is a no-op, and all of it commits in one transaction with the slot's new
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from dashboard.detection import baseline, detail, lifecycle, ranks, subjects
-from dashboard.detection.consensus import consensus
+from dashboard.detection.consensus import Consensus, consensus
 from dashboard.detection.models import Alert
-from dashboard.detection.rules import CompileSlotView, GradSlotView, clean_subjects, evaluate, position
+from dashboard.detection.rules import CompileSlotView, Finding, GradSlotView, clean_subjects, evaluate, position
 from dashboard.evidence import reads
 from dashboard.ledger.models import CompileSlot, GradSlot
 from dashboard.tenancy.models import Rank
@@ -72,7 +74,7 @@ def settle_grad(slot_id: int) -> list[int]:
         return changed
 
 
-def _layout(run_id: int, verdict) -> dict:
+def _layout(run_id: int, verdict: Consensus[tuple[int, ...]]) -> dict[int, dict[str, Any]]:
     """The start facts (parameter names, buckets) of one reference rank, read only where ranks differ
     (from each other or from the baseline): the divergence rules name parameters from it."""
     rows = Rank.objects.filter(run_id=run_id).exclude(rank__in=[] if verdict.tie else verdict.dissenters)
@@ -82,7 +84,7 @@ def _layout(run_id: int, verdict) -> dict:
 WEIGHTS_CHANGED = {"grad_divergence", "nonfinite_grad"}  # findings after which the replicas' weights differ
 
 
-def _ask_for_weights(slot, kinds: set[str]) -> None:
+def _ask_for_weights(slot: GradSlot, kinds: set[str]) -> None:
     """A new divergence of the weights' inputs: every rank fingerprints its weights a step or two later."""
     alerts = Alert.objects.filter(
         run=slot.run, kind__in=kinds, subject=subjects.group(slot.group), state=Alert.State.FIRING, step=slot.step
@@ -92,15 +94,21 @@ def _ask_for_weights(slot, kinds: set[str]) -> None:
         detail.ask_for_weights(alert, slot.group, slot)
 
 
-def _ask_for_parameters(slot, verdict) -> None:
+def _ask_for_parameters(slot: GradSlot, verdict: Consensus[tuple[int, ...]] | None) -> None:
     """First divergent step of the alert: ask the ranks for per-parameter fingerprints."""
+    assert verdict is not None  # grad_divergence is found only where the ranks' fingerprints were compared
     alert = Alert.objects.filter(run=slot.run, kind="grad_divergence", subject=subjects.group(slot.group)).first()
     if alert is not None and alert.step == slot.step and "params" not in alert.details:
         reference = min(r for r in range(slot.run.world_size) if r not in verdict.dissenters)
         detail.request(alert, slot.group, verdict.dissenters, reference)
 
 
-def _conclude(slot, view, verdict, n_reports: int) -> tuple[list[int], list]:
+def _conclude(
+    slot: CompileSlot | GradSlot,
+    view: CompileSlotView | GradSlotView,
+    verdict: Consensus[str] | Consensus[tuple[int, ...]] | None,
+    n_reports: int,
+) -> tuple[list[int], list[Finding]]:
     """Store the slot's consensus, run the rules, apply the findings: (alert ids to deliver, findings)."""
     slot.settled_at = timezone.now()
     slot.settled_n = max(slot.reported, n_reports)
@@ -111,5 +119,5 @@ def _conclude(slot, view, verdict, n_reports: int) -> tuple[list[int], list]:
     return lifecycle.apply(slot.run, findings, clean_subjects(view, findings), position(view)), findings
 
 
-def _jsonable(value):
+def _jsonable(value: str | tuple[int, ...]) -> str | list[int]:
     return list(value) if isinstance(value, tuple) else value

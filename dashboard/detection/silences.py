@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard.detection.models import Alert, Silence
 from dashboard.tenancy.models import Run
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 def active(project_ids: Collection[int]) -> QuerySet[Silence]:
@@ -40,7 +44,7 @@ def first_covering(alert: Alert, silences: Iterable[Silence]) -> Silence | None:
 
 
 def create(
-    project_id: int, run: Run | None, kind: str, rank: int | None, until: datetime, comment: str, author
+    project_id: int, run: Run | None, kind: str, rank: int | None, until: datetime, comment: str, author: User | None
 ) -> Silence:
     return Silence.objects.create(
         project_id=project_id, run=run, kind=kind, rank=rank, expires_at=until, comment=comment, author=author
@@ -68,6 +72,6 @@ def inhibited(alert: Alert) -> bool:
     return set(alert.ranks) <= inhibiting_ranks(alert.run_id)
 
 
-def mute_state(alert: Alert) -> dict:
+def mute_state(alert: Alert) -> dict[str, Any]:
     silences = matching(alert)
     return {"silenced": bool(silences), "silenced_by": [s.id for s in silences], "inhibited": inhibited(alert)}

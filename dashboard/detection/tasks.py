@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
@@ -22,6 +23,9 @@ from dashboard.detection.signals import announce
 from dashboard.ledger import slots
 from dashboard.ledger.models import CompileSlot, GradSlot
 from dashboard.tenancy.models import Run
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 SETTLERS = {slots.COMPILE: settle.settle_compile, slots.GRAD: settle.settle_grad}
 SETTLE_CHUNK = 32  # slots per message: one publish per chunk instead of per slot, chunks spread over workers
@@ -102,7 +106,7 @@ def compare_baseline(run_id: int) -> int:
     return len(changed)
 
 
-def choose_baseline(run: Run, base: Run, user=None) -> Baseline:
+def choose_baseline(run: Run, base: Run, user: User | None = None) -> Baseline:
     """Make `base` the baseline of `run`; the comparison over settled steps runs after commit."""
     with transaction.atomic():
         link = baseline.choose(run, base, user)
@@ -147,7 +151,7 @@ def summarize_flight_records(alert_id: int, revision: int) -> bool:
     return changed
 
 
-def on_slots_ready(sender, ready: list[tuple[str, int]], **kwargs) -> None:
+def on_slots_ready(sender: object, ready: list[tuple[str, int]], **kwargs: object) -> None:
     """ledger.signals.slots_ready: settle now; if the broker is down, the sweep settles them later."""
     try:
         queue_settles(ready)
@@ -155,13 +159,13 @@ def on_slots_ready(sender, ready: list[tuple[str, int]], **kwargs) -> None:
         log.warning("broker unavailable; %d slots left to the sweep", len(ready), exc_info=True)
 
 
-def on_details_received(sender, run_id: int, rank: int, steps: set[int], **kwargs) -> None:
+def on_details_received(sender: object, run_id: int, rank: int, steps: set[int], **kwargs: object) -> None:
     """ledger.signals.details_received: answers may complete an alert's question, explained in a task."""
     for alert_id in detail.answered(run_id, rank, steps):
         explain.delay(alert_id)
 
 
-def on_flight_record(sender, run_id: int, rank: int, asked: list[tuple[int, int]], **kwargs) -> None:
+def on_flight_record(sender: object, run_id: int, rank: int, asked: list[tuple[int, int]], **kwargs: object) -> None:
     """ledger.signals.flight_records_received: a round whose ranks all answered is analysed now."""
     from dashboard.ledger import flight as ledger_flight
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from dashboard.detection import incidents as grouping
 from dashboard.detection.models import Incident
@@ -37,7 +38,7 @@ class Verdict:
     cause: str | None = None  # the root alert's kind
     incident: int | None = None
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "text": self.text,
@@ -104,7 +105,7 @@ def _kind_of(incident: Incident) -> str:
     return "diverged"
 
 
-def _error(kind: str, details: dict, message: str) -> str:
+def _error(kind: str, details: dict[str, Any], message: str) -> str:
     """The error in a few words: the exception's first line, how the rank was stopped, or the message."""
     if kind == "rank_silent":
         return "lost: never ended"

@@ -19,7 +19,7 @@ class Principal:
     """A token (one project) or a logged-in user (their projects)."""
 
     project_ids: frozenset[int]
-    user: object | None = None
+    user: User | None = None
     scopes: frozenset[str] = frozenset()  # a token's (`ProjectToken.scopes`); a user's rights are their membership
 
     def runs(self) -> QuerySet[Run]:
