@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import wraps
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -48,7 +48,7 @@ def _json_door(gate: Gate) -> Callable[[View], View]:
 
     def decorate(view: View) -> View:
         @wraps(view)
-        def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+        def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> JsonResponse:
             try:
                 return view(request, gate(request), *args, **kwargs)
             except Refusal as refusal:
@@ -140,7 +140,7 @@ def _no_response(request: HttpRequest) -> HttpResponse:
     raise AssertionError("CsrfViewMiddleware.process_view does not call the view")
 
 
-def run_json(run: ListedRun, verdict: Verdict) -> dict:
+def run_json(run: ListedRun, verdict: Verdict) -> dict[str, Any]:
     """A runs-list row; `run` carries the alert counts and status `services.runs_list` annotates;
     the alert counts are of unresolved alerts (firing, or ended unresolved)."""
     return {
@@ -157,7 +157,7 @@ def run_json(run: ListedRun, verdict: Verdict) -> dict:
     }
 
 
-def rank_json(rank: Rank) -> dict:
+def rank_json(rank: Rank) -> dict[str, Any]:
     return {
         "rank": rank.rank,
         "host": rank.host,
@@ -167,7 +167,7 @@ def rank_json(rank: Rank) -> dict:
     }
 
 
-def silence_json(s: Silence) -> dict:
+def silence_json(s: Silence) -> dict[str, Any]:
     return {
         "id": s.id,
         "project": s.project.name,

@@ -60,7 +60,11 @@ class InputBounds:
         return self.get_response(request)
 
     def process_view(
-        self, request: HttpRequest, view: Callable, args: tuple, kwargs: dict[str, object]
+        self,
+        request: HttpRequest,
+        view: Callable[..., HttpResponse],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
     ) -> HttpResponse | None:
         for name, value in kwargs.items():
             if isinstance(value, int) and value > INTEGER_BOUNDS.get(name, BIGINT_MAX):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import transaction
 from django.db.models import Count, OuterRef, QuerySet, Subquery
@@ -104,11 +104,11 @@ def run_with_alert_counts(caller: Principal, key: str) -> ListedRun:
     return _with_alert_counts(Run.objects.filter(id=found.id).select_related("project")).get()
 
 
-def run_timeline(caller: Principal, key: str) -> dict:
+def run_timeline(caller: Principal, key: str) -> dict[str, Any]:
     return timeline.timeline(run_for(caller, key))
 
 
-def run_cost(caller: Principal, key: str) -> dict:
+def run_cost(caller: Principal, key: str) -> dict[str, Any]:
     """The run's compile bill: the kept one while current, else computed now, once for all readers of
     the moment, and kept by the worker: reading writes nothing (`bills.current_bill`)."""
     return bills.current_bill(run_for(caller, key))
@@ -122,7 +122,7 @@ def project_for(caller: Principal, name: str) -> Project:
     return found
 
 
-def compare(caller: Principal, keys: Iterable[str], tolerance: str | None = None) -> dict:
+def compare(caller: Principal, keys: Iterable[str], tolerance: str | None = None) -> dict[str, Any]:
     """The comparison of 2 to MAX_COMPARED distinct runs (blank keys ignored); the first is the
     reference; `tolerance` (`?tol=`) is the relative drift that counts, default 1e-3."""
     distinct = list(dict.fromkeys(k for k in keys if k))
@@ -183,12 +183,14 @@ def run_alerts(caller: Principal, key: str) -> QuerySet[Alert]:
     return run_for(caller, key).alerts.select_related("acked_by", "run")
 
 
-def run_incidents(caller: Principal, key: str) -> list[dict]:
+def run_incidents(caller: Principal, key: str) -> list[dict[str, Any]]:
     """The run's incidents, newest first, each with its root and its alerts (one query for all alerts)."""
     return _incidents_json(Incident.objects.filter(run=run_for(caller, key)))
 
 
-def visible_incidents(caller: Principal, run_key: str = "", state: str = "firing", limit: int = 100) -> list[dict]:
+def visible_incidents(
+    caller: Principal, run_key: str = "", state: str = "firing", limit: int = 100
+) -> list[dict[str, Any]]:
     """The caller's incidents across runs (or one run's), newest first: the alerts page's head."""
     found = Incident.objects.filter(run__project_id__in=caller.project_ids)
     if run_key:
@@ -198,7 +200,7 @@ def visible_incidents(caller: Principal, run_key: str = "", state: str = "firing
     return _incidents_json(found, limit)
 
 
-def _incidents_json(queryset: QuerySet[Incident], limit: int | None = None) -> list[dict]:
+def _incidents_json(queryset: QuerySet[Incident], limit: int | None = None) -> list[dict[str, Any]]:
     """Newest first, each with its root, its alerts (one query for all alerts) and whether it is
     `unresolved` (what `lockstep check` fails on until someone acknowledges it)."""
     found = list(queryset.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
@@ -293,7 +295,7 @@ def _push(alert: Alert) -> None:
 # --- silences ----------------------------------------------------------------------------
 
 
-def create_silence(caller: Principal, data: Mapping) -> Silence:
+def create_silence(caller: Principal, data: Mapping[str, Any]) -> Silence:
     """A silence from a valid SilenceForm's cleaned data, by the caller's user, in one of their projects."""
     project_id, run = _silence_scope(caller, data)
     return silences.create(
@@ -307,7 +309,7 @@ def create_silence(caller: Principal, data: Mapping) -> Silence:
     )
 
 
-def _silence_scope(caller: Principal, data: Mapping) -> tuple[int, Run | None]:
+def _silence_scope(caller: Principal, data: Mapping[str, Any]) -> tuple[int, Run | None]:
     """The project (and run) a silence applies to: the named run's, else the named project, else the
     caller's only project."""
     if data.get("run"):

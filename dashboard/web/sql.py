@@ -4,6 +4,8 @@ apps' tables by their models' names, never spelled out. Statements name a table 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection
 
 from dashboard.evidence.models import CompileEvent, GradReport, GraphBreakEvent, StepReport
@@ -18,9 +20,10 @@ TABLES = {
 }
 
 
-def rows(statement: str, params: list | dict) -> list[tuple]:
+def rows(statement: str, params: list[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
     for placeholder, table in TABLES.items():
         statement = statement.replace(placeholder, table)
     with connection.cursor() as cur:
         cur.execute(statement, params)
-        return cur.fetchall()
+        found: list[tuple[Any, ...]] = cur.fetchall()
+        return found

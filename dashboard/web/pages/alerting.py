@@ -5,6 +5,8 @@ Acknowledging and silencing are shared with the API and live in `dashboard.web.s
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import QuerySet
 
 from dashboard.detection import silences
@@ -12,7 +14,7 @@ from dashboard.detection.models import Alert, Silence
 from dashboard.tenancy.auth import Principal
 
 
-def alerts_for(caller: Principal, filters: dict) -> QuerySet[Alert]:
+def alerts_for(caller: Principal, filters: dict[str, Any]) -> QuerySet[Alert]:
     """Alerts of the caller's projects narrowed by the page's filters (run, kind, severity, state, acked)."""
     qs = Alert.objects.filter(run__project_id__in=caller.project_ids).select_related("run", "run__project", "acked_by")
     if filters.get("run"):

@@ -51,7 +51,7 @@ def align_key(frame: str) -> str:
 # --- environment -------------------------------------------------------------------------
 
 
-def flat_info(info: dict) -> dict[str, str]:
+def flat_info(info: dict[str, Any]) -> dict[str, str]:
     """rank_start info as flat 'section.key' -> text rows (versions.torch, env.NCCL_..., ...); the
     variables that name one launch (sent by agents before they left them out) are not the job's."""
     flat: dict[str, str] = {}
@@ -91,7 +91,7 @@ def missing(field: str, env: dict[str, str]) -> str:
     return UNKNOWN if env.get("env.LOCKSTEP_SOURCE", "").startswith("replay:") else DEFAULT
 
 
-def environment_diff(envs: list[dict[str, str]]) -> list[dict]:
+def environment_diff(envs: list[dict[str, str]]) -> list[dict[str, Any]]:
     """One row per field: the value in every run and whether they all agree. The raw config hash
     counts as the same when every named setting agrees: agents before the canonical hash hashed
     set-valued settings in the process's hash-seed order, so equal configs hashed apart."""
@@ -107,7 +107,7 @@ def environment_diff(envs: list[dict[str, str]]) -> list[dict]:
     return rows
 
 
-def settings_diff(environment: list[dict]) -> list[dict]:
+def settings_diff(environment: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The compiler settings and compiler/collective environment variables that differ."""
     return [
         {"key": row["field"], "values": row["values"]}
@@ -119,7 +119,7 @@ def settings_diff(environment: list[dict]) -> list[dict]:
 # --- compile summary ---------------------------------------------------------------------
 
 
-def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
+def run_compiles(run: Run) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The run's compile summary and, per aligned frame, what its compiles cost and produced (per
     rank), from one pass over the run's compile events (plain aggregates, so PostgreSQL hashes
     instead of sorting). A rank compiles a frame's compile #0 once, so those rows count the frame's
@@ -161,7 +161,7 @@ def run_compiles(run: Run) -> tuple[dict, dict[str, dict]]:
     return summarize(cells, sum(breaks.values())), _by_align_key(cells)
 
 
-def summarize(cells: dict[str, dict], breaks: int) -> dict:
+def summarize(cells: dict[str, dict[str, Any]], breaks: int) -> dict[str, Any]:
     ranks = max((c["ranks"] for c in cells.values()), default=0)
     per = max(ranks, 1)
     n, recompiles, graphs, time_s, hits, failures = (
@@ -179,7 +179,7 @@ def summarize(cells: dict[str, dict], breaks: int) -> dict:
     }
 
 
-def _by_align_key(cells: dict[str, dict]) -> dict[str, dict]:
+def _by_align_key(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Keyed by `align_key`, except frames of one run that share it: they keep 'path:name'."""
     keys = [align_key(c) for c in cells]
     out = {}
@@ -191,7 +191,7 @@ def _by_align_key(cells: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def frame_alignment(per_run: list[dict[str, dict]]) -> list[dict]:
+def frame_alignment(per_run: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     keys = sorted(set().union(*per_run))
     rows = []
     for key in keys:
@@ -215,7 +215,7 @@ def stored_frames(run: Run, key: str) -> list[str]:
 # --- fingerprints and step times ---------------------------------------------------------
 
 
-def first_fingerprint_difference(base: Run, other: Run) -> dict:
+def first_fingerprint_difference(base: Run, other: Run) -> dict[str, Any]:
     """First step whose consensus gradient fingerprints differ between the runs (same group)."""
     step, group, compared = sql.rows(
         """
@@ -230,7 +230,7 @@ def first_fingerprint_difference(base: Run, other: Run) -> dict:
     return {"run": other.key, "first_step": step, "group": group, "steps_compared": compared}
 
 
-def step_curve(run: Run, bins: int = CURVE_BINS) -> list[list]:
+def step_curve(run: Run, bins: int = CURVE_BINS) -> list[list[float]]:
     """[step, mean step time, max step time] at up to `bins` steps spread over the run, over its
     first CURVE_RANKS ranks: index probes only, so the work is bounded however long and wide the run
     (a run of at most `bins` steps and CURVE_RANKS ranks is shown whole)."""
@@ -260,11 +260,11 @@ def torch_label(env: dict[str, str]) -> str:
     return env.get("versions.torch") or UNKNOWN
 
 
-def compare_costs(runs: list[Run]) -> dict:
+def compare_costs(runs: list[Run]) -> dict[str, Any]:
     """Each run's compile bill (`detection.cost`), and per aligned frame each run's GPU-seconds and the
     cause that cost most there: what a PyTorch upgrade did to compile cost."""
     per_run = [bills.current_bill(run) for run in runs]
-    frames: dict[str, list] = {}
+    frames: dict[str, list[Any]] = {}
     labels: dict[str, str] = {}
     for i, bill in enumerate(per_run):
         for f in bill["frames"]:
@@ -294,7 +294,7 @@ def compare_costs(runs: list[Run]) -> dict:
     }
 
 
-def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> dict:
+def compare(runs: list[Run], tolerance: float = drifting.DEFAULT_TOLERANCE) -> dict[str, Any]:
     """The compare page and `GET /api/v1/compare` body; the first run is the reference."""
     envs = [run_environment(r) for r in runs]
     environment = environment_diff(envs)

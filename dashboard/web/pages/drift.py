@@ -12,6 +12,7 @@ probe each); the curves sent to the browser are sampled down to CURVE_BINS point
 from __future__ import annotations
 
 import math
+from typing import Any, TypedDict
 
 from dashboard.tenancy.models import Rank, Run
 from dashboard.web import sql
@@ -66,12 +67,24 @@ def grad_norm_series(run: Run, rank: int) -> dict[int, float]:
     return {step: norm for step, norm in rows if math.isfinite(norm)}
 
 
+class SeriesDrift(TypedDict):
+    """One series of a run held against the reference run's: `compare_series`."""
+
+    steps_compared: int
+    first_bitwise_step: int | None
+    first_over_tolerance: int | None
+    within_tolerance_through: int | None
+    max_relative: float
+    max_relative_step: int | None
+    relative: list[list[float]]
+
+
 def relative(a: float, b: float) -> float:
     scale = max(abs(a), abs(b))
     return abs(a - b) / scale if scale > 0 else 0.0
 
 
-def compare_series(base: dict[int, float], other: dict[int, float], tolerance: float) -> dict:
+def compare_series(base: dict[int, float], other: dict[int, float], tolerance: float) -> SeriesDrift:
     """First bitwise step, first step past `tolerance`, the largest drift and the curve of it."""
     steps = sorted(set(base) & set(other))
     rel = [(s, relative(base[s], other[s])) for s in steps]
@@ -94,7 +107,7 @@ def _before(steps: list[int], step: int) -> int | None:
     return earlier[-1] if earlier else None
 
 
-def sample(points: list[tuple[int, float]], bins: int = CURVE_BINS) -> list[list]:
+def sample(points: list[tuple[int, float]], bins: int = CURVE_BINS) -> list[list[float]]:
     """At most `bins` points, evenly spread, the last one kept."""
     if len(points) <= bins:
         return [[s, v] for s, v in points]
@@ -105,7 +118,7 @@ def sample(points: list[tuple[int, float]], bins: int = CURVE_BINS) -> list[list
     return [[s, v] for s, v in picked]
 
 
-def drift(runs: list[Run], tolerance: float) -> dict:
+def drift(runs: list[Run], tolerance: float) -> dict[str, Any]:
     """Each run's curves and, for every run after the first, its drift from the first."""
     series = {}
     for run in runs:

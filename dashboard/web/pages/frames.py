@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from dashboard.detection.consensus import consensus
 from dashboard.detection.models import Alert
@@ -103,7 +104,7 @@ def slots(run: Run, frame: str) -> list[CompileSlot]:
     return list(CompileSlot.objects.filter(run=run, frame=frame).order_by("index")[:500])
 
 
-def reasons(run: Run, frame: str) -> list[dict]:
+def reasons(run: Run, frame: str) -> list[dict[str, Any]]:
     """Distinct recompile / failure reasons with the ranks that gave them (ranks listed compactly)."""
     found = sql.rows(
         """
@@ -117,7 +118,7 @@ def reasons(run: Run, frame: str) -> list[dict]:
     return [{"index": i, "reason": r, "failure": f, "ranks": rank_ranges(ranks)} for i, r, f, ranks in found]
 
 
-def graph_breaks(run: Run, frame: str) -> list[dict]:
+def graph_breaks(run: Run, frame: str) -> list[dict[str, str]]:
     rows = GraphBreakEvent.objects.filter(run=run, frame=frame).values_list("reason").distinct()[:100]
     return [{"reason": r} for (r,) in rows]
 
@@ -205,7 +206,7 @@ def choose(found: list[CompileSlot], index: int | None, alerted: dict[int, list[
     return dissent or named or (found[0] if found else None)
 
 
-def frame_view(run: Run, frame: str, index: int | None) -> dict:
+def frame_view(run: Run, frame: str, index: int | None) -> dict[str, Any]:
     found = slots(run, frame)
     flagged = alerted(run, frame)
     chosen = choose(found, index, flagged)
@@ -240,7 +241,10 @@ def aligned_events(run: Run, key: str) -> list[CompileEvent]:
 
 def cross_run_diff(a: Run, b: Run, key: str) -> list[DiffLine]:
     """The same frame in two runs (e.g. torch 2.11 vs 2.13), every compile of the lowest rank."""
-    text = lambda run: "\n\n".join(compile_record(e) for e in aligned_events(run, key))  # noqa: E731
+
+    def text(run: Run) -> str:
+        return "\n\n".join(compile_record(e) for e in aligned_events(run, key))
+
     return unified_diff(
         text(a),
         text(b),

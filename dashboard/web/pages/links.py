@@ -9,18 +9,30 @@ text came from a training process, and `javascript:` must never reach an href.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from dashboard.tenancy.models import Rank, Run
 
 LINK_RANKS = 8
 NAMES = {"wandb": "W&B", "mlflow": "MLflow"}
 
 
-def run_links(run: Run) -> list[dict]:
+class Link(TypedDict):
+    """One link of `run_links`: `href` is None unless the URL is http(s)."""
+
+    tool: str
+    label: str
+    url: str
+    href: str | None
+    ranks: list[int]
+
+
+def run_links(run: Run) -> list[Link]:
     """[{"tool", "label", "url", "href" (None unless http/https), "ranks"}], one per distinct link, in rank order."""
     rows = (
         Rank.objects.filter(run=run, rank__lt=LINK_RANKS).order_by("rank").values_list("rank", "info__links")
     )  # only that key leaves the database
-    out: dict[tuple[str, str], dict] = {}
+    out: dict[tuple[str, str], Link] = {}
     for rank, links in rows:
         for tool, url in _parsed(links).items():
             entry = out.setdefault(

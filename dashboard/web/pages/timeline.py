@@ -9,6 +9,8 @@ cells where a rank dissented. The payload is bounded by rows x bins whatever the
 
 from __future__ import annotations
 
+from typing import Any
+
 from dashboard.tenancy.models import Run
 from dashboard.web import sql
 
@@ -49,7 +51,7 @@ def rank_group(world: int, rows: int = MAX_ROWS) -> int:
     return max(1, -(-world // rows))
 
 
-def compile_spans(run: Run, t0: float, width: float, group: int) -> tuple[list[list], list[list]]:
+def compile_spans(run: Run, t0: float, width: float, group: int) -> tuple[list[list[Any]], list[list[Any]]]:
     """One scan of the run's compiles, merged per (row of ranks, time bin, cache outcome).
 
     Returns spans [row, start_s, end_s, outcome, compiles, recompiles] and recompile markers
@@ -74,7 +76,7 @@ def compile_spans(run: Run, t0: float, width: float, group: int) -> tuple[list[l
     return spans, recompiles
 
 
-def graph_breaks(run: Run, t0: float, width: float, group: int) -> list[list]:
+def graph_breaks(run: Run, t0: float, width: float, group: int) -> list[list[Any]]:
     """[row, time_s, count] per (row of ranks, time bin)."""
     rows = sql.rows(
         """
@@ -87,7 +89,7 @@ def graph_breaks(run: Run, t0: float, width: float, group: int) -> list[list]:
     return [[row, round(t, 3), n] for row, t, n in rows]
 
 
-def heatmap(run: Run, bins: int = STEP_BINS) -> dict:
+def heatmap(run: Run, bins: int = STEP_BINS) -> dict[str, Any]:
     """Ranks x step bins: how many settled grad slots each rank dissented on (only non-zero cells)."""
     lo, hi = sql.rows("SELECT min(step), max(step) FROM {grad_slots} WHERE run_id = %s", [run.id])[0]
     if lo is None:
@@ -119,11 +121,11 @@ def heatmap(run: Run, bins: int = STEP_BINS) -> dict:
     }
 
 
-def timeline(run: Run, bins: int = TIME_BINS) -> dict:
+def timeline(run: Run, bins: int = TIME_BINS) -> dict[str, Any]:
     """Everything the run page draws, bounded by rows x bins whatever the ranks and steps."""
     bounds = time_bounds(run)
     group = rank_group(run.world_size)
-    body: dict = {
+    body: dict[str, Any] = {
         "run": run.key,
         "world_size": run.world_size,
         "rank_group": group,

@@ -8,7 +8,10 @@ cache less; frames with the most of those come first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dashboard.web.pages.drift import SeriesDrift
 
 TIME_RATIO = 1.25
 # (metric, the cell's field, True when a larger value is worse)
@@ -22,13 +25,14 @@ METRICS = (
 )
 
 
-def time_ratio(base: dict, other: dict) -> float | None:
+def time_ratio(base: dict[str, Any], other: dict[str, Any]) -> float | None:
     if not base["time_s"]:
         return None
-    return round(other["time_s"] / base["time_s"], 3)
+    ratio: float = other["time_s"] / base["time_s"]
+    return round(ratio, 3)
 
 
-def worse(base: dict, other: dict) -> list[str]:
+def worse(base: dict[str, Any], other: dict[str, Any]) -> list[str]:
     """The metrics in which `other` is worse than `base`."""
     found = []
     for name, field, larger_is_worse in METRICS:
@@ -44,7 +48,7 @@ def worse(base: dict, other: dict) -> list[str]:
     return found
 
 
-def frame_rows(frames: list[dict]) -> list[dict]:
+def frame_rows(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for frame in frames:
         base, others = frame["cells"][0], frame["cells"][1:]
@@ -77,7 +81,7 @@ def frame_rows(frames: list[dict]) -> list[dict]:
     return rows
 
 
-def drift_line(name: str, result: dict, tolerance: float) -> str:
+def drift_line(name: str, result: SeriesDrift, tolerance: float) -> str:
     if not result["steps_compared"]:
         return f"{name}: no common steps"
     if result["first_over_tolerance"] is None:
@@ -88,7 +92,7 @@ def drift_line(name: str, result: dict, tolerance: float) -> str:
     )
 
 
-def verdict(runs: list[dict], frames: list[dict], drift: dict) -> dict:
+def verdict(runs: list[dict[str, Any]], frames: list[dict[str, Any]], drift: dict[str, Any]) -> dict[str, Any]:
     rows = frame_rows(frames)
     lines = []
     for i, vs in enumerate(drift["vs"], start=1):

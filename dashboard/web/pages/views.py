@@ -10,10 +10,10 @@ through Django's autoescaping or JSON read with textContent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from functools import wraps
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from dashboard.detection import silences
-from dashboard.detection.models import Baseline
+from dashboard.detection.models import Alert, Baseline
 from dashboard.detection.verdict import VERDICTS
 from dashboard.evidence.models import CompileEvent, GraphBreakEvent, StepReport
 from dashboard.tenancy import access
@@ -56,7 +56,7 @@ def page(view: View) -> View:
 
     @login_required
     @wraps(view)
-    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         try:
             assert isinstance(request.user, User)  # login_required let only a logged-in user through
             return view(request, access.principal_for(request.user), *args, **kwargs)
@@ -113,7 +113,7 @@ def runs(request: HttpRequest, caller: Principal) -> HttpResponse:
     return render(request, "dashboard/runs.html", {**context, "runs": shown})
 
 
-def run_headline_counts(run: Run) -> dict:
+def run_headline_counts(run: Run) -> dict[str, Any]:
     """The run page's headline counts (compiles, recompiles, failures, graph breaks, frames, grad
     slots and those with dissent), one aggregate query per table."""
     compiles = CompileEvent.objects.filter(run=run).aggregate(
@@ -175,7 +175,7 @@ def is_over(run: ListedRun) -> bool:
     return run.ended >= run.world_size or quiet
 
 
-def flight_recorder_view(alerts) -> dict | None:
+def flight_recorder_view(alerts: Iterable[Alert]) -> dict[str, Any] | None:
     """The newest hang_forecast's Flight Recorder summary as table rows (rank order), or None."""
     for alert in alerts:
         fr = (alert.details or {}).get("flight_recorder") if alert.kind == "hang_forecast" else None
