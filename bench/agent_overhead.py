@@ -64,7 +64,7 @@ def _run(cmd: list[str], env: dict, timeout: float) -> str:
 
 def _base_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "demo"), env.get("PYTHONPATH", "")])  # ddp_job
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])  # agents, demo.ddp_job
     return env
 
 
@@ -178,7 +178,7 @@ import os, sys, tempfile, time
 os.environ.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=tempfile.mkdtemp(), LOCKSTEP_RUN="bench-hook")
 import torch
 torch.set_num_threads(int(sys.argv[7]))
-from ddp_job import batch_for, make_model
+from demo.ddp_job import batch_for, make_model
 import agents
 from agents import grads
 width, depth, batch, steps, skip = map(int, sys.argv[2:7])
@@ -248,7 +248,7 @@ import torch
 torch.set_num_threads(1)
 os.environ.update(LOCKSTEP_OFFLINE="1", LOCKSTEP_SPOOL_DIR=os.environ["SPOOL"])
 import agents
-from ddp_job import batch_for, make_model
+from demo.ddp_job import batch_for, make_model
 agent = agents.attach()
 model = torch.compile(make_model(width, depth))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)

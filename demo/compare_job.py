@@ -18,10 +18,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import agents
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_job import batch_for, end_distributed  # noqa: E402
+# the repository root: demo.* and agents import however this starts (python demo/x.py, torchrun, -m agents run)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import agents  # noqa: E402
+from demo.ddp_job import batch_for, end_distributed  # noqa: E402
 
 torch._dynamo.config.automatic_dynamic_shapes = False  # a grown batch recompiles with static shapes
 torch._inductor.config.fallback_random = True
@@ -45,7 +45,8 @@ class Net(nn.Module):
         self.head = nn.Linear(width, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.inp(x)))
+        out: torch.Tensor = self.head(self.blocks(self.inp(x)))
+        return out
 
 
 @torch.compile

@@ -11,7 +11,7 @@ import argparse
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -72,6 +72,18 @@ def end_distributed(settle_s: float = 0.5) -> None:
     dist.destroy_process_group()
 
 
+def compile_module(module: nn.Module) -> nn.Module:
+    """`torch.compile(module)`: an OptimizedModule, itself a Module (torch's hints say only a callable)."""
+    return cast(nn.Module, torch.compile(module))
+
+
+def first_grad(model: nn.Module) -> torch.Tensor:
+    """The first parameter's gradient, which the backward just filled."""
+    grad = next(model.parameters()).grad
+    assert grad is not None
+    return grad
+
+
 def slow_backend(seconds: float) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]:
     """A torch.compile backend that waits `seconds` before returning the graph as is: a slow compile on demand."""
 
@@ -130,7 +142,7 @@ def main() -> None:
         loss.backward()
         if (rank, step) == (args.perturb_rank, args.perturb_step):
             with torch.no_grad():
-                next(model.parameters()).grad.view(-1)[0] += 1e-3
+                first_grad(model).view(-1)[0] += 1e-3
         opt.step()
         if args.sleep:
             time.sleep(args.sleep)

@@ -27,8 +27,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+# the repository root: demo.* and agents import however this starts (python demo/x.py, torchrun, -m agents run)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from demo.ddp_job import batch_for, end_distributed, make_model, slow_backend  # noqa: E402
+from demo.ddp_job import batch_for, end_distributed, first_grad, make_model, slow_backend  # noqa: E402
 
 FAULTS = ("sigkill", "exception", "exit137", "loader_hang", "slow_compile", "recompile", "graph", "grad")
 DIVERGENCES = ("recompile", "graph", "grad")  # injected inside the step, where each happens
@@ -110,7 +111,7 @@ def main() -> None:
         if failing and args.fault == "grad":
             announce(rank)
             with torch.no_grad():
-                next(model.parameters()).grad.view(-1)[0] += 1e-3
+                first_grad(model).view(-1)[0] += 1e-3
         opt.step()
         time.sleep(args.sleep)
     end_distributed()

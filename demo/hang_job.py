@@ -26,8 +26,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_job import end_distributed  # noqa: E402
+# the repository root: demo.* and agents import however this starts (python demo/x.py, torchrun, -m agents run)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from demo.ddp_job import end_distributed  # noqa: E402
 
 
 class Net(torch.nn.Module):
@@ -45,7 +46,7 @@ class Net(torch.nn.Module):
         return x
 
 
-class Batches(Dataset):
+class Batches(Dataset[torch.Tensor]):
     """Item `stall_at` never arrives on the stalling rank (it waits for an event nobody sets)."""
 
     def __init__(self, stall_at: int | None) -> None:

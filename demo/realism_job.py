@@ -44,10 +44,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_job import end_distributed  # noqa: E402
-
+# the repository root: demo.* and agents import however this starts (python demo/x.py, torchrun, -m agents run)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import agents  # noqa: E402
+from demo.ddp_job import compile_module, end_distributed  # noqa: E402
 
 SETUPS = ("compile-ddp", "ddp-compile", "per-block", "checkpoint", "bf16", "no-sync", "fsdp2", "containers", "gpt2")
 FEATURES, SEQ, VOCAB = 16, 32, 256
@@ -62,7 +62,8 @@ class Attention(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return out
 
 
 class Block(nn.Module):
@@ -77,7 +78,8 @@ class Block(nn.Module):
         if self.graph_break:
             torch._dynamo.graph_break()
         h = self.ln2(x)
-        return x + (checkpoint(self.mlp, h, use_reentrant=False) if self.checkpointed else self.mlp(h))
+        mixed: torch.Tensor = checkpoint(self.mlp, h, use_reentrant=False) if self.checkpointed else self.mlp(h)
+        return x + mixed
 
 
 class Net(nn.Module):
@@ -92,7 +94,8 @@ class Net(nn.Module):
         h = self.inp(x)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h))
+        out: torch.Tensor = self.head(self.norm(h))
+        return out
 
 
 def containers(dim: int = 64) -> nn.Module:
@@ -106,7 +109,8 @@ def gpt2() -> nn.Module:
     config = GPT2Config(
         vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
     )
-    return GPT2LMHeadModel(config)
+    model: nn.Module = GPT2LMHeadModel(config)  # transformers' hints are not read: Any to mypy
+    return model
 
 
 def parse_args() -> argparse.Namespace:
@@ -131,12 +135,12 @@ def build(setup: str, rank: int, device: torch.device, break_rank: int | None) -
     """The setup's model, wrapped as that setup wraps it."""
     torch.manual_seed(0)
     if setup == "containers":
-        return torch.compile(DDP(containers().to(device)))
+        return compile_module(DDP(containers().to(device)))
     if setup == "gpt2":
-        return torch.compile(DDP(gpt2().to(device)))
+        return compile_module(DDP(gpt2().to(device)))
     net = Net(checkpointed=setup == "checkpoint", graph_break=rank == break_rank).to(device)
     if setup == "compile-ddp":
-        return torch.compile(DDP(net))
+        return compile_module(DDP(net))
     if setup == "per-block":
         for block in net.blocks:
             block.compile()
@@ -147,7 +151,7 @@ def build(setup: str, rank: int, device: torch.device, break_rank: int | None) -
         for block in net.blocks:
             fully_shard(block)
         fully_shard(net)
-        return torch.compile(net)
+        return compile_module(net)
     return DDP(torch.compile(net))
 
 
@@ -180,6 +184,7 @@ def train_step(
         loss.backward()
         return loss.item()
     half = x.shape[0] // 2
+    assert isinstance(model, DDP)  # build wraps no-sync's model in DDP, whose no_sync this needs
     with model.no_sync():
         F.mse_loss(model(x[:half]), y[:half]).backward()
     loss = F.mse_loss(model(x[half:]), y[half:])

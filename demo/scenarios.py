@@ -41,6 +41,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,8 +50,9 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_job import batch_for, end_distributed, make_model, slow_backend  # noqa: E402
+# the repository root: demo.* and agents import however this starts (python demo/x.py, torchrun, -m agents run)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from demo.ddp_job import batch_for, compile_module, end_distributed, first_grad, make_model, slow_backend  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -105,8 +108,8 @@ def fragile(x: torch.Tensor) -> torch.Tensor:
     return torch.cos(x) * 0.5
 
 
-def failing_backend(fail: bool):
-    def backend(gm: torch.fx.GraphModule, example_inputs):
+def failing_backend(fail: bool) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]:
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
         if fail:
             raise RuntimeError("this rank's compiler toolchain is broken")
         return gm.forward
@@ -116,9 +119,10 @@ def failing_backend(fail: bool):
 
 def pulse(x: torch.Tensor, fold: bool) -> torch.Tensor:
     """A compiled helper with collectives inside: Inductor logs its collective schedule."""
-    y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    # the ignores: WORLD is typed optional, None only before init_process_group (narrowing it here would be traced)
+    y: torch.Tensor = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)  # type: ignore[arg-type]
     if fold:
-        y = funcol.all_reduce(y + 1, "sum", dist.group.WORLD)
+        y = funcol.all_reduce(y + 1, "sum", dist.group.WORLD)  # type: ignore[arg-type]
     return y
 
 
@@ -136,7 +140,9 @@ def elementwise_inputs(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(ELEMENTS, generator=g), torch.randn(ELEMENTS, generator=g)
 
 
-def checked_elementwise(compiled, rank: int, step: int, mismatches: list[int]) -> torch.Tensor:
+def checked_elementwise(
+    compiled: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], rank: int, step: int, mismatches: list[int]
+) -> torch.Tensor:
     """Run the compiled helper and the eager one on the same input; print where they differ."""
     a, b = elementwise_inputs(step)
     out = compiled(a, b)
@@ -150,7 +156,7 @@ def checked_elementwise(compiled, rank: int, step: int, mismatches: list[int]) -
 def make_model_for(args: argparse.Namespace) -> nn.Module:
     if args.eager_model:
         return DDP(make_model())
-    return torch.compile(DDP(make_model())) if args.compile_ddp else DDP(torch.compile(make_model()))
+    return compile_module(DDP(make_model())) if args.compile_ddp else DDP(torch.compile(make_model()))
 
 
 def main() -> None:
@@ -203,7 +209,7 @@ def main() -> None:
         loss.backward()
         if (rank, step) == (args.nan_rank, args.nan_step):
             with torch.no_grad():
-                next(model.parameters()).grad.view(-1)[0] = float("nan")
+                first_grad(model).view(-1)[0] = float("nan")
         if (rank, step) == (args.nudge_weight_rank, args.nudge_weight_step):
             with torch.no_grad():
                 next(model.parameters()).view(-1)[0] += 1e-3
