@@ -155,18 +155,19 @@ def test_native_pass_gives_the_gradient_statistics_of_the_torch_ops():
     from agents.grads import _grad_stats
 
     g = torch.Generator().manual_seed(3)
-    sizes = (3, 4096, 2 * 4096 + 9, 70000, 3 * 4096)
+    sizes = (3, 4096, 2 * 4096 + 9, 70000, 3 * 4096, 9 * 4096)
     grads = [torch.randn(n, generator=g) for n in sizes] + [None, torch.full((5,), 3e20)]
     grads[1][17] = float("nan")  # one row alone
     grads[2][4096 * 2 + 3] = float("-inf")  # the ragged last row
     grads[4][4096 + 5] = float("nan")  # inside a row pair
+    grads[5][6 * 4096 + 100] = float("inf")  # inside a block of rows read together
     grads[3][1000:1010] = 3e20  # finite, but their float32 squares overflow: read again in double
     sums, stats = F.lane_sums_and_stats(grads, stats=True)
     present = [t for t in grads if t is not None]
     assert torch.equal(sums, F.lane_sums_and_stats(grads, stats=False)[0])
-    assert int(stats[1]) == 3
-    assert int(_grad_stats(present)[1]) == 5  # torch's float32 norms of the 3e20s overflow to inf
-    finite = [t for i, t in enumerate(present) if i not in (1, 2, 4)]
+    assert int(stats[1]) == 4
+    assert int(_grad_stats(present)[1]) == 6  # torch's float32 norms of the 3e20s overflow to inf
+    finite = [t for i, t in enumerate(present) if i not in (1, 2, 4, 5)]
     native = F.lane_sums_and_stats(finite, stats=True)[1]
     as_float = lambda words: struct.unpack("<d", struct.pack("<q", int(words[0])))[0]  # noqa: E731
     assert as_float(native) == pytest.approx(sum(float((t.double() ** 2).sum()) for t in finite), rel=1e-5)
