@@ -113,7 +113,7 @@ def demo_jobs(data: str) -> list[DemoJob]:
                 "--steps",
                 "30",
                 "--sleep",
-                "0.2",
+                "0.25",
                 "--fail-rank",
                 "1",
                 "--nudge-weight-rank",

@@ -76,27 +76,8 @@ def test_failed_compile_drifted_weights_and_a_killed_rank(stack, team, tmp_path)
     ranks would be a tie.)"""
     token, feed = team
     key = f"sc-kill-{uuid.uuid4().hex[:6]}"
-    args = [
-        "--steps",
-        "30",
-        "--sleep",
-        "0.25",
-        "--fail-rank",
-        "1",
-        "--nudge-weight-rank",
-        "0",
-        "--nudge-weight-step",
-        "4",
-        "--kill-rank",
-        "2",
-        "--kill-step",
-        "8",
-    ]
-    with running(
-        torchrun(
-            stack, token, key, "demo/scenarios.py", args, tmp_path / "spool", extra_env={"LOCKSTEP_PARAM_EVERY": "4"}
-        )
-    ) as job:
+    demo = demo_job("killed-rank")  # the demo's own job and arguments
+    with running(torchrun(stack, token, key, demo.script, demo.args, tmp_path / "spool", extra_env=demo.env)) as job:
         output = job.communicate(timeout=180)[0].decode(errors="replace")
         assert job.returncode != 0  # torchrun reports the lost worker
         alerts = feed.wait_for({"compile_failure_divergence", "param_divergence", "rank_crashed"}, 90, run=key)
