@@ -26,9 +26,16 @@ def pytest_configure(config) -> None:
     One OpenMP thread and in-process Inductor compiles for the test processes and what they start
     (torchrun sets the first for its ranks, not for one): the pytest workers and their jobs already
     keep both cores busy, where spinning OpenMP threads and a pool of compile workers per process
-    (each importing torch) only add work."""
+    (each importing torch) only add work.
+
+    TORCHINDUCTOR_VEC_ISA_OK=1: the ISAs this CPU reports are taken as usable. Otherwise every process
+    that compiles re-proves it, building a probe per ISA into its cache dir and loading each in a child
+    Python: about 1.4 CPU-seconds a warm rank and more on a cold cache, a tenth of the suite's CPU,
+    proving the same thing a hundred times. Which ISA a rank compiles for still follows its
+    ATEN_CPU_CAPABILITY (the shared-cache ISA tests rely on that)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         config._lockstep_inductor_cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(
             prefix="lockstep-tests-inductor-"

@@ -32,11 +32,12 @@ def test_a_child_process_counts_for_the_file_that_started_it(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = {
-        line.split()[-1]: [float(x) for x in line.split()[:4]]
-        for line in table(profile.read_text().splitlines()).splitlines()[1:-1]
-    }
+    files, _, spans = table(profile.read_text().splitlines()).partition(" files\n")
+    rows = {line.split()[-1]: [float(x) for x in line.split()[:4]] for line in files.splitlines()[1:-1]}
     heavy, light = rows["test_heavy.py"], rows["test_light.py"]
     assert heavy[2] >= 0.55 and heavy[1] < 0.3  # the child's CPU is reaped, not the test process's own
     assert light[1] >= 0.28 and light[2] < 0.05
     assert list(rows) == ["test_heavy.py", "test_light.py"]  # most CPU first
+    [span] = [line for line in spans.splitlines() if line]
+    worker, _, rest = span.partition(": done at ")
+    assert worker == "main" and float(rest.split()[0]) >= heavy[3] + light[3] - 0.1
