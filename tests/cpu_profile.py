@@ -30,7 +30,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         own = after.user + after.system - before.user - before.system
         reaped = after.children_user + after.children_system - before.children_user - before.children_system
         with open(path, "a") as out:
-            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            worker = getattr(item.config, "workerinput", {}).get("workerid", "main")  # not the env: children inherit it
             wall = time.monotonic() - started
             out.write(f"{item.nodeid}\t{own:.2f}\t{reaped:.2f}\t{wall:.2f}\t{worker}\t{began:.2f}\n")
     return result
@@ -67,7 +67,8 @@ def workers(lines: list[str]) -> list[str]:
         return []
     start = min(span[0] for span in spans.values())
     return [""] + [
-        f"{worker}: done at {end - start:6.1f} s, {busy:6.1f} s in tests" for worker, (_, end, busy) in sorted(spans.items())
+        f"{worker}: done at {end - start:6.1f} s, {busy:6.1f} s in tests"
+        for worker, (_, end, busy) in sorted(spans.items())
     ]
 
 

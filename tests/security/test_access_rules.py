@@ -19,12 +19,6 @@ from tests.stack import ROOT
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def quick_hashes(settings):
-    """Passwords hashed fast: these tests are about who may log in, not about the hash."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def _member(project: Project, name: str = "member") -> Client:
     user = User.objects.create_user(name, password="pw")
     project.members.add(user)
