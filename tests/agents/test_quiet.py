@@ -1,6 +1,6 @@
-"""The agent adds no line to a job's output at default verbosity: the same 2-rank torchrun job with
+"""The agent adds no line to a job's output at default verbosity: the same torchrun DDP job with
 and without it prints the same stderr (the DDP scan at attach once printed torch's
-`FutureWarning: torch.distributed.reduce_op is deprecated` on every rank)."""
+`FutureWarning: torch.distributed.reduce_op is deprecated` on every rank; one rank shows it)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from tests.agents import tiny_jobs
 
 
 def test_the_agent_adds_no_line_to_the_jobs_stderr(tmp_path):
-    bare = tiny_jobs.start(tmp_path / "bare", "quiet-bare", agent=False)
-    watched = tiny_jobs.start(tmp_path / "watched", "quiet-watched")
+    bare = tiny_jobs.start(tmp_path / "bare", "quiet-bare", agent=False, ranks=1)
+    watched = tiny_jobs.start(tmp_path / "watched", "quiet-watched", ranks=1)
     bare_err, watched_err = tiny_jobs.finish(bare), tiny_jobs.finish(watched)
     added = [line for line in watched_err.splitlines() if line not in set(bare_err.splitlines())]
     assert added == [], watched_err
