@@ -12,6 +12,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 
@@ -36,39 +37,50 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return result
 
 
+class Row(NamedTuple):
+    """One test's line of the profile, as `pytest_runtest_protocol` writes it."""
+
+    nodeid: str
+    own: float
+    reaped: float
+    wall: float
+    worker: str
+    began: float
+
+    @classmethod
+    def parse(cls, line: str) -> Row:
+        nodeid, own, reaped, wall, worker, began = line.rstrip("\n").split("\t")
+        return cls(nodeid, float(own), float(reaped), float(wall), worker, float(began))
+
+
 def table(lines: list[str]) -> str:
     """Files by CPU-seconds (own + reaped), with the wall time their tests took."""
+    rows = [Row.parse(line) for line in lines]
     files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for line in lines:
-        nodeid, own, reaped, wall = line.rstrip("\n").split("\t")[:4]
-        totals = files[nodeid.split("::")[0]]
-        for i, value in enumerate((own, reaped, wall)):
-            totals[i] += float(value)
-    rows = sorted(files.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
+    for row in rows:
+        totals = files[row.nodeid.split("::")[0]]
+        totals[0], totals[1], totals[2] = totals[0] + row.own, totals[1] + row.reaped, totals[2] + row.wall
+    ranked = sorted(files.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
     out = [f"{'cpu s':>8} {'own':>7} {'reaped':>7} {'wall s':>7}  file"]
-    out += [f"{own + reaped:8.1f} {own:7.1f} {reaped:7.1f} {wall:7.1f}  {name}" for name, (own, reaped, wall) in rows]
+    out += [f"{own + reaped:8.1f} {own:7.1f} {reaped:7.1f} {wall:7.1f}  {name}" for name, (own, reaped, wall) in ranked]
     own_all, reaped_all = sum(v[0] for v in files.values()), sum(v[1] for v in files.values())
     out.append(f"{own_all + reaped_all:8.1f} {own_all:7.1f} {reaped_all:7.1f} {'':>7}  all {len(files)} files")
-    return "\n".join(out + workers(lines))
+    return "\n".join(out + workers(rows))
 
 
-def workers(lines: list[str]) -> list[str]:
+def workers(rows: list[Row]) -> list[str]:
     """When each worker finished its last test, counted from the run's first test: the gap between the
     first and the last to finish is time one core had nothing to run."""
-    spans: dict[str, list[float]] = defaultdict(lambda: [float("inf"), 0.0, 0.0])
-    for line in lines:
-        fields = line.rstrip("\n").split("\t")
-        if len(fields) < 6:
-            continue
-        wall, worker, began = float(fields[3]), fields[4], float(fields[5])
-        span = spans[worker]
-        span[0], span[1], span[2] = min(span[0], began), max(span[1], began + wall), span[2] + wall
-    if not spans:
+    if not rows:
         return []
-    start = min(span[0] for span in spans.values())
+    start = min(row.began for row in rows)
+    ends: dict[str, float] = defaultdict(float)
+    busy: dict[str, float] = defaultdict(float)
+    for row in rows:
+        ends[row.worker] = max(ends[row.worker], row.began + row.wall)
+        busy[row.worker] += row.wall
     return [""] + [
-        f"{worker}: done at {end - start:6.1f} s, {busy:6.1f} s in tests"
-        for worker, (_, end, busy) in sorted(spans.items())
+        f"{worker}: done at {ends[worker] - start:6.1f} s, {busy[worker]:6.1f} s in tests" for worker in sorted(ends)
     ]
 
 
