@@ -39,19 +39,27 @@ POOL_ENV = ("LOCKSTEP_DB_POOL", "LOCKSTEP_DB_POOL_TIMEOUT", "LOCKSTEP_DB_POOL_ID
 
 def _sessions(observer: psycopg.Connection, datname: str) -> Counter:
     """This database's client sessions now, by application name (the observer's own left out)."""
+    return Counter(label for label, _ in _backends(observer, datname))
+
+
+def _backends(observer: psycopg.Connection, datname: str) -> set[tuple[str, int]]:
+    """(application name, backend pid) of this database's client sessions now, the observer's own left out."""
     rows = observer.execute(
-        "SELECT application_name, count(*) FROM pg_stat_activity"
-        " WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid() GROUP BY 1",
+        "SELECT application_name, pid FROM pg_stat_activity"
+        " WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
         [datname],
     ).fetchall()
-    return Counter(dict(rows))
+    return {(label, pid) for label, pid in rows}
 
 
 class Sampler:
     """Counts this database's sessions every 20 ms on a thread: the most each process held at once,
     and the most the processes `of` held together at once, unlabelled sessions counted with them (a
     pool's connection is labelled when it is first handed out). Sessions labelled by any other process
-    (another test process of the run, say) are no part of the total."""
+    (another test process of the run, say) are no part of the total. A session is held once two samples
+    in a row saw its backend: a closed connection's backend exits after its client has let it go, and a
+    Celery child that closes its pool after one task and connects for the next was once seen beside the
+    backend it had just closed."""
 
     def __init__(self, url: str, datname: str, of: set[int] = frozenset()) -> None:
         self.url, self.datname = url, datname
@@ -63,9 +71,12 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        seen: set[tuple[str, int]] = set()
         with psycopg.connect(self.url, autocommit=True) as observer:
             while not self._stop.is_set():
-                now = _sessions(observer, self.datname)
+                backends = _backends(observer, self.datname)
+                now = Counter(label for label, _ in backends & seen)
+                seen = backends
                 self.peak |= now
                 ours = sum(n for label, n in now.items() if not label or label.rpartition(":")[2] in self._of)
                 self.peak_total = max(self.peak_total, ours)
