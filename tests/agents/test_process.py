@@ -1,4 +1,4 @@
-"""Whole processes: LOCKSTEP_DISABLE, `agents run` exit status, and a real 3-rank torchrun DDP job."""
+"""Whole processes: LOCKSTEP_DISABLE, `agents run` exit status, and a real 2-rank torchrun DDP job."""
 
 import os
 import signal
@@ -110,29 +110,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _three_rank_job(tmp_path) -> tuple[int, str]:
+def _two_rank_job(tmp_path) -> tuple[int, str]:
+    """Rank 1 alone gets a bigger batch at step 3 and nudges one gradient at step 5. What the spools
+    must show needs no majority, so two ranks do (the server's verdicts on three: tests/e2e)."""
     cmd = torchrun(
-        3,
+        2,
         "demo/ddp_job.py",
-        *("--steps", "8", "--shape-rank", "1", "--shape-step", "3", "--perturb-rank", "2", "--perturb-step", "5"),
+        *("--steps", "8", "--shape-rank", "1", "--shape-step", "3", "--perturb-rank", "1", "--perturb-step", "5"),
         port=_free_port(),
     )
     return _run(cmd, _env(tmp_path), timeout=180)
 
 
-def test_torchrun_three_rank_ddp_job(tmp_path):
+def test_torchrun_two_rank_ddp_job(tmp_path):
     try:
-        rc, out = _three_rank_job(tmp_path)
+        rc, out = _two_rank_job(tmp_path)
     except subprocess.TimeoutExpired:
-        # Seen once in ~8 clean-clone runs: the 3-rank gloo job itself hung (no output, not in the
-        # agent's code paths as far as known); one fresh attempt, on a fresh port and spool.
+        # Seen once in ~8 clean-clone runs of its 3-rank form: the gloo job itself hung (no output, not
+        # in the agent's code paths as far as known); one fresh attempt, on a fresh port and spool.
         tmp_path = tmp_path / "again"
-        rc, out = _three_rank_job(tmp_path)
+        rc, out = _two_rank_job(tmp_path)
     assert rc == 0, out[-4000:]
     ranks = read_spool(str(tmp_path / "spool"))
-    assert sorted(ranks) == [0, 1, 2]
+    assert sorted(ranks) == [0, 1]
     runs = {b.run.key for bs in ranks.values() for b in bs}
-    assert len(runs) == 1 and all(b.run.world_size == 3 for bs in ranks.values() for b in bs)
+    assert len(runs) == 1 and all(b.run.world_size == 2 for bs in ranks.values() for b in bs)
     grads, compiles = {}, {}
     for rank, batches in ranks.items():
         events = events_of(batches)
@@ -150,16 +152,15 @@ def test_torchrun_three_rank_ddp_job(tmp_path):
         assert sorted(e.step for e in events if isinstance(e, protocol.Step)) == list(range(8))
     # Only the shape rank recompiles, at step 3, for a size mismatch.
     recompiles = {r: [c for c in cs if c.index > 0] for r, cs in compiles.items()}
-    assert recompiles[0] == [] and recompiles[2] == []
+    assert recompiles[0] == []
     assert len(recompiles[1]) == 1 and recompiles[1][0].step == 3
     assert "size mismatch" in recompiles[1][0].recompile_reason
     first = {r: cs[0] for r, cs in compiles.items()}
     assert len({c.frame for c in first.values()}) == 1 and all(c.index == 0 and c.step == 0 for c in first.values())
     assert len({c.hashes["dynamo"].norm for c in first.values()}) == 1
-    # DDP grads agree bitwise except where rank 2 nudged its grad after the all-reduce.
+    # DDP grads agree bitwise except where rank 1 nudged its grad after the all-reduce.
     for step in range(8):
         if step == 5:
-            assert grads[0][5] == grads[1][5] != grads[2][5]
-            assert sum(a != b for a, b in zip(grads[0][5], grads[2][5])) == 1  # one bucket differs
+            assert sum(a != b for a, b in zip(grads[0][5], grads[1][5])) == 1  # one bucket differs
         else:
-            assert grads[0][step] == grads[1][step] == grads[2][step], step
+            assert grads[0][step] == grads[1][step], step
