@@ -27,7 +27,7 @@ def test_a_rank_with_its_own_settings_misses_the_shared_cache_alone_and_another_
 ):
     """Rank 1 runs with other Inductor settings (TORCHINDUCTOR_SIZE_ASSERTS=0), so its FX-graph cache
     keys are its own: on the directory the others load the model from, it alone misses
-    (cache_divergence names it), and it never loads another rank's code: nothing
+    (cache_divergence names it and the variable), and it never loads another rank's code: nothing
     rank-specific is shared, no rank_specific_artifact, and its gradients agree. Rank 2 folds an
     extra all_reduce into a compiled helper (collective_schedule_divergence)."""
     token, feed = team
@@ -54,5 +54,6 @@ def test_a_rank_with_its_own_settings_misses_the_shared_cache_alone_and_another_
     stored = api(stack, token, f"/runs/{key}/alerts").json()["alerts"]
     [model] = [a for a in stored if a["kind"] == "cache_divergence" and MODEL.fullmatch(a["frame"])]
     assert model["ranks"] == [1] and model["details"]["miss"] == [1] and model["details"]["hit"] == [0, 2], model
+    assert model["message"].endswith("(rank 1 runs with `env.TORCHINDUCTOR_SIZE_ASSERTS=0`)"), model
     kinds = {a["kind"] for a in stored} | set(feed.latest(key))
     assert "rank_specific_artifact" not in kinds and "grad_divergence" not in kinds, kinds

@@ -110,3 +110,19 @@ def test_ranks_running_other_compiler_settings_are_named():
     same = {r: {"settings": {"inductor.fx_graph_cache": "True"}} for r in range(3)}
     [quiet] = findings_of(compile_view(reports, index=0, rank_info=same), "cache_divergence")
     assert "runs with" not in quiet.message and "settings" not in quiet.details
+
+
+def test_a_compiler_variable_torch_read_at_import_is_named_and_where_caches_go_is_not():
+    """TORCHINDUCTOR_SIZE_ASSERTS=0 becomes the setting's default when torch imports its config, so the
+    agent's non-default settings cannot show it: the rank's environment does. Cache and dump places
+    differ per rank on purpose, and the launcher's and other tools' variables are not the compiler's."""
+    reports = {0: {"cache": {"inductor": "hit"}}, 1: {"cache": {"inductor": "miss"}}, 2: {"cache": {"inductor": "hit"}}}
+    env = {
+        r: {"TORCHINDUCTOR_CACHE_DIR": f"/cache/{r}", "TORCHELASTIC_MAX_RESTARTS": str(r), "NCCL_DEBUG": str(r)}
+        for r in range(3)
+    }
+    env[1]["TORCHINDUCTOR_SIZE_ASSERTS"] = "0"
+    info = {r: {"settings": {}, "env": env[r]} for r in range(3)}
+    [f] = findings_of(compile_view(reports, index=0, rank_info=info), "cache_divergence")
+    assert f.message.endswith("(rank 1 runs with `env.TORCHINDUCTOR_SIZE_ASSERTS=0`)"), f.message
+    assert f.details["settings"] == {"env.TORCHINDUCTOR_SIZE_ASSERTS": {"0": "unset", "1": "0", "2": "unset"}}

@@ -215,17 +215,32 @@ def load_all() -> None:
         importlib.import_module(f"{__name__}.{info.name}")
 
 
+COMPILER_ENV = ("TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_")  # the variables torch's compiler reads
+PLACES = ("_DIR", "_PATH", "_FILE")  # where a cache or a dump goes: not how code is compiled
+
+
+def compiler_settings(info: Mapping[str, Any]) -> dict[str, str]:
+    """A rank's non-default compiler settings, and the compiler's variables in its environment: torch
+    reads some of them at import into a setting's default (TORCHINDUCTOR_SIZE_ASSERTS=0), where the
+    settings alone cannot tell them from torch's own."""
+    found = {str(k): str(v) for k, v in (info.get("settings") or {}).items()}
+    env = info.get("env") or {}
+    found.update({f"env.{k}": str(v) for k, v in env.items() if k.startswith(COMPILER_ENV) and not k.endswith(PLACES)})
+    return found
+
+
 def settings_split(view: CompileSlotView) -> tuple[str, dict[str, dict[str, str]]]:
     """How the compiler settings of the slot's ranks differ ("rank 1 runs with
     `inductor.triton.cudagraphs=False`"), and per key the ranks' values; ("", {}) when they agree.
-    A setting a rank did not report is at torch's default."""
+    A setting a rank did not report is at torch's default; a variable it did not have is unset."""
     infos = {r: view.rank_info.get(r) or {} for r in view.reports}
-    settings = {r: info.get("settings") or {} for r, info in infos.items()}
+    settings = {r: compiler_settings(info) for r, info in infos.items()}
     keys = sorted(set().union(*settings.values())) if settings else []
     parts: list[str] = []
     split: dict[str, dict[str, str]] = {}
     for key in keys:
-        values = {r: str(s.get(key, "default")) for r, s in settings.items()}
+        absent = "unset" if key.startswith("env.") else "default"
+        values = {r: s.get(key, absent) for r, s in settings.items()}
         verdict = consensus(values)
         if not verdict.dissenters:
             continue
