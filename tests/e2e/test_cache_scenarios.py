@@ -18,7 +18,8 @@ from tests.stack import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
-JOB = ["demo/scenarios.py", "--steps", "4", "--collective-rank", "2"]
+SCRIPT = "demo/scenarios.py"
+JOB = [SCRIPT, "--steps", "4", "--collective-rank", "2"]
 MODEL = re.compile(r"scenarios\.py:\d+:main")  # the model's frame: Dynamo names a Sequential by its call site
 
 
@@ -34,7 +35,7 @@ def test_a_rank_with_its_own_settings_misses_the_shared_cache_alone_and_another_
     shared = stack.env["TORCHINDUCTOR_CACHE_DIR"]  # the suite's, which other tests' jobs warmed already
     # Make sure it holds the model's entries (one rank, one step, the defaults' settings).
     subprocess.run(
-        torchrun_command(1, *JOB[:1], "--steps", "1", agent=False),
+        torchrun_command(1, SCRIPT, "--steps", "1", agent=False),
         cwd=ROOT,
         check=True,
         capture_output=True,

@@ -14,6 +14,7 @@ from typing import Any
 from agents.normalize import canonical_frame, frame_label, split_frame
 from agents.protocol import PER_LAUNCH_ENV
 from dashboard.detection import bills
+from dashboard.detection.rules import COMPILER_ENV
 from dashboard.tenancy.models import Rank, Run
 from dashboard.web import sql
 from dashboard.web.pages import drift as drifting
@@ -37,7 +38,7 @@ ENV_SECTIONS = (
 QUALNAME = re.compile(r"[\w<>]+(?:\.[\w<>]+)+")  # Block.forward, main.<locals>.step
 UNKNOWN = "unknown"
 DEFAULT = "default"  # a compiler setting the agent did not report is at torch's default
-SETTING_PREFIXES = ("settings.", "env.TORCH_", "env.TORCHINDUCTOR_", "env.TORCHDYNAMO_", "env.NCCL_")
+SETTING_PREFIXES = ("settings.", *(f"env.{prefix}" for prefix in COMPILER_ENV), "env.NCCL_")
 
 
 def align_key(frame: str) -> str:
