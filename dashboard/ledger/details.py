@@ -25,20 +25,23 @@ WEIGHTS_HANDOUT = flight.HANDOUT_STEP - 1
 
 def ask(run_id: int, ranks: set[int], step: int, group: str, alert_id: int) -> None:
     """Idempotent per (run, rank, step, group)."""
-    for rank in sorted(ranks):
-        DetailRequest.objects.get_or_create(
-            run_id=run_id, rank=rank, step=step, group=group, defaults={"alert_id": alert_id}
-        )
+    _create(run_id, ranks, step, group, alert_id)
 
 
 def ask_weights(run_id: int, ranks: set[int], step: int, group: str, alert_id: int) -> None:
     """Every rank of `ranks` is to fingerprint its weights after step `step`'s update (a `param`
     event, as every `LOCKSTEP_PARAM_EVERY` steps). Handed out once: the weight slot is the answer,
     and a rank already past that step cannot give one. Idempotent per (run, rank, step, group)."""
-    for rank in sorted(ranks):
-        DetailRequest.objects.get_or_create(
-            run_id=run_id, rank=rank, step=step, group=PARAM_PREFIX + group, defaults={"alert_id": alert_id}
-        )
+    _create(run_id, ranks, step, PARAM_PREFIX + group, alert_id)
+
+
+def _create(run_id: int, ranks: set[int], step: int, group: str, alert_id: int) -> None:
+    """One INSERT for every rank (a weights request asks them all: a row at a time, a settle of 1,024
+    ranks spent over a second here); a request already there keeps its alert (`detail_once`)."""
+    DetailRequest.objects.bulk_create(
+        [DetailRequest(run_id=run_id, rank=r, step=step, group=group, alert_id=alert_id) for r in sorted(ranks)],
+        ignore_conflicts=True,
+    )
 
 
 def weights_steps(asked: list[int]) -> list[int]:

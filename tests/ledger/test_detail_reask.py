@@ -31,3 +31,19 @@ def test_an_unanswered_request_is_handed_out_again_after_a_while_then_given_up(p
         assert _asked(post, seq) == [7]
     DetailRequest.objects.update(asked_at=timezone.now() - timedelta(hours=1))
     assert _asked(post, 100) == [] and DetailRequest.objects.get().asks == details.MAX_ASKS
+
+
+def test_asking_every_rank_is_one_statement_and_asking_again_keeps_the_first_alert(post):
+    """A weights request asks all the ranks of a run: one INSERT whatever their number (a row at a time
+    kept a 1,024-rank settle, and so the page, waiting over a second), idempotent per (rank, step, group)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    assert _asked(post, 0) == []
+    run = Run.objects.get(key="reask").id
+    with CaptureQueriesContext(connection) as queries:
+        details.ask_weights(run, set(range(1024)), step=7, group="ddp", alert_id=1)
+    assert len(queries) == 1, [q["sql"][:80] for q in queries]
+    details.ask_weights(run, {0, 1, 1024}, step=7, group="ddp", alert_id=2)
+    assert DetailRequest.objects.count() == 1025
+    assert DetailRequest.objects.filter(alert_id=2).count() == 1 and DetailRequest.objects.get(rank=1024).alert_id == 2
