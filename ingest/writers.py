@@ -193,8 +193,14 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
     Round trips of a steady group: BEGIN, one COPY (2) of every batch's grad rows, one prepared
     statement per run for the claims, the ranks' facts, watermarks, slots and detail requests,
     COMMIT, then run liveness once per run and the slots its batches completed. Rows are
-    written before the claims, so their row locks are held only until COMMIT. A batch already
-    received (a resend, rare) rolls the group back; it is then written again without that
+    written before the claims, so their row locks are held only until COMMIT. A batch the group
+    holds twice (a resend that caught up with its original: a relay's retry, a timed-out request)
+    is told apart before anything is written, since the claim statement's conflict would roll back
+    the very claim the resend is compared with: a request holding a batch that an earlier request of
+    the group holds is written in a group of its own after this one commits, where it answers as
+    any resend does (whichever of the two was refused, the other is stored); a request holding one
+    batch twice stores it once (the second copy a duplicate, or the request a 409). A batch already
+    received in an earlier commit (a resend, rare) rolls the group back; it is then written again without that
     batch, which answers as a duplicate, or without its request, refused whole (409), when its
     content differs; a request whose run forbids a batch (400) leaves the same way. A deadlock or
     serialization failure (a concurrent group won a race) is tried again, up to `retries.RACE_ATTEMPTS`
@@ -206,12 +212,12 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
         partitions.ensure_around(now)  # before the transaction: partition DDL never waits on row locks
     except DatabaseError as exc:
         return [exc] * len(jobs)
+    later = _resends_of_earlier(jobs)
     apart: dict[int, Outcome] = {}  # requests answered outside the group's transaction: refused, or stored alone
     duplicates: set[tuple[int, int]] = set()
     attempt = 0
     written: list[tuple[int, _Written | None]] = []
-    while len(apart) < len(jobs):
-        live = [j for j in range(len(jobs)) if j not in apart]
+    while live := [j for j in range(len(jobs)) if j not in apart and j not in later]:
         try:
             with transaction.atomic():
                 written = _write_all(jobs, live, duplicates, now)
@@ -220,14 +226,13 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
             apart[exc.job] = exc.refusal
         except _Resent as resent:
             w = resent.written
-            if writes.claimed_digest(w.run, w.p.batch.session, w.p.batch.seq) == w.p.digest:
+            claimed = writes.claimed_digest(w.run, w.p.batch.session, w.p.batch.seq)
+            if claimed == w.p.digest:
                 duplicates.add((w.job, w.index))
+            elif claimed is None:  # claimed by a group that then rolled back: nothing holds it now
+                apart[w.job] = Refusal(503, "batch claimed by a concurrent request that failed; retry")
             else:
-                apart[w.job] = Refusal(
-                    409,
-                    f"batch seq {w.p.batch.seq} of session {w.p.batch.session} was already received with other content",
-                    f"batches[{w.index}].seq" if jobs[w.job].bulk else "seq",
-                )
+                apart[w.job] = _conflict(jobs[w.job], w.index, w.p.batch)
         except DatabaseError as exc:
             attempt += 1
             forget_runs()
@@ -241,6 +246,8 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
             written = []
             break
     stored = _after_commit([w for _, w in written])
+    if later:
+        apart.update(zip(later, store_group([jobs[j] for j in later])))
     stored_of: dict[int, list[Stored]] = {}
     for (j, _), one in zip(written, stored):
         stored_of.setdefault(j, []).append(one)
@@ -255,7 +262,15 @@ def _write_all(
     written: list[tuple[int, _Written | None]] = []
     for j in live:
         job = jobs[j]
+        first_copy: dict[Identity, str] = {}  # a batch's identity in this request -> its digest
         for i, prepared in enumerate(job.prepared):
+            identity = _identity(job, prepared)
+            if identity in first_copy:  # the request holds this batch twice
+                if first_copy[identity] != prepared.digest:
+                    raise _Refused(j, _conflict(job, i, prepared.batch))
+                written.append((j, None))
+                continue
+            first_copy[identity] = prepared.digest
             try:
                 written.append((j, None if (j, i) in duplicates else _write_events(j, i, prepared, job.project, now)))
             except Refusal as refusal:  # a changed world size, a run past the quota
@@ -264,6 +279,35 @@ def _write_all(
     writes.write_grads([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
     _claim_all(fresh)
     return written
+
+
+Identity = tuple[int, str, str, int]
+
+
+def _identity(job: Job, p: Prepared) -> Identity:
+    """What a batch's claim is unique on: its run (the project's key) and its (session, seq)."""
+    return job.project.id, p.batch.run.key, p.batch.session, p.batch.seq
+
+
+def _resends_of_earlier(jobs: list[Job]) -> list[int]:
+    """The requests holding a batch that an earlier request of the group holds (`store_group`)."""
+    seen: set[Identity] = set()
+    later = []
+    for j, job in enumerate(jobs):
+        identities = {_identity(job, p) for p in job.prepared}
+        if identities & seen:
+            later.append(j)
+        seen |= identities
+    return later
+
+
+def _conflict(job: Job, index: int, batch: protocol.Batch) -> Refusal:
+    """409 for a (session, seq) already received with other content: its request is refused whole."""
+    return Refusal(
+        409,
+        f"batch seq {batch.seq} of session {batch.session} was already received with other content",
+        f"batches[{index}].seq" if job.bulk else "seq",
+    )
 
 
 def _write_events(job: int, index: int, p: Prepared, project: Project, now: datetime) -> _Written:

@@ -51,9 +51,10 @@ def claim_cte(batches: str, run: str = "%(run)s") -> str:
             )"""
 
 
-def claimed_digest(run: Run, session: str, seq: int) -> str:
-    """The digest a claimed batch was received with (a resend matches it, a conflict does not)."""
-    return IngestBatch.objects.values_list("digest", flat=True).get(session=session, seq=seq, run=run)
+def claimed_digest(run: Run, session: str, seq: int) -> str | None:
+    """The digest a claimed batch was received with (a resend matches it, a conflict does not);
+    None when no committed claim holds it."""
+    return IngestBatch.objects.values_list("digest", flat=True).filter(session=session, seq=seq, run=run).first()
 
 
 def write_grads(reports: list[tuple[int, int, GradEvents]], now: datetime) -> None:

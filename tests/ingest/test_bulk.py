@@ -73,6 +73,15 @@ def test_a_batch_already_received_on_either_endpoint_is_a_duplicate(bulk, post):
     assert stored()[:2] == (2, 2)
 
 
+def test_a_batch_twice_in_one_request_is_stored_once_and_answered_as_a_duplicate(bulk):
+    batch = make_batch(rank=0)
+    response = bulk([batch, batch, make_batch(rank=1)])
+    assert response.status_code == 200, response.content
+    assert [(r["accepted"], r["duplicate"]) for r in response.json()["results"]] == [(1, False), (0, True), (1, False)]
+    assert IngestBatch.objects.count() == 2
+    assert per_rank(GradReport.objects) == [(0, 0, [1, 2, 3]), (1, 0, [1, 2, 3])]
+
+
 def test_other_content_under_a_received_seq_refuses_the_whole_request(bulk, post):
     assert post(encoded(make_batch(rank=0))).status_code == 200
     before = stored()

@@ -12,7 +12,8 @@ from agents import protocol
 from dashboard.evidence.models import GradReport, IngestBatch
 from ingest import backpressure, validation, writers
 from ingest.refusals import Refusal
-from tests.conftest import make_batch
+from dashboard.tenancy.models import Project
+from tests.conftest import make_batch, per_rank
 
 
 def job(project, bulk: bool = False, **batches) -> writers.Job:
@@ -116,3 +117,45 @@ def test_the_flush_interval_doubles_with_the_load_and_goes_away_when_it_falls(mo
     assert backpressure.flush_interval() == backpressure.MAX_INTERVAL_S
     load.at = time.monotonic() - 30 * backpressure.TAU_S  # nothing observed for a minute: not loaded
     assert backpressure.flush_interval() is protocol.msgspec.UNSET
+
+
+@pytest.fixture
+def other_project(db) -> Project:
+    return Project.objects.create(name="project-b")
+
+
+@pytest.mark.django_db
+def test_a_resend_in_the_same_group_as_its_original_is_a_duplicate_and_the_group_commits(project, other_project):
+    """A relay's retry or a timed-out agent can put a batch and its resend into one group: the later
+    copy answers as a duplicate, the other requests (of any project) are stored."""
+    original = job(project, a=dict(rank=0, events=grad(0, [1])))
+    resend = job(project, a=dict(rank=0, events=grad(0, [1])))
+    bystander = job(other_project, a=dict(rank=1, events=grad(0, [2])))
+    outcomes = writers.store_group([original, bystander, resend])
+    assert [o[0].duplicate for o in outcomes] == [False, False, True]
+    assert [o[0].accepted for o in outcomes] == [1, 1, 0]
+    assert per_rank(GradReport.objects) == [(0, 0, [1]), (1, 0, [2])]
+    assert IngestBatch.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_batch_twice_in_one_bulk_request_stores_once(project, other_project):
+    twice = job(project, bulk=True, a=dict(rank=0, events=grad(0, [1])), b=dict(rank=0, events=grad(0, [1])))
+    outcomes = writers.store_group([twice, job(other_project, a=dict(rank=1, events=grad(0, [2])))])
+    assert [(s.accepted, s.duplicate) for s in outcomes[0]] == [(1, False), (0, True)]
+    assert outcomes[1][0].accepted == 1
+    assert per_rank(GradReport.objects) == [(0, 0, [1]), (1, 0, [2])]
+
+
+@pytest.mark.django_db
+def test_other_content_under_a_seq_of_the_same_group_refuses_only_its_request(project, other_project):
+    outcomes = writers.store_group(
+        [
+            job(project, a=dict(rank=0, events=grad(0, [1]))),
+            job(project, a=dict(rank=0, events=grad(0, [9]))),  # same session and seq, other content
+            job(other_project, a=dict(rank=1, events=grad(0, [2]))),
+        ]
+    )
+    assert isinstance(outcomes[1], Refusal) and (outcomes[1].status, outcomes[1].path) == (409, "seq")
+    assert [outcomes[0][0].accepted, outcomes[2][0].accepted] == [1, 1]
+    assert per_rank(GradReport.objects) == [(0, 0, [1]), (1, 0, [2])]
