@@ -10,9 +10,9 @@ from django.db import DataError, connection
 
 from agents import protocol
 from dashboard.evidence.models import GradReport, IngestBatch
+from dashboard.tenancy.models import Project
 from ingest import backpressure, validation, writers
 from ingest.refusals import Refusal
-from dashboard.tenancy.models import Project
 from tests.conftest import make_batch, per_rank
 
 
