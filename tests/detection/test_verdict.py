@@ -59,7 +59,7 @@ def test_a_crash_fails_the_run_naming_the_rank_and_its_error(run):
     Rank.objects.filter(run=run, rank=1).update(status="error", exit_code=1)
     fire(run, "rank_crashed", (1,), step=4, reason="RuntimeError: CUDA error: an illegal memory access\nmore")
     end(run)
-    assert verdict.of_run(run).text == "failed (rank 1, RuntimeError: CUDA error: an illegal memory access)"
+    assert verdict.of_run(run).text == "failed at step 4 (rank 1, RuntimeError: CUDA error: an illegal memory access)"
 
 
 def test_a_silent_rank_stalls_the_run_and_a_lost_one_fails_it(run, project):
@@ -87,8 +87,40 @@ def test_what_compiling_costs_is_no_verdict(run):
 def test_the_most_severe_then_the_earliest_unresolved_incident_decides(run):
     fire(run, "baseline_divergence", (), step=1, severity="warning")
     fire(run, "grad_divergence", (1,), step=7)
-    fire(run, "rank_crashed", (2,), step=9, reason="ValueError: boom")
-    assert verdict.of_run(run).text == "diverged at step 7 (rank 1, grad_divergence)"
+    fire(run, "param_divergence", (0,), step=8)
+    judged = verdict.of_run(run)
+    assert judged.text == (
+        "diverged at step 7 (rank 1, grad_divergence); "
+        "2 more: baseline_divergence at step 1 (all ranks), param_divergence at step 8 (rank 0)"
+    )
+    assert judged.more == 2 and judged.as_json()["more"] == 2
+
+
+def test_a_dead_rank_leads_the_verdict_and_the_other_incidents_follow_in_step_order(run):
+    """The demo's killed-rank run: rank 1's compiler fails, rank 0's weights drift at step 4, rank 2's
+    process vanishes at step 8. The run failed; it must not read as one divergence."""
+    fire(run, "compile_failure_divergence", (1,), severity="warning")
+    fire(run, "param_divergence", (0,), step=4)
+    fire(run, "rank_crashed", (2,), step=8, status="vanished")
+    end(run)
+    judged = verdict.of_run(run)
+    assert (judged.kind, judged.step, judged.ranks, judged.cause, judged.more) == ("failed", 8, (2,), "rank_crashed", 2)
+    assert judged.text == (
+        "failed at step 8 (rank 2, vanished: killed or crashed in native code); "
+        "2 more: param_divergence at step 4 (rank 0), compile_failure_divergence (rank 1)"
+    )
+
+
+def test_a_silent_rank_outranks_an_earlier_divergence_and_many_more_are_counted(run):
+    for rank in range(5):
+        fire(run, "grad_divergence", (rank + 3,), step=rank, severity="warning" if rank else "critical")
+    fire(run, "rank_silent", (2,))
+    judged = verdict.of_run(run)
+    assert judged.kind == "stalled" and judged.more == 5
+    assert judged.text == (
+        "stalled (rank 2, rank_silent); 5 more: grad_divergence at step 0 (rank 3), "
+        "grad_divergence at step 1 (rank 4), grad_divergence at step 2 (rank 5), …"
+    )
 
 
 def test_a_failed_status_fails_the_run_without_an_incident(run):

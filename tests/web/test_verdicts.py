@@ -12,8 +12,9 @@ from django.db.models import F
 
 from dashboard.detection import lifecycle, settle
 from dashboard.detection.models import Alert
+from dashboard.detection.rules import Finding
 from dashboard.ledger.models import GradSlot
-from dashboard.tenancy.models import Run
+from dashboard.tenancy.models import Rank, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -60,6 +61,7 @@ def test_the_runs_api_keeps_a_diverged_runs_outcome_after_it_ended(client, token
         "ranks": [2],
         "cause": "grad_divergence",
         "incident": diverged["verdict"]["incident"],
+        "more": 0,
     }
     assert clean["verdict"]["kind"] == "in_lockstep" and clean["alerts"] == {"critical": 0, "warning": 0}
     detail = client.get("/api/v1/runs/ended-diverged", **bearer(token)).json()
@@ -101,3 +103,41 @@ def test_the_pages_show_the_verdict_and_an_ended_run_says_it_ended(client, proje
     job(post, "still-running", odd=None, ended=False)
     live = client.get("/runs/still-running/").content.decode()
     assert ">connecting…</span>" in live and "No progress sample yet" in live
+
+
+KILLED = (
+    "failed at step 8 (rank 2, vanished: killed or crashed in native code); "
+    "2 more: param_divergence at step 4 (rank 0), compile_failure_divergence (rank 1)"
+)
+
+
+def killed_rank_run(project) -> Run:
+    """The demo's killed-rank run as its incidents: rank 1's compiler fails, rank 0's weights drift at
+    step 4, rank 2's process vanishes at step 8 (each its own cause)."""
+    run = Run.objects.create(project=project, key="killed-rank", world_size=3)
+    for rank in range(3):
+        Rank.objects.create(run=run, rank=rank, status="vanished" if rank == 2 else "ok", host="node1")
+    causes = [
+        ("compile_failure_divergence", 1, None, "warning", {}),
+        ("param_divergence", 0, 4, "critical", {}),
+        ("rank_crashed", 2, 8, "critical", {"status": "vanished"}),
+    ]
+    for kind, rank, step, severity, details in causes:
+        found = Finding(severity, (rank,), f"{kind} on rank {rank}", step, None, details, f"{kind}:{rank}", kind)
+        with transaction.atomic():
+            lifecycle.apply(run, [found], [], None)
+    return run
+
+
+def test_a_run_with_several_causes_leads_with_the_dead_rank_and_names_the_rest(client, token, project):
+    killed_rank_run(project)
+    [listed] = client.get("/api/v1/runs", **bearer(token)).json()["runs"]
+    assert listed["verdict"]["kind"] == "failed" and listed["verdict"]["text"] == KILLED
+    assert (listed["verdict"]["cause"], listed["verdict"]["step"], listed["verdict"]["more"]) == ("rank_crashed", 8, 2)
+    assert client.get("/api/v1/runs/killed-rank", **bearer(token)).json()["verdict"]["text"] == KILLED
+
+    user = User.objects.create_user("paged", password="pw-paged-1")
+    project.members.add(user)
+    client.force_login(user)
+    said = f'data-verdict="failed">{KILLED}</span>'
+    assert said in client.get("/").content.decode() and said in client.get("/runs/killed-rank/").content.decode()
