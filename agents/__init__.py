@@ -85,7 +85,7 @@ class Agent:
         self.progress = (
             Sampler(self.capture, lambda: self.grads.step, cfg.progress_every) if cfg.progress_every else None
         )
-        peers = Peers.of_launch(cfg.rank)
+        self._peers = Peers.of_launch(cfg.rank)
         self.transport = Transport(
             cfg,
             on_detail=self._details,
@@ -94,7 +94,7 @@ class Agent:
             progress=self.progress.to_send if self.progress else None,
             on_flight_recorder=self._flight_record if cfg.flight_recorder else None,
             on_weights=self.grads.weights_at,
-            peers_gone=peers.gone if peers else None,
+            peers_gone=self._at_flush,
         )
         try:
             self._emit(start)
@@ -113,6 +113,12 @@ class Agent:
     def _emit(self, event: protocol.Event) -> None:
         if not self._ended:
             self.transport.put(event)
+
+    def _at_flush(self) -> list[protocol.Event]:
+        """What the sender looks for at every flush and as it closes: ranks of this node that vanished,
+        and what the agent could not capture (a compiled optimizer step)."""
+        gone = self._peers.gone() if self._peers else []
+        return [*gone, *self.grads.notices()]
 
     def _flight_record(self, session: str) -> bytes:
         from agents import flight_recorder
@@ -209,7 +215,10 @@ class Agent:
             if self.progress:
                 self.progress.stop()
             self.grads.uninstall()
+            self.grads.final_weights()
             self.grads.drain(block=True)
+            for notice in self.grads.notices():
+                self._emit(notice)
         except Exception:
             pass
 

@@ -9,6 +9,16 @@ the k-th one seen (k >= 1) gets groups "ddp.k" / "local.k".
 
 No device synchronization inside the step: fingerprints travel to the host with one async
 copy and are read at the next step (immediately on CPU, where the copy is already done).
+
+Invisible to the compiler: when Dynamo traces an optimizer step (`torch.compile` of the step, or
+of a whole train step), the hooks do nothing but one attribute store (`COMPILED_STEP`), which
+Dynamo replays after the graph without a graph break, a guard or a recompile; so the user's
+compiled regions compile to the same graphs as without the agent. A step that runs compiled has
+no eager moment to fingerprint in: the agent says so once (`notices`, a `notice` event).
+
+Weights are fingerprinted every `param_every` steps, after the steps the server asks for, and
+after the last step as the process closes (`final_weights`): a divergence that starts between two
+weight checks is seen at the end of the run at the latest.
 """
 
 from __future__ import annotations
@@ -90,6 +100,20 @@ def _ddp_params() -> dict[int, str]:
             if p.requires_grad and name not in ignored:
                 out.setdefault(id(p), name)
     return out
+
+
+class _CompiledStep:
+    """Whether an optimizer step ran inside a compiled region (set by the hooks while Dynamo traces)."""
+
+    seen = False
+
+
+COMPILED_STEP = _CompiledStep()
+COMPILED_STEP_NOTICE = (
+    "the optimizer step runs under torch.compile: its gradients are not fingerprinted at each step "
+    "(taking them inside the compiled step would change its graph), nor are its weights. Call "
+    "optimizer.step() outside the compiled region to have its replicas compared."
+)
 
 
 @dataclass
@@ -192,6 +216,8 @@ class GradTracker:
         self._lock = threading.Lock()
         self._handle: RemovableHandle | None = None
         self._post_handle: RemovableHandle | None = None
+        self._told_compiled = False
+        self._weights_taken: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
 
     @property
     def step(self) -> int:
@@ -217,6 +243,9 @@ class GradTracker:
 
     # the hook ------------------------------------------------------------------------
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if torch.compiler.is_compiling():  # traced by Dynamo: leave the user's graph as it is
+            COMPILED_STEP.seen = True
+            return
         try:
             self._on_step(optimizer)
         except Exception:  # never raise into user code
@@ -225,12 +254,32 @@ class GradTracker:
     def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """After the update: weight fingerprints every `param_every` steps (same groups and buckets),
         and after the steps the server asked for."""
+        if torch.compiler.is_compiling():  # traced by Dynamo: leave the user's graph as it is
+            COMPILED_STEP.seen = True
+            return
         try:
             step = self._next_step - 1
             if step >= 0 and (step % self._param_every == 0 or self._asked_now(step)):
                 self._fingerprint(optimizer, step, weights=True)
         except Exception:  # never raise into user code
             pass
+
+    def notices(self) -> list[protocol.Event]:
+        """What the agent could not capture, once per process: a compiled optimizer step."""
+        if not COMPILED_STEP.seen or self._told_compiled:
+            return []
+        self._told_compiled = True
+        return [protocol.Notice(ts=time.time(), code="compiled_optimizer_step", text=COMPILED_STEP_NOTICE)]
+
+    def final_weights(self) -> None:
+        """Weights after the last step, as the process closes, for every optimizer whose weights were
+        not just fingerprinted at that step (the ranks of a run that ends together agree on it)."""
+        step = self._next_step - 1
+        if step < 0 or not self._param_every:
+            return
+        for optimizer in list(self._optimizers):
+            if self._weights_taken.get(optimizer) != step:
+                self._fingerprint(optimizer, step, weights=True)
 
     def weights_at(self, steps: list[int]) -> None:
         """The server wants weight fingerprints after these steps (every rank is asked for the same
@@ -294,6 +343,8 @@ class GradTracker:
     def _fingerprint(self, optimizer: torch.optim.Optimizer, step: int, weights: bool = False) -> None:
         groups = self._groups(optimizer)
         layout = self._buckets(self._optimizers[optimizer], groups)
+        if weights:
+            self._weights_taken[optimizer] = step
         for group, (names, params) in groups.items():
             if weights:
                 pending = bucket_fingerprints([_local(p) for p in params], buckets=layout[group])

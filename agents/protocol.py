@@ -292,6 +292,14 @@ class Dropped(Event, tag="dropped"):
     reason: Short = ""
 
 
+class Notice(Event, tag="notice"):
+    """What the agent could not capture without changing the program it observes, said once per
+    process (`code`: a stable name; `text`: what it means for the checks)."""
+
+    code: Short
+    text: Text = ""
+
+
 class PeerGone(Event, tag="peer_gone"):
     """Another rank of this node whose process vanished without a rank_end (SIGKILL, the OOM killer, a
     crash in native code), as its node's peers saw it go (agents/peers.py); `pid`: the process that went."""
@@ -315,6 +323,7 @@ AnyEvent = (
     | Detail
     | RankEnd
     | Dropped
+    | Notice
     | PeerGone
 )
 EVENT_CLASSES: tuple[type[Event], ...] = get_args(AnyEvent)

@@ -147,7 +147,7 @@ class Transport:
         progress: Callable[[bool], protocol.Event | None] | None = None,
         on_flight_recorder: Callable[[str], bytes] | None = None,
         on_weights: Callable[[list[int]], None] | None = None,
-        peers_gone: Callable[[], list[protocol.PeerGone]] | None = None,
+        peers_gone: Callable[[], list[protocol.Event]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.session = str(uuid.uuid4())

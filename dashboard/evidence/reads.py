@@ -232,6 +232,15 @@ def last_ends(run_id: int, ranks: list[int]) -> dict[int, dict[str, Any]]:
     return dict(rows)
 
 
+def agent_notices(run_id: int) -> list[dict[str, Any]]:
+    """What the run's agents could not capture (`notice` events), once per kind and text, with the
+    ranks that said it: each agent says a thing once, so this reads a handful of rows."""
+    said: dict[tuple[str, str], set[int]] = {}
+    for rank, body in EventLog.objects.filter(run_id=run_id, t="notice").values_list("rank", "body")[:10_000]:
+        said.setdefault((str(body.get("code", "")), str(body.get("text", ""))), set()).add(rank)
+    return [{"code": code, "text": text, "ranks": sorted(ranks)} for (code, text), ranks in sorted(said.items())]
+
+
 def last_end_ts(run_id: int) -> float | None:
     """The agents' clock at the run's last rank_end."""
     last: float | None = (

@@ -19,6 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from dashboard.detection.models import Silence
 from dashboard.detection.verdict import Verdict
+from dashboard.evidence import reads
 from dashboard.tenancy import auth
 from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import BASELINE, READ, RESOLVE, Rank
@@ -215,7 +216,7 @@ def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
     }
     ranks = [rank_json(r) for r in page.ranks]
     body = {**run_json(run, services.verdicts([run])[run.id]), "ranks": ranks, "ranks_page": paging}
-    return JsonResponse({**body, "summary": summary})
+    return JsonResponse({**body, "summary": summary, "notices": reads.agent_notices(run.id)})
 
 
 @api_view

@@ -57,6 +57,24 @@ def test_run_detail_lists_ranks(client, token, diverged_run):
     assert body["summary"]["grad_slots"] == 1
 
 
+def test_what_the_agents_could_not_check_is_said_once_with_its_ranks_in_the_api_and_the_page(
+    client, token, post, diverged_run
+):
+    """A compiled optimizer step has no gradient fingerprints: no silent gap, the run says so."""
+    notice = {"t": "notice", "code": "compiled_optimizer_step", "text": "the optimizer step runs <compiled>"}
+    for rank in (0, 2):
+        assert post(make_batch(run="r-api", rank=rank, seq=1, events=[notice])).status_code == 200
+    body = client.get("/api/v1/runs/r-api", **bearer(token)).json()
+    assert body["notices"] == [
+        {"code": "compiled_optimizer_step", "text": "the optimizer step runs <compiled>", "ranks": [0, 2]}
+    ]
+    member = User.objects.create_user("notice-reader", password="pw")
+    diverged_run.project.members.add(member)
+    client.force_login(member)
+    page = client.get("/runs/r-api/").content.decode()
+    assert "Not checked on ranks 0, 2: the optimizer step runs &lt;compiled&gt;" in page
+
+
 def test_run_alerts_fields(client, token, diverged_run):
     [alert] = client.get("/api/v1/runs/r-api/alerts", **bearer(token)).json()["alerts"]
     for field in (

@@ -29,6 +29,7 @@ from django.views.decorators.http import require_POST
 from dashboard.detection import silences
 from dashboard.detection.models import Alert, Baseline
 from dashboard.detection.verdict import VERDICTS
+from dashboard.evidence import reads
 from dashboard.evidence.models import CompileEvent, GraphBreakEvent, StepReport
 from dashboard.tenancy import access
 from dashboard.tenancy.auth import Principal
@@ -149,6 +150,7 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
             "alerts": alerts,
             "incidents": services.run_incidents(caller, key)[:ALERTS_ON_RUN_PAGE],
             "summary": run_headline_counts(found),
+            "notices": reads.agent_notices(found.id),
             "links": run_links(found),
             "frames": found.compileslot_set.values_list("frame", flat=True).distinct().order_by("frame")[:200],
             "dissent_frames": set(frames_with_dissent),
@@ -242,7 +244,7 @@ def frame(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
 @page
 def alerts(request: HttpRequest, caller: Principal) -> HttpResponse:
     filters = {k: request.GET.get(k, "") for k in ("run", "kind", "severity", "state", "acked")}
-    filters["state"] = filters["state"] or "firing"
+    filters["state"] = filters["state"] or alerting.UNRESOLVED  # what `lockstep check` fails on, after the run too
     active = list(alerting.active_silences(caller))
     shown = list(alerting.alerts_for(caller, filters)[:500])
     webhooks = services.webhook_deliveries(shown)
