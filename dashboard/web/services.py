@@ -189,13 +189,17 @@ def run_incidents(caller: Principal, key: str) -> list[dict[str, Any]]:
 
 
 def visible_incidents(
-    caller: Principal, run_key: str = "", state: str = "firing", limit: int = 100
+    caller: Principal, run_key: str = "", state: str = "unresolved", limit: int = 100
 ) -> list[dict[str, Any]]:
-    """The caller's incidents across runs (or one run's), newest first: the alerts page's head."""
+    """The caller's incidents across runs (or one run's), newest first: the alerts page's head.
+    `unresolved` is firing or ended unresolved (what `lockstep check` counts); "all" or an unknown
+    state, every one."""
     found = Incident.objects.filter(run__project_id__in=caller.project_ids)
     if run_key:
         found = found.filter(run__key=run_key)
-    if state in Incident.State.values:
+    if state == "unresolved":
+        found = found.filter(state__in=incidents.UNRESOLVED)
+    elif state in Incident.State.values:
         found = found.filter(state=state)
     return _incidents_json(found, limit)
 

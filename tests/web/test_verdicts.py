@@ -141,3 +141,25 @@ def test_a_run_with_several_causes_leads_with_the_dead_rank_and_names_the_rest(c
     client.force_login(user)
     said = f'data-verdict="failed">{KILLED}</span>'
     assert said in client.get("/").content.decode() and said in client.get("/runs/killed-rank/").content.decode()
+
+
+def test_the_alerts_page_shows_what_check_counts_after_the_run_ended(client, project, runs):
+    """By default the page lists unresolved alerts and incidents (firing, or ended unresolved), as
+    `lockstep check` counts them: an ended run's divergence is not "No alerts match"."""
+    user = User.objects.create_user("after-the-run", password="pw-after-1")
+    project.members.add(user)
+    client.force_login(user)
+    [alert] = Alert.objects.filter(run=runs["diverged"])
+
+    def listed(query: str) -> tuple[bool, bool]:
+        page = client.get(f"/alerts/{query}").content.decode()
+        return f'data-id="{alert.id}"' in page, f'id="incident-{alert.incident_id}"' in page
+
+    page = client.get("/alerts/").content.decode()
+    assert '<option value="unresolved" selected>' in page and "No alerts match." not in page
+    assert listed("") == (True, True)
+    assert listed("?state=unresolved") == (True, True)
+    assert listed("?state=ended_unresolved") == (True, True)
+    assert listed("?state=firing") == (False, False)
+    assert listed("?state=resolved") == (False, False)
+    assert listed("?state=all") == (True, True)

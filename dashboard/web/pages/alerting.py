@@ -13,9 +13,13 @@ from dashboard.detection import silences
 from dashboard.detection.models import Alert, Silence
 from dashboard.tenancy.auth import Principal
 
+UNRESOLVED = "unresolved"  # the page's default state: firing or ended unresolved, what `lockstep check` counts
+UNRESOLVED_STATES = (Alert.State.FIRING, Alert.State.ENDED_UNRESOLVED)
+
 
 def alerts_for(caller: Principal, filters: dict[str, Any]) -> QuerySet[Alert]:
-    """Alerts of the caller's projects narrowed by the page's filters (run, kind, severity, state, acked)."""
+    """Alerts of the caller's projects narrowed by the page's filters (run, kind, severity, state, acked);
+    `unresolved` (the default) is firing or ended unresolved, a state one of those, anything else all."""
     qs = Alert.objects.filter(run__project_id__in=caller.project_ids).select_related("run", "run__project", "acked_by")
     if filters.get("run"):
         qs = qs.filter(run__key=filters["run"])
@@ -23,8 +27,10 @@ def alerts_for(caller: Principal, filters: dict[str, Any]) -> QuerySet[Alert]:
         qs = qs.filter(kind=filters["kind"])
     if filters.get("severity"):
         qs = qs.filter(severity=filters["severity"])
-    state = filters.get("state", "firing")
-    if state in Alert.State.values:
+    state = filters.get("state", UNRESOLVED)
+    if state == UNRESOLVED:
+        qs = qs.filter(state__in=UNRESOLVED_STATES)
+    elif state in Alert.State.values:
         qs = qs.filter(state=state)
     if filters.get("acked") == "yes":
         qs = qs.filter(acked_at__isnull=False)
