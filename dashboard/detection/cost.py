@@ -451,6 +451,16 @@ def wall_seconds(run: Run, earliest: float | None = None, now: datetime | None =
     return max(0.0, (now - run.started_at).total_seconds())
 
 
+def devices(run: Run) -> str:
+    """What the bill's seconds are seconds of, in words: "GPU" where every rank said it computes on a
+    CUDA device (rank_start's `device`), else "device": a CPU job's bill is no GPU time, and a rank that
+    has not said where it computes may be on either."""
+    said = Rank.objects.filter(run=run).aggregate(
+        ranks=Count("id"), gpus=Count("id", filter=Q(info__device__startswith="cuda"))
+    )
+    return "GPU" if said["ranks"] and said["gpus"] == said["ranks"] else "device"
+
+
 @contextmanager
 def without_collector_pauses() -> Iterator[None]:
     """Python's cycle collector off for the duration. A bill builds tens of thousands of tuples and no

@@ -14,7 +14,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import transaction
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import Count, F, OuterRef, QuerySet, Subquery
+from django.db.models.expressions import OrderBy
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -183,9 +184,15 @@ def run_alerts(caller: Principal, key: str) -> QuerySet[Alert]:
     return run_for(caller, key).alerts.select_related("acked_by", "run")
 
 
+NEWEST_FIRST = (F("opened_at").desc(), F("id").desc())
+IN_STEP_ORDER = (F("root__step").asc(nulls_last=True), F("opened_at").asc(), F("id").asc())
+
+
 def run_incidents(caller: Principal, key: str) -> list[dict[str, Any]]:
-    """The run's incidents, newest first, each with its root and its alerts (one query for all alerts)."""
-    return _incidents_json(Incident.objects.filter(run=run_for(caller, key)))
+    """The run's incidents in step order (root step, none last, then the earliest opened), each with
+    its root and its alerts (one query for all alerts): read top down, the run page and the API tell
+    the run's story as its verdict does, step 5 before step 12."""
+    return _incidents_json(Incident.objects.filter(run=run_for(caller, key)), order=IN_STEP_ORDER)
 
 
 def visible_incidents(
@@ -204,10 +211,12 @@ def visible_incidents(
     return _incidents_json(found, limit)
 
 
-def _incidents_json(queryset: QuerySet[Incident], limit: int | None = None) -> list[dict[str, Any]]:
-    """Newest first, each with its root, its alerts (one query for all alerts) and whether it is
-    `unresolved` (what `lockstep check` fails on until someone acknowledges it)."""
-    found = list(queryset.select_related("root", "acked_by", "run").order_by("-opened_at", "-id")[:limit])
+def _incidents_json(
+    queryset: QuerySet[Incident], limit: int | None = None, order: tuple[OrderBy, ...] = NEWEST_FIRST
+) -> list[dict[str, Any]]:
+    """In `order` (newest first unless told), each with its root, its alerts (one query for all alerts)
+    and whether it is `unresolved` (what `lockstep check` fails on until someone acknowledges it)."""
+    found = list(queryset.select_related("root", "acked_by", "run").order_by(*order)[:limit])
     members: dict[int, list[Alert]] = {i.id: [] for i in found}
     for alert in Alert.objects.filter(incident__in=found).order_by("first_seen", "id"):
         assert alert.incident_id is not None  # filtered on its incident

@@ -26,7 +26,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from dashboard.detection import silences
+from dashboard.detection import cost, silences
 from dashboard.detection.models import Alert, Baseline
 from dashboard.detection.verdict import VERDICTS
 from dashboard.evidence import reads
@@ -150,6 +150,7 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
             "alerts": alerts,
             "incidents": services.run_incidents(caller, key)[:ALERTS_ON_RUN_PAGE],
             "summary": run_headline_counts(found),
+            "device": cost.devices(found),  # what the compile bill's seconds are of: GPU, or device on CPUs
             "notices": reads.agent_notices(found.id),
             "links": run_links(found),
             "frames": found.compileslot_set.values_list("frame", flat=True).distinct().order_by("frame")[:200],

@@ -21,13 +21,17 @@
 
   function hours(seconds) { return (seconds / 3600).toFixed(seconds >= 36 ? 2 : 4); }
 
+  // "GPU" where every rank said it computes on one, else "device" (the page decides: a CPU job's bill is no GPU time)
+  const unit = panel.dataset.device || "device";
+
   function describe(bill) {
-    const parts = [`Compilation cost ${hours(bill.gpu_seconds)} GPU-hours (${bill.gpu_seconds.toFixed(1)} GPU-seconds)`];
-    if (bill.share !== null) parts.push(`${(100 * bill.share).toFixed(1)}% of the run's GPU time`);
-    if (bill.money !== null) parts.push(`${bill.money.toFixed(2)} at ${bill.price_per_gpu_hour} per GPU-hour`);
+    const parts = [`Compilation cost ${hours(bill.gpu_seconds)} ${unit}-hours (${bill.gpu_seconds.toFixed(1)} ${unit}-seconds)`];
+    if (bill.share !== null) parts.push(`${(100 * bill.share).toFixed(1)}% of the run's ${unit} time`);
+    if (bill.money !== null) parts.push(`${bill.money.toFixed(2)} at ${bill.price_per_gpu_hour} per ${unit}-hour`);
     const basis = bill.basis;
-    parts.push(`${basis.measured_units} step(s) measured, ${basis.assumed_units} assumed`);
-    if (bill.savings.hits) parts.push(`warm caches saved ${bill.savings.gpu_seconds.toFixed(1)} GPU-seconds`);
+    parts.push(`${basis.measured_units} step(s) billed from waits the ranks measured (${basis.measured_s.toFixed(1)} ${unit}-seconds), ` +
+               `${basis.assumed_units} assumed: world size × the slowest rank's compile (${basis.assumed_s.toFixed(1)} ${unit}-seconds)`);
+    if (bill.savings.hits) parts.push(`warm caches saved ${bill.savings.gpu_seconds.toFixed(1)} ${unit}-seconds`);
     return parts.join(" · ");
   }
 

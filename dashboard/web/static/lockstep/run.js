@@ -36,6 +36,13 @@
   const incidents = document.getElementById("incidents");
   // as _incident.html says it: an alert of no rank concerns the whole run
   const whose = (ranks) => ranks.length ? `rank${ranks.length === 1 ? "" : "s"} ${ranks.join(", ")}` : "the whole run";
+  // In step order, as the server lists them (no step last; a new incident after those of its step):
+  // the first incident whose root step is later than `li`'s, or null for the end of the list.
+  const stepOf = (el) => el.dataset.step === undefined ? Infinity : Number(el.dataset.step);
+  function laterThan(li) {
+    const step = stepOf(li);
+    return [...incidents.querySelectorAll(":scope > li.incident")].find((other) => stepOf(other) > step) || null;
+  }
   function renderIncident(incident) {
     if (!incidents || !incident.root) return;
     const root = incident.root;
@@ -43,6 +50,7 @@
     li.className = `incident ${incident.severity} ${incident.state}${incident.acked_by ? " acked" : ""}`;
     li.dataset.id = incident.id;
     li.dataset.rootKind = root.kind;
+    if (root.step !== null) li.dataset.step = root.step;
     li.append(span("state", incident.state.replace("_", " ")), span("kind", root.kind),
               span("ranks", `root: ${whose(root.ranks)}`));
     if (root.step !== null) li.append(span("step", `step ${root.step}`));
@@ -74,7 +82,12 @@
     const existing = incidents.querySelector(`li[data-id="${incident.id}"]`);
     const none = incidents.querySelector("li.none");
     if (none) none.remove();
-    if (existing) existing.replaceWith(li); else incidents.prepend(li);
+    if (existing && stepOf(existing) === stepOf(li)) {
+      existing.replaceWith(li);
+      return;
+    }
+    if (existing) existing.remove();
+    incidents.insertBefore(li, laterThan(li));
   }
 
   // Per-rank strip from the aggregated progress message (at most 64 ranks, holders first).
