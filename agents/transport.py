@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.message import Message
+from http.client import HTTPMessage
+from typing import IO
 
 import msgspec
 
@@ -61,13 +63,26 @@ class Reply:
     error: str = ""
 
 
+class _Unfollowed(urllib.request.HTTPRedirectHandler):
+    """A redirect is the answer (an HTTPError of its 3xx), never followed: the token must not go wherever
+    it points (another port, another host), and a batch it sends elsewhere is not the server's."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_Unfollowed())
+
+
 def exchange(url: str, body: bytes, headers: dict[str, str], timeout: float = HTTP_TIMEOUT) -> Reply:
     """POST a JSON body and return the answer whatever it is (the agent and the node relay both send through this)."""
     request = urllib.request.Request(
         url, data=body, headers={"Content-Type": "application/json", **headers}, method="POST"
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _OPENER.open(request, timeout=timeout) as response:
             return Reply(response.status, response.read(), _kept(response.headers))
     except urllib.error.HTTPError as e:
         return Reply(e.code, e.read() if e.fp else b"", _kept(e.headers))
@@ -76,7 +91,7 @@ def exchange(url: str, body: bytes, headers: dict[str, str], timeout: float = HT
 
 
 def _kept(headers: Message[str, str]) -> dict[str, str]:
-    return {k: v for k in ("Content-Type", "Retry-After") if (v := headers.get(k))}
+    return {k: v for k in ("Content-Type", "Retry-After", "Location") if (v := headers.get(k))}
 
 
 def _headers(token: str | None, body: bytes) -> dict[str, str]:
@@ -98,21 +113,28 @@ PROVEN_MALFORMED = (409, 415, 422)  # and a 400 whose JSON error names the faili
 
 
 def classify(reply: Reply) -> Outcome:
-    """Only the server's proof that a batch is malformed lets it leave the spool; any other failure
-    (a rotated token's 401, a proxy's 404 or 413, an outage) keeps it for a retry."""
+    """Only ingest's own reply (a 2xx of its JSON shape) delivers a batch, and only the server's proof
+    that it is malformed lets it leave the spool otherwise; any other answer (a rotated token's 401, a
+    proxy's 404 or 413, a redirect, a login portal's 200 page, an outage) keeps it for a retry."""
     if reply.status == 0:
         return Outcome("retry", detail=reply.error)
-    if reply.status < 400:
-        try:
-            return Outcome("ok", reply=msgspec.json.decode(reply.body, type=protocol.IngestReply))
-        except msgspec.MsgspecError:
-            return Outcome("ok")
+    if 200 <= reply.status < 300 and (accepted := _ingest_reply(reply.body)) is not None:
+        return Outcome("ok", reply=accepted)
     answer = f"HTTP {reply.status}: {reply.body[:300].decode('utf-8', 'replace')}"
+    if "Location" in reply.headers:
+        answer = f"HTTP {reply.status}: a redirect to {reply.headers['Location'][:300]}, not followed"
     if reply.status in PROVEN_MALFORMED or (reply.status == 400 and _names_a_field(reply.body)):
         return Outcome("quarantine", detail=answer)
     if reply.status == 413:
         return Outcome("split", detail=answer)
     return Outcome("retry", delay=_retry_after(reply.headers.get("Retry-After")), detail=answer)
+
+
+def _ingest_reply(body: bytes) -> protocol.IngestReply | None:
+    try:
+        return msgspec.json.decode(body, type=protocol.IngestReply)
+    except msgspec.MsgspecError:
+        return None
 
 
 def _names_a_field(body: bytes) -> bool:

@@ -16,12 +16,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 django_application = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry loaded)
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs the app registry loaded)
 
 from dashboard.apps import bound_sessions  # noqa: E402
-from dashboard.delivery.routing import websocket_urlpatterns  # noqa: E402
+from dashboard.delivery import routing  # noqa: E402
 from dashboard.web.edge import ASGIApp, BodyEdge, ClientAddress  # noqa: E402
 from ingest.door import Door  # noqa: E402
 
@@ -33,7 +31,7 @@ application = ClientAddress(  # the client's address: the socket's peer, or a tr
         {
             # one body reader and limit table (`ingest.bodies`): the door reads its routes' bodies, BodyEdge Django's
             "http": Door(BodyEdge(django_asgi_app)),
-            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+            "websocket": routing.application,  # the Origin (scheme, host and port), the session, the feed
         }
     )
 )

@@ -146,12 +146,14 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into its 429
 ]
 # Login throttling (django-axes, /login/ and /admin/ alike): after LOCKSTEP_LOGIN_FAILURES wrong passwords
-# for one user name, or from one address, every login of that user or from that address is refused
-# (429) for LOCKSTEP_LOGIN_COOLOFF minutes, the right password too. Counted in PostgreSQL: all processes share it.
+# for one user name from one address, or from one address whatever the names, every login of that user
+# from that address, or from that address, is refused (429) for LOCKSTEP_LOGIN_COOLOFF minutes, the right
+# password too. Never per user name alone: anyone who knows a name could lock its user out everywhere.
+# Counted in PostgreSQL: all processes share it.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = int(os.environ.get("LOCKSTEP_LOGIN_FAILURES", "5"))
 AXES_COOLOFF_TIME = float(os.environ.get("LOCKSTEP_LOGIN_COOLOFF", "15")) / 60  # hours
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: per user and per address
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]  # per (user, address) and per address
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
 AXES_CLIENT_IP_CALLABLE = "dashboard.web.middleware.client_ip"  # the edge's address, never a header

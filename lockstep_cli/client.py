@@ -24,7 +24,8 @@ NO_CREDENTIALS = "no credentials: pass --token (or set LOCKSTEP_TOKEN), or run `
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A login answers 302 on success: the answer itself is what counts, not the page it points to."""
+    """A redirect is the answer, never followed: a login answers 302 on success (the answer itself is
+    what counts, not the page it points to), and no token or login may go where a redirect points."""
 
     def redirect_request(
         self,
@@ -69,14 +70,23 @@ class Client:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+            with urllib.request.build_opener(_NoRedirect()).open(request, timeout=TIMEOUT_S) as answer:
                 return _json(answer.read(), path)
         except urllib.error.HTTPError as err:
+            if 300 <= err.code < 400:
+                raise self._redirected(err, path) from None
             if err.code == 401 and not auth:
                 raise CliError(NO_CREDENTIALS, exits.UNAUTHENTICATED) from None
             raise _refusal(err, self.login is not None and "Cookie" in auth) from None
         except (urllib.error.URLError, OSError) as err:
             raise unreachable(self.url, err) from None
+
+    def _redirected(self, err: urllib.error.HTTPError, path: str) -> CliError:
+        return CliError(
+            f"{path}: {err.code} redirected to {err.headers.get('Location', '?')}, not followed (credentials stay "
+            f"with {self.url}; is that the server's own URL?)",
+            exits.SERVER,
+        )
 
     def sign_in(self, user: str, password: str) -> Login:
         """Django's login form, as a browser fills it in: its CSRF cookie first, then the form."""

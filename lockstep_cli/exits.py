@@ -10,7 +10,7 @@ UNAUTHENTICATED = 4  # 401: no token or login, a bad token, an expired login, a 
 FORBIDDEN = 5  # 403: authenticated, but not allowed (e.g. a project token acknowledging)
 NOT_FOUND = 6  # 404: no such run or alert among yours (another project's is the same 404)
 REFUSED = 7  # another 4xx: the server refused the input (e.g. a silence without a valid duration)
-SERVER = 8  # 5xx, or an answer that is not the API's JSON (a proxy's error page)
+SERVER = 8  # 5xx, a redirect (never followed), or an answer that is not the API's JSON (a proxy's error page)
 INTERRUPTED = 130  # Ctrl-C, as for any shell command
 
 

@@ -165,11 +165,14 @@ def _addresses(parts: SplitResult) -> list[str]:
     return [str(a) for a in addresses]
 
 
-# IPv6 addresses that carry an IPv4 one, which a translator or relay on the way turns back into it:
-# NAT64's well-known prefix (RFC 6052, the IPv4 address in the last 32 bits) and 6to4 (`sixtofour`) are
-# judged by the IPv4 address inside; the local-use NAT64 prefix (RFC 8215) leads to the operator's own
-# translators, so never outside. Teredo (2001::/32) is not global to begin with.
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 addresses that carry an IPv4 one, which a translator or relay on the way turns back into it, are
+# judged by the IPv4 address inside: those whose last 32 bits are it (IPv4-mapped, IPv4-compatible of
+# RFC 4291, SIIT's IPv4-translated of RFC 2765, NAT64's well-known prefix of RFC 6052) and 6to4
+# (`sixtofour`). The local-use NAT64 prefix (RFC 8215) leads to the operator's own translators, so
+# never outside. Teredo (2001::/32) is not global to begin with.
+IPV4_IN_LAST_32_BITS = tuple(
+    ipaddress.ip_network(prefix) for prefix in ("::ffff:0:0/96", "::/96", "::ffff:0:0:0/96", "64:ff9b::/96")
+)
 LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
 
 
@@ -177,6 +180,6 @@ def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     if isinstance(address, ipaddress.IPv6Address):
         if address in LOCAL_NAT64:
             return False
-        nat64 = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if address in NAT64 else None
-        address = address.ipv4_mapped or address.sixtofour or nat64 or address
+        inside = any(address in prefix for prefix in IPV4_IN_LAST_32_BITS)
+        address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if inside else address.sixtofour or address
     return address.is_global and not address.is_multicast

@@ -1,6 +1,7 @@
 """Sender against a local stub server: retries, ordering, Retry-After, spool, upload, offline."""
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from agents.config import resolve
 from agents.graph_texts import GraphTexts
 from agents.spool import list_batches
 from agents.transport import Transport
+from tests.canned import Canned
 
 from .conftest import REPO, events_of, read_spool
 
@@ -107,6 +109,45 @@ def test_refusals_that_prove_nothing_keep_the_batch_and_retry(tmp_path, stub, st
     assert _steps(stub.accepted) == list(range(6))
     assert t.stats["dropped_events"] == 0 and not (tmp_path / "spool" / "quarantine").exists()
     assert not read_spool(str(tmp_path / "spool"))
+
+
+@pytest.fixture
+def elsewhere():
+    """Another server, on another port, that answers anything as ingest would: where a redirect points."""
+    server = Canned(200, {"Content-Type": "application/json"}, json.dumps({"accepted": 1}).encode())
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("status", [307, 308, 302])
+def test_a_redirect_keeps_the_batch_and_takes_the_token_nowhere(tmp_path, stub, elsewhere, status):
+    """A redirect is not the server taking the batch, and it is never followed (was: a 307 or 308
+    dropped the batch from the spool; a 302 was followed as a GET, with the token, to the other server)."""
+    stub.script = [(status, {"Location": elsewhere.url + "/api/v1/ingest"})] * 2
+    t = _transport(tmp_path, stub.url)
+    _send_steps(t, range(6), pause=0.02)
+    t.close(timeout=10)
+    assert [b.seq for _, b in stub.requests[:3]] == [0, 0, 0]  # redirected twice, then taken
+    assert _steps(stub.accepted) == list(range(6)) and t.stats["dropped_events"] == 0
+    assert elsewhere.requests == []  # neither the batch nor the Authorization header went there
+
+
+@pytest.mark.parametrize(
+    "content_type, body",
+    [("text/html", b"<html><form action='/sso'>Sign in</form></html>"), ("application/json", b'{"ok": true}')],
+)
+def test_a_200_that_is_not_an_ingest_reply_keeps_the_batch(tmp_path, content_type, body):
+    """A login portal or a proxy answering 200 with a page of its own has not stored anything (was: the
+    batch counted as delivered and left the spool)."""
+    portal = Canned(200, {"Content-Type": content_type}, body)
+    try:
+        t = _transport(tmp_path, portal.url)
+        _send_steps(t, range(4))
+        t.close(timeout=1)
+    finally:
+        portal.close()
+    assert portal.requests and t.stats["sent_batches"] == 0 and t.stats["dropped_events"] == 0
+    assert _steps(read_spool(str(tmp_path / "spool"))[2]) == list(range(4))
 
 
 def test_a_413_splits_the_batch_until_it_fits(tmp_path, stub):

@@ -1,6 +1,6 @@
 """Issue 29, the rules that need no running server (Django's test client, the real views): silence
-scope (8), login throttling per user (9), the demo login (11), the one visibility rule (12) and
-the Content-Security-Policy (13). The server-edge items are in test_edge.py."""
+scope (8), login throttling per address (9; issue 51, item 11), the demo login (11), the one
+visibility rule (12) and the Content-Security-Policy (13). The server-edge items are in test_edge.py."""
 
 from __future__ import annotations
 
@@ -56,15 +56,20 @@ def test_a_silence_naming_a_project_that_is_not_the_callers_is_a_404_never_a_fal
 # item 9 ------------------------------------------------------------------------------------------
 
 
-def test_wrong_passwords_lock_the_user_out_from_every_address(settings):
+def test_wrong_passwords_lock_out_their_address_never_the_user_elsewhere(settings):
+    """Counted per (user, address) and per address, never per user name alone (issue 51, item 11; was:
+    wrong passwords from anywhere locked the user out from every address: knowing a name was enough)."""
     User.objects.create_user("target", password="right-password")
-    for i in range(settings.AXES_FAILURE_LIMIT):
-        Client(REMOTE_ADDR=f"203.0.113.{i}").post("/login/", {"username": "target", "password": f"guess-{i}"})
-    elsewhere = Client(REMOTE_ADDR="198.51.100.7").post("/login/", {"username": "target", "password": "right-password"})
-    assert elsewhere.status_code == 429
-    other = Client(REMOTE_ADDR="198.51.100.7")
     User.objects.create_user("someone", password="their-password")
-    assert other.post("/login/", {"username": "someone", "password": "their-password"}).status_code == 302
+    for i in range(settings.AXES_FAILURE_LIMIT):
+        Client(REMOTE_ADDR="203.0.113.9").post("/login/", {"username": "target", "password": f"guess-{i}"})
+    guesser = Client(REMOTE_ADDR="203.0.113.9")
+    assert guesser.post("/login/", {"username": "target", "password": "right-password"}).status_code == 429
+    assert guesser.post("/login/", {"username": "someone", "password": "their-password"}).status_code == 429
+    for i in range(settings.AXES_FAILURE_LIMIT):  # one wrong password from each of as many addresses
+        Client(REMOTE_ADDR=f"198.51.100.{i}").post("/login/", {"username": "target", "password": f"guess-{i}"})
+    elsewhere = Client(REMOTE_ADDR="192.0.2.7").post("/login/", {"username": "target", "password": "right-password"})
+    assert elsewhere.status_code == 302
 
 
 # item 11 -----------------------------------------------------------------------------------------

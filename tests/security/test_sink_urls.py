@@ -41,6 +41,10 @@ PRIVATE = [
     "http://[2002:a00:5::1]/",  # 6to4 of 10.0.0.5
     "http://[2002:c0a8:101::]/",  # 6to4 of 192.168.1.1
     "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/",  # Teredo
+    "http://[::7f00:1]/",  # IPv4-compatible 127.0.0.1
+    "http://[::a9fe:a9fe]/",  # IPv4-compatible 169.254.169.254
+    "http://[::ffff:0:7f00:1]/",  # SIIT's IPv4-translated 127.0.0.1
+    "http://[::ffff:0:a00:5]/",  # SIIT's IPv4-translated 10.0.0.5
 ]
 
 
@@ -69,6 +73,7 @@ def test_a_private_destination_is_refused_when_saved(project, settings, url):
     Webhook(project=project, kind="json", url="https://93.184.215.14/hook").clean()  # a public address is fine
     Webhook(project=project, kind="json", url="https://[64:ff9b::5db8:d70e]/hook").clean()  # NAT64 of the same
     Webhook(project=project, kind="json", url="https://[2002:5db8:d70e::1]/hook").clean()  # 6to4 of the same
+    Webhook(project=project, kind="json", url="https://[::ffff:0:5db8:d70e]/hook").clean()  # SIIT of the same
     with pytest.raises(ValidationError, match="http"):
         Webhook(project=project, kind="json", url="file:///etc/passwd").clean()
 
