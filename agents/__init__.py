@@ -215,7 +215,8 @@ class Agent:
             if self.progress:
                 self.progress.stop()
             self.grads.uninstall()
-            self.grads.final_weights()
+            if self._end[0] == "ok":  # a signal or an exception may have stopped a step halfway through its update
+                self.grads.final_weights()
             self.grads.drain(block=True)
             for notice in self.grads.notices():
                 self._emit(notice)

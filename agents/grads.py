@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 from agents import protocol
@@ -215,7 +215,6 @@ class GradTracker:
         self._weights_asked: set[int] = set()  # steps the server asked weight fingerprints after (`weights_at`)
         self._lock = threading.Lock()
         self._handle: RemovableHandle | None = None
-        self._post_handle: RemovableHandle | None = None
         self._told_compiled = False
         self._weights_taken: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
 
@@ -231,38 +230,34 @@ class GradTracker:
         track_ddp()
         _scan_ddp()  # at attach, never inside a training step: DDP modules made before the hook
         self._handle = register_optimizer_step_pre_hook(self._hook)
-        if self._param_every:
-            self._post_handle = register_optimizer_step_post_hook(self._post_hook)
 
     def uninstall(self) -> None:
-        for name in ("_handle", "_post_handle"):
-            handle = getattr(self, name)
-            if handle is not None:
-                handle.remove()
-                setattr(self, name, None)
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
     # the hook ------------------------------------------------------------------------
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Before the update: the weights as the previous step left them, then the gradients.
+
+        One pre-hook and no post-hook: torch runs post-hooks after the step's last graph break, so a
+        traced one (even one that does nothing) turns that graphless frame into a 0-op graph."""
         if torch.compiler.is_compiling():  # traced by Dynamo: leave the user's graph as it is
             COMPILED_STEP.seen = True
             return
         try:
+            self._weights_before(optimizer)
             self._on_step(optimizer)
         except Exception:  # never raise into user code
             pass
 
-    def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """After the update: weight fingerprints every `param_every` steps (same groups and buckets),
-        and after the steps the server asked for."""
-        if torch.compiler.is_compiling():  # traced by Dynamo: leave the user's graph as it is
-            COMPILED_STEP.seen = True
-            return
-        try:
-            step = self._next_step - 1
-            if step >= 0 and (step % self._param_every == 0 or self._asked_now(step)):
+    def _weights_before(self, optimizer: torch.optim.Optimizer) -> None:
+        """Weight fingerprints after the previous step, every `param_every` steps (same groups and
+        buckets) and after the steps the server asked for, taken before this step changes them."""
+        step = self._next_step - 1
+        if step >= 0 and self._param_every and (step % self._param_every == 0 or self._asked_now(step)):
+            if optimizer in self._optimizers:  # it took part before: its weights are that step's
                 self._fingerprint(optimizer, step, weights=True)
-        except Exception:  # never raise into user code
-            pass
 
     def notices(self) -> list[protocol.Event]:
         """What the agent could not capture, once per process: a compiled optimizer step."""
@@ -284,9 +279,8 @@ class GradTracker:
     def weights_at(self, steps: list[int]) -> None:
         """The server wants weight fingerprints after these steps (every rank is asked for the same
         ones, so their slots compare); a step already past is never taken: the ranks could not agree on it.
-        Called from the sender thread. Without weight fingerprints (LOCKSTEP_PARAM_EVERY=0) there is no
-        hook to answer them: nothing is kept."""
-        if self._post_handle is None:
+        Called from the sender thread. Without weight fingerprints (LOCKSTEP_PARAM_EVERY=0) nothing is kept."""
+        if not self._param_every:
             return
         with self._lock:
             self._weights_asked.update(s for s in steps if s >= self._next_step)

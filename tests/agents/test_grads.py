@@ -27,13 +27,14 @@ def _train(tracker_kwargs, steps=5, poison_step=None):
                 model[0].weight.grad[0, 0] = float("nan")
             opt.step()
             weights[step] = [p.detach().clone() for p in model.parameters()]
+        tracker.final_weights()
         tracker.drain(block=True)
     finally:
         tracker.uninstall()
     return events, weights
 
 
-def test_param_events_every_k_steps_from_the_post_hook():
+def test_param_events_every_k_steps_before_the_next_update_and_after_the_last_step():
     events, weights = _train({"grad_every": 1, "param_every": 2}, steps=5)
     params = [e for e in events if isinstance(e, protocol.Param)]
     assert [p.step for p in params] == [0, 2, 4] and {p.group for p in params} == {"local"}
@@ -64,6 +65,14 @@ def test_weights_are_fingerprinted_after_the_steps_the_server_asks_for():
     assert [e.step for e in events if isinstance(e, protocol.Param)] == [0, 4]
 
 
+def test_weights_after_the_last_step_are_fingerprinted_whatever_param_every():
+    """A run of 24 steps with weight checks every 50: its weights are still compared, at its end."""
+    events, weights = _train({"grad_every": 1, "param_every": 50}, steps=24)
+    params = [e for e in events if isinstance(e, protocol.Param)]
+    assert [p.step for p in params] == [0, 23]
+    assert params[-1].fps == bucket_fingerprints(weights[23], 16).result()[1]
+
+
 def test_param_every_zero_disables_and_stats_count_nonfinite():
     events, _ = _train({"grad_every": 1, "param_every": 0}, steps=3, poison_step=1)
     assert not [e for e in events if isinstance(e, protocol.Param)]
@@ -91,7 +100,7 @@ for shape in ((1,), (1, 1)):
     m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
     fully_shard(m, mesh=init_device_mesh("cpu", shape, mesh_dim_names=("rep", "shard")[-len(shape):]))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    m(torch.randn(3, 8)).sum().backward(); opt.step(); t.drain(); t.uninstall()
+    m(torch.randn(3, 8)).sum().backward(); opt.step(); t.final_weights(); t.drain(); t.uninstall()
     print("GROUPS", shape, sorted({(type(e).__name__, e.group) for e in events
                                    if isinstance(e, (protocol.Grad, protocol.Param))}))
 dist.destroy_process_group()

@@ -28,6 +28,7 @@ STEPS = 4
 class Traced:
     graphs: list[str]  # each graph's code, in the order Dynamo compiled them (a recompile is one more)
     breaks: Counter[str]  # graph break reasons
+    frames: list[tuple[str, int | None]]  # every frame Dynamo compiled and its op count (None: no graph)
 
 
 class Blocks(torch.nn.Module):
@@ -118,12 +119,14 @@ def trace(make: Callable[[Callable], Callable[[torch.Tensor], None]]) -> Traced:
         return gm.forward
 
     torch._dynamo.reset()
+    torch._dynamo.utils.clear_compilation_metrics()
     counters.clear()
     torch.manual_seed(0)
     step = make(record)
     for i in range(STEPS):
         step(torch.randn(8 if i < 2 else 12, 32))  # a new batch size at step 2: a recompile to match
-    return Traced(graphs, Counter(counters["graph_break"]))
+    frames = [(m.co_name or "", m.graph_op_count) for m in torch._dynamo.utils.get_compilation_metrics()]
+    return Traced(graphs, Counter(counters["graph_break"]), frames)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -138,6 +141,7 @@ def test_the_same_graphs_breaks_and_recompiles_with_the_agent_attached(pattern, 
     assert bare.graphs, "the pattern compiled nothing: it proves nothing"
     assert watched.graphs == bare.graphs
     assert watched.breaks == bare.breaks
+    assert watched.frames == bare.frames  # not even a frame without a graph becomes a 0-op one
     events = [e for batches in read_spool(str(tmp_path)).values() for e in events_of(batches)]
     kinds = {type(e).__struct_config__.tag for e in events}
     if seen_as == "grad":  # the step ran eagerly: fingerprinted at every step
