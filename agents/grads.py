@@ -4,7 +4,8 @@ A global optimizer step pre-hook sees the final gradients (after DDP's all-reduc
 the update. Step numbering: every `optimizer.step()` call is one step, counted from 0 per
 process; `set_step(n)` makes the next call step n. Parameters managed by a
 DistributedDataParallel module form group "ddp" (true replicas, compared across ranks); all
-other parameters form group "local" (never compared across ranks). With several optimizers,
+other parameters form group "local", named by their module path, which the server compares only
+once their gradients agree on every rank (a data parallelism of the job's own). With several optimizers,
 the k-th one seen (k >= 1) gets groups "ddp.k" / "local.k".
 
 No device synchronization inside the step: fingerprints travel to the host with one async
@@ -114,6 +115,44 @@ COMPILED_STEP_NOTICE = (
     "(taking them inside the compiled step would change its graph), nor are its weights. Call "
     "optimizer.step() outside the compiled region to have its replicas compared."
 )
+
+
+def _module_paths(wanted: set[int]) -> dict[int, str]:
+    """id(param) -> its path in the outermost module holding it ("layers.0.weight"), for parameters no
+    DDP module names (a hand-written all-reduce, Megatron-LM, DeepSpeed): one walk of the heap, once per
+    optimizer layout, and only for such parameters. Wrappers' own prefixes (torch.compile's
+    `_orig_mod`) are left out; Dynamo's graph modules, which hold the parameters too, are skipped."""
+    import torch.fx
+
+    modules = [
+        o
+        for o in gc.get_objects()
+        if issubclass(type(o), torch.nn.Module) and not issubclass(type(o), torch.fx.GraphModule)
+    ]
+    parent: dict[int, tuple[torch.nn.Module, str]] = {}
+    for module in modules:
+        for name, child in module.named_children():
+            parent.setdefault(id(child), (module, name))
+    paths: dict[int, str] = {}
+    for module in modules:
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in wanted and id(p) not in paths and (path := _path_up(module, parent)):
+                paths[id(p)] = ".".join(path + [name])  # (a bare "weight" names nothing: left out)
+    return paths
+
+
+def _path_up(module: torch.nn.Module, parent: dict[int, tuple[torch.nn.Module, str]]) -> list[str]:
+    """The names from the outermost module down to `module`, wrappers' `_orig_mod` left out."""
+    parts: list[str] = []
+    seen = {id(module)}
+    while id(module) in parent:
+        module, name = parent[id(module)]
+        if id(module) in seen:  # a module that holds itself somewhere below
+            break
+        seen.add(id(module))
+        if name != "_orig_mod":
+            parts.append(name)
+    return parts[::-1]
 
 
 @dataclass
@@ -246,17 +285,18 @@ class GradTracker:
             COMPILED_STEP.seen = True
             return
         try:
-            self._weights_before(optimizer)
+            self._weights_before()
             self._on_step(optimizer)
         except Exception:  # never raise into user code
             pass
 
-    def _weights_before(self, optimizer: torch.optim.Optimizer) -> None:
+    def _weights_before(self) -> None:
         """Weight fingerprints after the previous step, every `param_every` steps (same groups and
-        buckets) and after the steps the server asked for, taken before this step changes them."""
+        buckets) and after the steps the server asked for, taken before this step changes any: of
+        every optimizer that stepped before (with several, the previous step may have been another's)."""
         step = self._next_step - 1
         if step >= 0 and self._param_every and (step % self._param_every == 0 or self._asked_now(step)):
-            if optimizer in self._optimizers:  # it took part before: its weights are that step's
+            for optimizer in list(self._optimizers):
                 self._fingerprint(optimizer, step, weights=True)
 
     def notices(self) -> list[protocol.Event]:
@@ -322,6 +362,8 @@ class GradTracker:
     def _make_groups(self, optimizer: torch.optim.Optimizer, k: int) -> Groups:
         suffix = f".{k}" if k else ""
         ddp = _ddp_params()
+        unnamed = {id(p) for g in optimizer.param_groups for p in g["params"] if id(p) not in ddp}
+        paths = _module_paths(unnamed) if unnamed else {}
         groups: Groups = {}
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
@@ -329,7 +371,7 @@ class GradTracker:
                 shard = _dtensor_group(p) if name is None else None
                 key = (shard or ("ddp" if name is not None else "local")) + suffix
                 names, params = groups.setdefault(key, ([], []))
-                names.append(name if name is not None else f"group{gi}.{pi}")
+                names.append(name if name is not None else paths.get(id(p), f"group{gi}.{pi}"))
                 params.append(p)
         return groups
 

@@ -9,12 +9,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.detection import baseline, detail, lifecycle, ranks, subjects
+from dashboard.detection import baseline, detail, lifecycle, ranks, replicas, subjects
 from dashboard.detection.consensus import Consensus, consensus
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import CompileSlotView, Finding, GradSlotView, clean_subjects, evaluate, position
 from dashboard.evidence import reads
 from dashboard.ledger.models import CompileSlot, GradSlot
+from dashboard.ledger.slots import replicated
 from dashboard.tenancy.models import Rank
 
 
@@ -55,6 +56,8 @@ def settle_grad(slot_id: int) -> list[int]:
         if slot is None or not slot.pending:
             return []
         reports = reads.grad_reports(slot.run_id, slot.step, slot.group)
+        if not replicas.compared(slot.run, slot.step, slot.group):
+            return _set_aside(slot, len(reports))
         verdict = consensus({r: tuple(g.fps) for r, g in reports.items()}) if reports else None
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
         off_baseline = verdict is not None and ref is not None and tuple(verdict.reference) != tuple(ref)
@@ -63,6 +66,8 @@ def settle_grad(slot_id: int) -> list[int]:
         if reports and all(r.nonfinite for r in reports.values()):  # NaN everywhere: whose loss went first?
             view.nonfinite_losses = reads.first_nonfinite_losses(slot.run_id, slot.step)
         changed, findings = _conclude(slot, view, verdict, len(reports))
+        if verdict is not None and not replicated(slot.group) and replicas.averaged(reports, slot.run.world_size):
+            _keep_evidence(slot)
         if changed:  # an alert is new or changed: its first step may need naming (not on every later step)
             kinds = {f.kind for f in findings}
             if "grad_divergence" in kinds:
@@ -72,6 +77,20 @@ def settle_grad(slot_id: int) -> list[int]:
             if "baseline_divergence" in kinds and ref_key is not None:
                 baseline.name_buckets(slot.run, ref_key, slot.group, slot.step)
         return changed
+
+
+def _set_aside(slot: GradSlot, n_reports: int) -> list[int]:
+    """A slot of parameters with no evidence of replication: settled, compared with nothing."""
+    slot.settled_at = timezone.now()
+    slot.settled_n = max(slot.reported, n_reports)
+    slot.save(update_fields=["settled_at", "settled_n"])
+    return []
+
+
+def _keep_evidence(slot: GradSlot) -> None:
+    """This step showed the "local" group's gradients averaged: later slots find it (`replicas.compared`)."""
+    slot.consensus = {**slot.consensus, "replicas": True}
+    slot.save(update_fields=["consensus"])
 
 
 def _layout(run_id: int, verdict: Consensus[tuple[int, ...]]) -> dict[int, dict[str, Any]]:

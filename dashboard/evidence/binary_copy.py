@@ -32,7 +32,6 @@ import psycopg.types.json
 from django.db import connection
 
 from agents import protocol
-from dashboard.ledger import slots
 
 HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 TRAILER = struct.pack(">h", -1)
@@ -183,7 +182,7 @@ class GradEvents:
     packed: list[protocol.Grads]
     listed: list[protocol.Grad]  # `grad` events and weight fingerprints (`_weights_as_grad`)
     rows: int = field(init=False)  # rank-steps: a `grads` event counts each of its steps
-    groups: list[tuple[str, list[int]]] = field(init=False)  # replicated groups, their sorted distinct steps
+    groups: list[tuple[str, list[int]]] = field(init=False)  # each group, its sorted distinct steps
 
     def __post_init__(self) -> None:
         self.rows = sum(e.steps for e in self.packed) + len(self.listed)
@@ -193,7 +192,7 @@ class GradEvents:
         """What `slots.grad_reports_params` takes."""
         if len(self.packed) == 1 and not self.listed:  # the steady state
             e = self.packed[0]
-            return [(e.group, list(e.step_numbers()))] if slots.replicated(e.group) else []
+            return [(e.group, list(e.step_numbers()))]
         steps: dict[str, list[Iterable[int]]] = {}
         for e in self.packed:
             steps.setdefault(e.group, []).append(e.step_numbers())
@@ -201,8 +200,6 @@ class GradEvents:
             steps.setdefault(g.group, []).append((g.step,))
         out = []
         for group in sorted(steps):
-            if not slots.replicated(group):
-                continue
             pieces = steps[group]
             if len(pieces) == 1 and isinstance(pieces[0], range) and pieces[0].step > 0:
                 out.append((group, list(pieces[0])))

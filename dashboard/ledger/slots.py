@@ -38,7 +38,8 @@ PARAM_PREFIX = "param:"  # weight fingerprints are stored as grad slots of group
 
 
 def replicated(group: str) -> bool:
-    """Only groups the agent saw evidence of replication for are compared across ranks."""
+    """Whether the agent knows the group's parameters are replicas (DDP's, a replicated DTensor's);
+    the others ("local") are compared once they behave as replicas (`dashboard.detection.replicas`)."""
     return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 

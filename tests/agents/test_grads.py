@@ -257,3 +257,19 @@ def test_a_non_finite_loss_is_flagged_not_lost_as_null():
         (4, None, True),
         (5, 1.5, False),
     ]
+
+
+def test_parameters_outside_ddp_are_named_by_their_module_path():
+    """A data parallelism of the job's own (a hand-written all-reduce) names parameters as DDP would."""
+    events: list = []
+    tracker = GradTracker(events.append, grad_every=1, param_every=0, on_layout=lambda names, _: events.append(names))
+    tracker.install()
+    model = torch.compile(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)), backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    finally:
+        tracker.uninstall()
+    [names] = [e for e in events if isinstance(e, list)]
+    assert names == ["local:0.weight", "local:0.bias", "local:2.weight", "local:2.bias"]

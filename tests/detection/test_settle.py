@@ -57,10 +57,13 @@ def test_one_desync_over_many_steps_is_one_alert(post):
     assert (alert.step, alert.count, alert.ranks) == (0, 4, [2])
 
 
-def test_local_groups_are_never_compared(post):
+def test_local_groups_whose_gradients_never_agreed_are_never_compared(post):
     for rank in range(3):
-        send(post, rank, 0, [{"t": "grad", "step": 0, "group": "local", "fps": [rank]}])
-    assert GradSlot.objects.count() == 0
+        send(post, rank, 0, [{"t": "grad", "step": 0, "group": "local", "fps": [rank], "norm": 1.0}])
+    slot = GradSlot.objects.get()
+    assert settle.settle_grad(slot.id) == []
+    slot.refresh_from_db()
+    assert slot.settled_at is not None and slot.dissenters == [] and not Alert.objects.exists()
 
 
 def test_recompile_on_one_rank_settles_after_the_timeout(post, settings):
@@ -108,9 +111,11 @@ def test_weight_fingerprints_settle_as_param_slots(post):
                 {"t": "param", "step": 0, "group": "local", "fps": [rank]},
             ],
         )
-    [slot] = GradSlot.objects.all()
+    slot, local = GradSlot.objects.order_by("group")
     assert (slot.group, slot.step, slot.reported) == ("param:ddp", 50, 3)
+    assert local.group == "param:local"  # never compared: no gradient showed these ranks are replicas
     settle.settle_grad(slot.id)
+    settle.settle_grad(local.id)
     alert = Alert.objects.get()
     assert (alert.kind, alert.ranks, alert.step) == ("param_divergence", [0], 50)
 
