@@ -136,9 +136,13 @@ def run_script(script: str, args: list[str]) -> int:
 
     if args[:1] == ["--"]:
         args = args[1:]
+    from agents.crash import StderrTail
+
     agent = agents.attach()
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    stderr = StderrTail(sys.stderr)
+    sys.stderr = stderr  # a stand-in that writes through
     code, status, reason = 0, "ok", None
     try:
         runpy.run_path(script, run_name="__main__")
@@ -147,6 +151,8 @@ def run_script(script: str, args: list[str]) -> int:
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
         status = "ok" if code == 0 else "error"
+        if code != 0:  # why it exited: argparse and config checks print it, then exit
+            reason = f"SystemExit({code}): {stderr.last_words() or 'no message'}"
     except KeyboardInterrupt:
         code, status, reason = 130, "signal", "KeyboardInterrupt"
     except BaseException as e:

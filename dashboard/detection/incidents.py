@@ -12,7 +12,8 @@ find symptoms, one alert each; this module decides which symptoms share a cause:
   compile) and its cause (a rank's recompile or other graph at the same or an earlier step) share
   one incident whichever arrived first: a recompile reported 10 s after the baseline divergence it
   explains re-roots that incident (one page, updated) instead of opening a second. NaN gradients
-  on one rank, spread to every rank by the next all-reduce, are likewise one incident.
+  on one rank, spread to every rank by the next all-reduce, are likewise one incident, and so are
+  ranks that all crash alike and the divergence of their gradients in the step before.
 - Otherwise an alert joins the open incident of the same ranks (the dissenters: a rank that
   recompiled alone, then straggles, then holds other gradients is one story), or opens one.
 
@@ -176,7 +177,12 @@ def explains(cause: Alert, symptom: Alert) -> bool:
     explains a symptom of no ranks (the run against its baseline) or of the cause's ranks, or one
     that could not say which of its ranks is off (no majority: `details["tie"]`) and holds the
     cause's ranks. NaN gradients on some ranks explain NaN gradients on every rank later (their NaN
-    weights went into the all-reduce), and those ranks' gradients or weights differing from the others'."""
+    weights went into the all-reduce), and those ranks' gradients or weights differing from the others'.
+    Ranks that all crash alike in a step account for their gradients or weights differing in the step
+    before (DDP with an unused parameter: the reduction of step 0 never finished, then every rank
+    raises "Expected to have finished reduction" in step 1)."""
+    if cause.kind == "rank_crashed" and symptom.kind in NAN_SPREADS:
+        return _crash_explains(cause, symptom)
     if cause.step is None or symptom.step is None or cause.step > symptom.step:
         return False
     if cause.kind == "nonfinite_grad" and not _everywhere(cause):
@@ -187,6 +193,18 @@ def explains(cause: Alert, symptom: Alert) -> bool:
         return False
     mine, theirs = set(cause.ranks), set(symptom.ranks)
     return not theirs or theirs <= mine or (bool((symptom.details or {}).get("tie")) and mine <= theirs)
+
+
+def _crash_explains(crash: Alert, divergence: Alert) -> bool:
+    """The divergence is of step S - 1 or S of a crash in step S, and either it names only ranks that
+    crashed alike (`details["alike"]`) or it found no majority (every rank differs: `details["tie"]`)
+    and names the crashed rank: the first of the ranks to crash alike is seen alone."""
+    if crash.step is None or divergence.step is None or not crash.step - 1 <= divergence.step <= crash.step:
+        return False
+    crashed = set((crash.details or {}).get("alike") or crash.ranks)
+    ranks = set(divergence.ranks)
+    tie = bool((divergence.details or {}).get("tie"))
+    return bool(ranks) and (ranks <= crashed if len(crashed) > 1 else tie and crashed <= ranks)
 
 
 def _everywhere(alert: Alert) -> bool:

@@ -64,6 +64,17 @@ def test_run_reports_script_failure_in_rank_end(tmp_path):
     assert events[-1].exc_type == "ValueError" and events[-1].where.endswith("boom.py:3 <module>")
 
 
+def test_a_script_that_exits_by_itself_says_why_in_rank_end(tmp_path):
+    """argparse exits 2 on a mistyped argument and says why only on stderr: rank_end carries it."""
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--lr')\np.parse_args()\n")
+    rc, out = _run([sys.executable, "-m", "agents", "run", str(script), "--lrr", "3"], _env(tmp_path))
+    assert rc == 2 and "unrecognized arguments: --lrr 3" in out  # the job's stderr is as it was
+    end = events_of(read_spool(str(tmp_path / "spool"))[0])[-1]
+    assert (end.status, end.exit_code) == ("error", 2)
+    assert end.reason.startswith("SystemExit(2): usage:") and end.reason.endswith("unrecognized arguments: --lrr 3")
+
+
 def test_sigterm_while_closing_after_an_error_still_sends_rank_end(tmp_path):
     """torchrun stops the surviving ranks right after one fails: a rank whose gloo call just raised
     "Connection reset by peer" gets SIGTERM while its excepthook is closing the agent. The handler

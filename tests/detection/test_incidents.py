@@ -260,3 +260,23 @@ def test_nan_spread_settled_before_its_origin_is_still_one_incident_rooted_at_th
         "nonfinite_grad",
         "nonfinite_grad",
     ]
+
+
+def test_a_divergence_on_every_rank_in_the_step_before_they_all_crash_alike_is_that_crash(run):
+    """DDP with an unused parameter: step 0's reduction never finished (gradients of both ranks differ,
+    no majority), then every rank raises "Expected to have finished reduction" in step 1."""
+    two = Run.objects.create(project=run.project, key="job-2", world_size=2)
+    reason = "RuntimeError: Expected to have finished reduction in the prior iteration"
+    crashes = {r: crash(reason=reason, ended_at=1000.0 + r, last_step=0, compiled=None) for r in (0, 1)}
+    apply(two, finding("grad_divergence", (0, 1), "group:ddp", step=0, tie=True))
+    apply(two, *findings_of(ended({0: crashes[0]}, live={1: 1.0}), "rank_crashed"))  # rank 0's, seen alone
+    apply(two, *findings_of(ended(crashes), "rank_crashed"))
+    [incident] = pages(two)
+    assert incident.root.kind == "rank_crashed" and incident.as_json()["root"]["ranks"] == [0, 1]
+    assert sorted(a.kind for a in incident.alerts.all()) == ["grad_divergence", "rank_crashed"]
+
+
+def test_a_divergence_steps_before_a_common_crash_is_its_own_incident(run):
+    apply(run, finding("grad_divergence", (1,), "group:ddp", step=2))
+    apply(run, finding("rank_crashed", (0, 1, 2), "error:9:RuntimeError", step=9, alike=[0, 1, 2]))
+    assert sorted(i.root.kind for i in pages(run)) == ["grad_divergence", "rank_crashed"]

@@ -224,3 +224,23 @@ def test_ranks_that_failed_alike_stay_one_alert_whichever_report_comes_first():
 def test_the_same_error_in_another_step_or_another_error_is_another_finding():
     crashes = {0: crash(), 1: crash(last_step=5), 2: crash(reason="ValueError: bad batch")}
     assert sorted(f.ranks for f in findings_of(ended(crashes), "rank_crashed")) == [(0,), (1,), (2,)]
+
+
+def test_every_rank_exiting_alike_by_itself_is_one_alert_with_what_it_printed():
+    """A mistyped argument: argparse exits 2 on every rank; the zero-code agent carries its last words."""
+    said = "SystemExit(2): usage: train.py [-h] [--lr LR]\ntrain.py: error: unrecognized arguments: --lrr 3"
+    crashes = {
+        r: crash(exit_code=2, reason=said, exc_type=None, where=None, ended_at=1000.0 + r, last_step=None)
+        for r in range(3)
+    }
+    [f] = findings_of(ended(crashes), "rank_crashed")
+    assert f.ranks == (0, 1, 2) and f.severity == "critical"
+    assert f.message.startswith("Ranks 0-2 raised the same error: SystemExit(2): usage")
+    assert "unrecognized arguments: --lrr 3" in f.message
+    assert "exited by itself with code 2" in f.details["hint"] and "named frame" not in f.details["hint"]
+
+
+def test_every_rank_exiting_with_the_same_code_and_no_message_is_one_alert():
+    crashes = {r: crash(exit_code=3, reason=None, exc_type=None, where=None, last_step=4) for r in range(3)}
+    [f] = findings_of(ended(crashes), "rank_crashed")
+    assert f.ranks == (0, 1, 2) and f.message.startswith("Ranks 0-2 exited alike, with code 3 (step 5)")

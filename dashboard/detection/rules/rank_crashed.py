@@ -5,7 +5,8 @@ foreign or stale entry), one right after compiling at the compiler, one with no 
 at the model or the data.
 
 Ranks that raise the same exception in the same step (a SyntaxError in the script, DDP's "Expected
-to have finished reduction" on every rank) failed for one cause: one alert names them all ("ranks
+to have finished reduction" on every rank), or exit by themselves with the same code and message
+(argparse's exit 2 on a mistyped argument), failed for one cause: one alert names them all ("ranks
 0, 1 raised the same error: ..."), under the subject of that error (`subjects.error`), never of a
 rank: ranks whose reports come one after another (an upload, rank by rank) add to the one alert.
 
@@ -93,10 +94,16 @@ def how_it_ended(rank: int, crash: Crash) -> str:
 
 
 def raised_alike(group: list[int], crash: Crash) -> str:
-    assert crash["reason"] is not None  # ranks are alike by their exception's message (`same_error`)
+    if not crash["reason"]:  # alike by their exit code alone (`same_error`)
+        return f"{ranks_text(group).capitalize()} exited alike, with code {crash['exit_code']}"
     reason = crash["reason"] if len(crash["reason"]) <= MAX_REASON else crash["reason"][:MAX_REASON] + "…"
     where = f" at {crash['where']}" if crash["where"] else ""
     return f"{ranks_text(group).capitalize()} raised the same error: {reason}{where}"
+
+
+def exited_on_its_own(crash: Crash) -> bool:
+    """The script ended itself with a non-zero code (argparse's exit(2), a config check): no exception."""
+    return crash["exc_type"] is None and (not crash["reason"] or crash["reason"].startswith("SystemExit"))
 
 
 def in_progress(crash: Crash) -> int | None:
@@ -141,6 +148,11 @@ def hint(crash: Crash, event: LastCompile | None) -> str:
         return (
             "Stopped from outside (torchrun after another rank failed, the scheduler's time limit, or a user): "
             "read the launcher's log."
+        )
+    if event is None and exited_on_its_own(crash):
+        return (
+            f"The script exited by itself with code {crash['exit_code']} (argparse, a config or environment "
+            "check): the message is what it printed last on stderr; fix the command line or the configuration."
         )
     if event is None:
         return (
@@ -219,10 +231,13 @@ def _facts(crash: Crash, event: LastCompile | None) -> dict[str, Any]:
 def same_error(crash: Crash, step: int | None) -> tuple[str | None, str, int | None] | None:
     """What makes crashes of several ranks one cause: the exception (type, and message with the rank
     numbers it names made alike: DDP's "did not receive grad for rank 1") and the step it ended in.
-    None for an end without an exception message (an exit code, a signal, a vanished process)."""
-    if not crash["reason"] or crash["status"] not in ("error", "abort"):
+    An end without an exception message is alike by its exit code (every rank exiting 2 the same way);
+    None for a signal or a vanished process."""
+    if crash["status"] not in ("error", "abort"):
         return None
-    return crash["exc_type"], RANK_NUMBER.sub("rank N", crash["reason"]), step
+    if crash["reason"]:
+        return crash["exc_type"], RANK_NUMBER.sub("rank N", crash["reason"]), step
+    return (None, f"exit code {crash['exit_code']}", step) if crash["exit_code"] is not None else None
 
 
 def crash_subject(crash: Crash, step: int | None) -> str | None:
