@@ -283,6 +283,10 @@ LOCKSTEP_BODY_TIMEOUT = float(os.environ.get("LOCKSTEP_BODY_TIMEOUT", "30"))  # 
 # Request bodies of pages, login, admin and the read API (dashboard/web/edge.py) read at once per server
 # process, before Django knows who sent them; past it a 503 + Retry-After at once.
 LOCKSTEP_EDGE_BODIES = int(os.environ.get("LOCKSTEP_EDGE_BODIES", "128"))
+# Request bodies of the agents' endpoints (ingest/door.py) read at once per server process, in all and per
+# project (each up to LOCKSTEP_MAX_BODY, sent by anyone with a token); past either a 503 + Retry-After at once.
+LOCKSTEP_DOOR_BODIES = int(os.environ.get("LOCKSTEP_DOOR_BODIES", "32"))
+LOCKSTEP_DOOR_BODIES_PER_PROJECT = int(os.environ.get("LOCKSTEP_DOOR_BODIES_PER_PROJECT", "8"))
 # Seconds a connection has to deliver a request's headers (dashboard/web/header_deadline.py); then it is closed.
 LOCKSTEP_HEADER_TIMEOUT = float(os.environ.get("LOCKSTEP_HEADER_TIMEOUT", "10"))
 # Proxies whose X-Forwarded-For is believed (IPs or CIDRs, comma-separated; none by default): the client's

@@ -17,9 +17,11 @@ Every request takes the same steps, whichever endpoint:
 3. the declared length (413; `ingest.bodies`, whose route table gives these endpoints
    LOCKSTEP_MAX_BODY), the token (401) and the content type (415), the body unread
    (`ingest.admission`; a token not in the cache is looked up on a thread);
-4. the body, within LOCKSTEP_BODY_TIMEOUT (408) and the limit (413) by `ingest.bodies.BodyReader`,
+4. a place among the bodies being read at once (`Reading`: past LOCKSTEP_DOOR_BODIES in all, or the
+   project's LOCKSTEP_DOOR_BODIES_PER_PROJECT, a 503 + Retry-After at once, the body unread);
+5. the body, within LOCKSTEP_BODY_TIMEOUT (408) and the limit (413) by `ingest.bodies.BodyReader`,
    the reader the edge in front of Django uses too, then inflated within LOCKSTEP_MAX_BODY (413);
-5. batches are decoded (on a thread past DECODE_ON_LOOP_MAX) and written by the group committer;
+6. batches are decoded (on a thread past DECODE_ON_LOOP_MAX) and written by the group committer;
    blobs and flight records are counted against the rate limit and stored on a thread.
 
 Every answer is JSON with the policy's headers; a refusal is `{"error", "path"?}` with its status
@@ -31,8 +33,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 import msgspec
@@ -74,6 +78,7 @@ class Door:
         )
         self.committer = groupcommit.LoopCommitter(writer)
         self.bodies = bodies.BodyReader()
+        self.reading = Reading()
         self.policy = HeaderPolicy()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -122,7 +127,8 @@ class Door:
             limit = bodies.route_limit(scope["path"].removeprefix(scope.get("root_path", "")))
             project = await self._admitted(headers, limit)
             looked_up = time.monotonic() - asked
-            raw = await self.bodies.read(receive, limit)  # a slow body holds a connection, never a thread
+            with self.reading.place(project):
+                raw = await self.bodies.read(receive, limit)  # a slow body holds a connection, never a thread
             # the server's own wait (a token lookup's) counts as load; the upload does not
             arrived = time.monotonic() - looked_up
             if endpoint == "blobs":
@@ -179,6 +185,40 @@ class Door:
         for future in [self.threads.submit(close) for _ in range(count)]:
             future.result()
         self.threads.shutdown(wait=True)
+
+
+class Reading:
+    """The bodies this process reads at once, in all and per project. Why: each may hold up to
+    LOCKSTEP_MAX_BODY until LOCKSTEP_BODY_TIMEOUT, and a token is all it takes to send one (100
+    stalled 8 MiB bodies of one token took a process from 126 to 829 MiB, freed only at the
+    deadline). Past LOCKSTEP_DOOR_BODIES, or the project's LOCKSTEP_DOOR_BODIES_PER_PROJECT (so one
+    project cannot take them all), a 503 + Retry-After at once, the body unread: the agent keeps
+    the batch and resends it. One event loop per process: no lock needed."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.of: Counter[int] = Counter()  # project id -> its bodies being read
+
+    @contextmanager
+    def place(self, project: Project) -> Iterator[None]:
+        """Hold one place while the body is read, or a 503 when none is free."""
+        if self.of[project.id] >= settings.LOCKSTEP_DOOR_BODIES_PER_PROJECT:
+            raise _too_many(f"project {project.name} has {self.of[project.id]} request bodies being read")
+        if self.total >= settings.LOCKSTEP_DOOR_BODIES:
+            raise _too_many(f"{self.total} request bodies being read")
+        self.total += 1
+        self.of[project.id] += 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            self.of[project.id] -= 1
+            if not self.of[project.id]:
+                del self.of[project.id]
+
+
+def _too_many(what: str) -> Refusal:
+    return Refusal(503, f"{what} at once; retry later", retry_after=settings.LOCKSTEP_RETRY_AFTER)
 
 
 def _blobs(project: Project, raw: bytes, headers: Mapping[str, str]) -> protocol.BlobReply:
