@@ -37,6 +37,17 @@ def at_fault(verdict: Consensus[H], ranks: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(ranks)) if verdict.tie else verdict.dissenters
 
 
+def changed_first(verdict: Consensus[H], steps: Mapping[int, int | None]) -> tuple[int, ...] | None:
+    """With no majority, history names the rank at fault: the ranks that compiled the slot at an earlier
+    step than the others changed first, while the others kept what they had then (two ranks, one takes
+    a data-dependent branch at step N). None where the ranks compiled it in the same step: both changed,
+    or their graphs differ from the start. `steps`: each compared rank's step of the slot."""
+    if not verdict.tie or any(s is None for s in steps.values()) or len(set(steps.values())) < 2:
+        return None
+    first = min(s for s in steps.values() if s is not None)
+    return tuple(sorted(r for r, s in steps.items() if s == first))
+
+
 def disagree_text(ranks: Iterable[int]) -> str:
     """ "ranks 0 and 1 disagree"; a larger split names its ranks as ranges (`text.ranks_text`) and how
     many there are: "the 1024 ranks 0-1023 disagree with no majority"."""

@@ -53,3 +53,15 @@ def test_two_ranks_recompiling_for_other_reasons_disagree():
     [finding] = recompiles(view)
     assert finding.ranks == (0, 1) and finding.details["tie"] is True
     assert finding.message.startswith("Ranks 0 and 1 disagree on why they recompiled train.py:10:forward")
+
+
+def test_of_two_ranks_recompiling_for_other_reasons_the_earlier_one_is_named():
+    from dashboard.detection.rules import evaluate
+    from tests.rules import compile_view
+
+    view = compile_view(
+        {0: {"step": 8, "recompile_reason": "size mismatch at index 0"}, 1: {"step": 3, "recompile_reason": "x > 2"}}
+    )
+    [finding] = [f for f in evaluate(view) if f.kind == "recompile_divergence"]
+    assert finding.ranks == (1,) and finding.details["tie"] is False
+    assert finding.message.endswith("recompiled train.py:10:forward for another reason: x > 2")

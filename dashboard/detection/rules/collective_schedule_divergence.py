@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from dashboard.detection import subjects
-from dashboard.detection.consensus import at_fault, consensus, disagree_text
+from dashboard.detection.consensus import at_fault, changed_first, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 if TYPE_CHECKING:
@@ -25,10 +25,12 @@ def collective_schedule_divergence(view: CompileSlotView) -> Iterator[Finding]:
     if len(schedules) < 2 or not any(schedules.values()) or len(set(schedules.values())) == 1:
         return
     verdict = consensus(schedules)
-    ranks = at_fault(verdict, schedules)
+    changed = changed_first(verdict, {r: view.reports[r].step for r in schedules})
+    ranks = changed or at_fault(verdict, schedules)
+    tie = verdict.tie and changed is None
     who = (
         f"{disagree_text(ranks).capitalize()} on the collective sequence"
-        if verdict.tie
+        if tie
         else f"{ranks_text(ranks).capitalize()} compiled another collective sequence"
     )
     yield Finding(
@@ -39,7 +41,7 @@ def collective_schedule_divergence(view: CompileSlotView) -> Iterator[Finding]:
         message=f"{who} for {view.frame}: expect a hang at the next collective",
         details={
             "index": view.index,
-            "tie": verdict.tie,
+            "tie": tie,
             "schedules": {str(r): s for r, s in sorted(schedules.items())},
         },
     )

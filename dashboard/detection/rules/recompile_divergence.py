@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dashboard.detection import subjects
-from dashboard.detection.consensus import at_fault, consensus, disagree_text
+from dashboard.detection.consensus import at_fault, changed_first, consensus, disagree_text
 from dashboard.detection.rules import CompileSlotView, Finding, first_step, ranks_text, rule
 
 
@@ -49,10 +49,12 @@ def _reason_finding(view: CompileSlotView) -> Iterator[Finding]:
     if len(set(reasons.values())) == 1:
         return
     verdict = consensus(reasons)
-    odd = at_fault(verdict, reasons)
+    changed = changed_first(verdict, {r: view.reports[r].step for r in reasons})
+    odd = changed or at_fault(verdict, reasons)
+    tie = verdict.tie and changed is None
     who = (
         f"{disagree_text(odd).capitalize()} on why they recompiled {view.frame}"
-        if verdict.tie
+        if tie
         else f"{ranks_text(odd).capitalize()} recompiled {view.frame} for another reason"
     )
     yield Finding(
@@ -60,6 +62,6 @@ def _reason_finding(view: CompileSlotView) -> Iterator[Finding]:
         ranks=odd,
         step=first_step(view.reports, odd),
         frame=view.frame,
-        message=f"{who}: {reasons[verdict.dissenters[0]]}",
-        details={"index": view.index, "reasons": {str(r): reasons[r] for r in sorted(reasons)}, "tie": verdict.tie},
+        message=f"{who}: {reasons[odd[0]]}",
+        details={"index": view.index, "reasons": {str(r): reasons[r] for r in sorted(reasons)}, "tie": tie},
     )
