@@ -24,6 +24,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--seed-rank", type=int, default=None, help="rank whose replicated model starts from another seed")
+    p.add_argument("--device", default="cpu", help="where every rank trains (cuda: all ranks on cuda:0, over gloo)")
     return p.parse_args()
 
 
@@ -40,18 +41,19 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device(args.device)
     module = make_model()  # seeded: the same weights on every rank
     if rank == args.seed_rank:
         torch.manual_seed(1234)
         for p in module.parameters():
             nn.init.normal_(p, std=0.1)
-    model = compile_module(module)
+    model = compile_module(module.to(device))
     torch.manual_seed(rank)
-    head = nn.Linear(4, 1)  # this rank's own
+    head = nn.Linear(4, 1).to(device)  # this rank's own
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     head_opt = torch.optim.SGD(head.parameters(), lr=0.05)
     for step in range(args.steps):
-        x, y = batch_for(rank, step, 16)
+        x, y = (t.to(device) for t in batch_for(rank, step, 16))
         opt.zero_grad(set_to_none=True)
         head_opt.zero_grad(set_to_none=True)
         out = model(x)
