@@ -304,8 +304,9 @@ LOCKSTEP_RETRY_AFTER = int(os.environ.get("LOCKSTEP_RETRY_AFTER", "5"))  # secon
 LOCKSTEP_BLOB_LEASE = float(
     os.environ.get("LOCKSTEP_BLOB_LEASE", "60")
 )  # seconds one agent has to upload a wanted blob
-# Graph texts a project may keep (ingest/blobs.py, the policy; dashboard/evidence/blobs.py, the table): bytes in all and stored within a day, and texts asked per run.
-# Past them the server asks for none and refuses uploads (507 for the total, 429 for the day); agents drop them.
+# Graph texts a project may keep (ingest/blobs.py, the policy; dashboard/evidence/blobs.py, the table): bytes in all and stored within a day
+# (its Flight Recorder dumps counted too, ingest/quotas.py), and texts asked per run.
+# Past them the server asks for none and refuses uploads, texts or dumps (507 for the total, 429 for the day); agents drop them.
 LOCKSTEP_BLOB_QUOTA = int(os.environ.get("LOCKSTEP_BLOB_QUOTA", str(1024 * 1024 * 1024)))
 LOCKSTEP_BLOB_QUOTA_DAY = int(os.environ.get("LOCKSTEP_BLOB_QUOTA_DAY", str(256 * 1024 * 1024)))
 LOCKSTEP_BLOB_ASKS_PER_RUN = int(os.environ.get("LOCKSTEP_BLOB_ASKS_PER_RUN", "1000"))

@@ -11,8 +11,9 @@ project's agents, so a token learns nothing of what other projects' agents sent.
 has named for the raw retention period, and requests never answered for a day, are pruned
 (`dashboard.evidence.blobs`, which holds the table's statements; this module is the policy).
 
-Bounded per project: the bytes its uploads stored, in all (LOCKSTEP_BLOB_QUOTA) and within a day
-(LOCKSTEP_BLOB_QUOTA_DAY), and the texts asked of each run (LOCKSTEP_BLOB_ASKS_PER_RUN). Past a
+Bounded per project: the bytes its uploads stored, texts and Flight Recorder dumps alike, in all
+(LOCKSTEP_BLOB_QUOTA) and within a day (LOCKSTEP_BLOB_QUOTA_DAY; `ingest.quotas`), and the texts
+asked of each run (LOCKSTEP_BLOB_ASKS_PER_RUN). Past a
 bound the server asks that project for nothing more, and refuses an upload that would cross
 one (507 for the total, 429 for the day): a text not stored is only missing from a diff, so its
 agent drops it. A token that names texts without end can fill neither the table nor the disk.
@@ -25,6 +26,7 @@ from django.db import transaction
 
 from agents import protocol
 from dashboard.evidence import blobs as table
+from ingest import quotas
 from ingest.refusals import Refusal
 
 
@@ -43,10 +45,9 @@ def wanted(named: dict[tuple[int, int], list[str]]) -> set[str]:
 
 def _asks_left(project_id: int, run_id: int) -> int:
     """How many texts this run may still be asked for: none once its project is past a quota."""
-    asks, total, day = table.asked_and_stored(project_id, run_id)
-    if total >= settings.LOCKSTEP_BLOB_QUOTA or day >= settings.LOCKSTEP_BLOB_QUOTA_DAY:
+    if quotas.bytes_full(project_id):
         return 0
-    return max(0, settings.LOCKSTEP_BLOB_ASKS_PER_RUN - asks)
+    return max(0, settings.LOCKSTEP_BLOB_ASKS_PER_RUN - table.asked(run_id))
 
 
 def verify(upload: protocol.BlobUpload) -> list[tuple[str, str]]:
@@ -70,21 +71,5 @@ def store(blobs: list[tuple[str, str]], project_id: int) -> protocol.BlobReply:
     with transaction.atomic():
         stored = table.fill(unique, project_id)
         if stored:
-            _within_quota(project_id)  # raises, rolling this upload back
+            quotas.check_bytes(project_id, "graph texts")  # raises, rolling this upload back
     return protocol.BlobReply(stored=sorted(stored), known=sorted(set(unique) - stored))
-
-
-def _within_quota(project_id: int) -> None:
-    total, day = table.stored_bytes(project_id)
-    if total > settings.LOCKSTEP_BLOB_QUOTA:
-        raise Refusal(
-            507,
-            f"the project's graph texts would exceed LOCKSTEP_BLOB_QUOTA ({settings.LOCKSTEP_BLOB_QUOTA} bytes); "
-            "not stored, and not needed",
-        )
-    if day > settings.LOCKSTEP_BLOB_QUOTA_DAY:
-        raise Refusal(
-            429,
-            f"the project's graph texts of the last day would exceed LOCKSTEP_BLOB_QUOTA_DAY "
-            f"({settings.LOCKSTEP_BLOB_QUOTA_DAY} bytes); not stored, and not needed",
-        )

@@ -1,4 +1,5 @@
-"""Bounds on the rows one project's token can make: new runs within an hour, ranks of a run.
+"""Bounds on the rows one project's token can make: new runs within an hour, ranks of a run; and on
+the bytes its uploads keep: graph texts and Flight Recorder dumps.
 
 Each run costs rows in every app and each rank a row per run (and a line on its pages), so a token
 that makes run keys without end, or names a world of a million ranks, would fill the tables and make
@@ -7,6 +8,11 @@ runs are 429 with Retry-After (the seconds until its oldest run of the hour leav
 runs already made go on); a world_size past LOCKSTEP_MAX_RANKS is a 400 naming `run.world_size`
 (every rank is below the world size, so no rank past it gets in either). Nothing of a refused batch
 is stored.
+
+Uploads' bytes: graph texts (`ingest.blobs`) and Flight Recorder dumps (`ingest.flight`) share one
+quota, LOCKSTEP_BLOB_QUOTA in all and LOCKSTEP_BLOB_QUOTA_DAY within a day: either fills the disk
+alike. An upload that would cross it is refused (507 for the total, 429 for the day) and nothing of
+it stored; past it, no text is asked for.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agents import protocol
+from dashboard.evidence import blobs, flight
 from dashboard.tenancy.models import Project, Run
 from ingest.refusals import Refusal
 
@@ -54,3 +61,33 @@ def check_new_run(project: Project) -> None:
         "run.key",
         retry_after=wait,
     )
+
+
+def stored_bytes(project_id: int) -> tuple[int, int]:
+    """(bytes the project's uploads keep in all, of those stored within a day): graph texts and dumps."""
+    texts, dumps = blobs.stored_bytes(project_id), flight.stored_bytes(project_id)
+    return texts[0] + dumps[0], texts[1] + dumps[1]
+
+
+def bytes_full(project_id: int) -> bool:
+    """The project reached a byte quota: nothing more is asked of it."""
+    total, day = stored_bytes(project_id)
+    return total >= settings.LOCKSTEP_BLOB_QUOTA or day >= settings.LOCKSTEP_BLOB_QUOTA_DAY
+
+
+def check_bytes(project_id: int, what: str) -> None:
+    """After an upload of `what` is written, in its transaction: 507 once the project's uploads keep
+    more than LOCKSTEP_BLOB_QUOTA, 429 more than LOCKSTEP_BLOB_QUOTA_DAY within a day, rolling it back."""
+    total, day = stored_bytes(project_id)
+    if total > settings.LOCKSTEP_BLOB_QUOTA:
+        raise Refusal(
+            507,
+            f"the project's graph texts and Flight Recorder dumps would exceed LOCKSTEP_BLOB_QUOTA "
+            f"({settings.LOCKSTEP_BLOB_QUOTA} bytes); {what} not stored, and not needed",
+        )
+    if day > settings.LOCKSTEP_BLOB_QUOTA_DAY:
+        raise Refusal(
+            429,
+            f"the project's graph texts and Flight Recorder dumps of the last day would exceed "
+            f"LOCKSTEP_BLOB_QUOTA_DAY ({settings.LOCKSTEP_BLOB_QUOTA_DAY} bytes); {what} not stored, and not needed",
+        )

@@ -20,19 +20,12 @@ NAMED_REFRESH = "1 hour"  # how stale `named_at` may get before a naming batch r
 PRUNE_CHUNK = 1000
 
 
-def asked_and_stored(project_id: int, run_id: int) -> tuple[int, int, int]:
-    """(texts asked of the run, bytes the project stored in all, of those within a day)."""
+def asked(run_id: int) -> int:
+    """Texts asked of the run."""
     with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            SELECT (SELECT count(*) FROM {BLOB} WHERE run_id = %(run)s),
-                   COALESCE(sum(size), 0), COALESCE(sum(size) FILTER (WHERE stored_at > now() - interval '1 day'), 0)
-            FROM {BLOB} WHERE project_id = %(project)s AND stored_at IS NOT NULL
-            """,
-            {"run": run_id, "project": project_id},
-        )
-        counts: tuple[int, int, int] = cur.fetchone()
-        return counts
+        cur.execute(f"SELECT count(*) FROM {BLOB} WHERE run_id = %s", [run_id])
+        count: int = cur.fetchone()[0]
+        return count
 
 
 def ask(hashes: list[str], project_id: int, run_id: int, lease: float) -> list[str]:

@@ -187,7 +187,8 @@ class Blob(models.Model):
 
 class FlightRecord(models.Model):
     """One rank's Flight Recorder dump (`protocol.FRDump`, bounded by the agent and checked on arrival),
-    sent when the server asked (a hang_forecast). The newest KEEP per run and rank are kept."""
+    sent when the server asked (a hang_forecast). The newest KEEP per run and rank are kept; `size`
+    (the upload's bytes, inflated) counts against its project's byte quota (ingest/quotas.py)."""
 
     KEEP = 4
 
@@ -197,6 +198,7 @@ class FlightRecord(models.Model):
     ts = models.FloatField()  # the agent's clock when it took the dump
     received = models.DateTimeField(default=timezone.now)
     entries = models.PositiveIntegerField(default=0)
+    size = models.PositiveIntegerField(default=0)
     dump = models.JSONField()
 
     class Meta:

@@ -37,12 +37,16 @@ def unasked_cte() -> str:
 
 
 def answered(run_id: int, rank: int) -> list[tuple[int, int]]:
-    """Record a rank's dump (in the caller's transaction): (alert, revision) of the requests it answered."""
+    """Record a rank's dump (in the caller's transaction): (alert, revision) of the requests it answered,
+    those handed out to it and not answered yet; none when nobody asked (the upload is refused). Locked,
+    so two uploads never answer one request."""
     assert transaction.get_connection().in_atomic_block
-    open_ = FlightRecorderRequest.objects.filter(run_id=run_id, rank=rank, answered_at__isnull=True)
-    asked = sorted(set(open_.values_list("alert_id", "revision")))
-    open_.update(answered_at=timezone.now())
-    return asked
+    open_ = FlightRecorderRequest.objects.filter(
+        run_id=run_id, rank=rank, asked_at__isnull=False, answered_at__isnull=True
+    ).select_for_update()
+    rows = list(open_.values_list("id", "alert_id", "revision"))
+    FlightRecorderRequest.objects.filter(id__in=[row[0] for row in rows]).update(answered_at=timezone.now())
+    return sorted({(alert, revision) for _, alert, revision in rows})
 
 
 def requests(alert_id: int, revision: int) -> list[FlightRecorderRequest]:

@@ -155,18 +155,13 @@ def test_a_request_rides_the_next_reply_the_upload_answers_it_and_the_alert_and_
     reply = post(make_batch(run="fr-run", rank=1, seq=1)).json()
     assert reply["flight_recorder"] is True and reply["detail"] == []
     assert "flight_recorder" not in post(make_batch(run="fr-run", rank=1, seq=2)).json()  # handed out once
+    for rank in (0, 2):
+        assert post(make_batch(run="fr-run", rank=rank, seq=1)).json()["flight_recorder"] is True
     for rank in range(3):
-        body = (FIXTURES / f"rank_{rank}.json").read_bytes().replace(b'"fr-fixture"', b'"fr-run"')
-        answer = client.generic(
-            "POST",
-            "/api/v1/flight-recorder",
-            gzip.compress(body),
-            content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {token}",
-            HTTP_CONTENT_ENCODING="gzip",
-        )
+        answer = _upload(client, token, rank)
         assert answer.status_code == 200, answer.content
         assert answer.json() == {"stored": True, "answered": 1}  # the one request of this rank
+    assert _upload(client, token, 0).status_code == 409  # answered already: one dump per request
     bad = client.generic(
         "POST",
         "/api/v1/flight-recorder",
@@ -191,3 +186,85 @@ def test_a_request_rides_the_next_reply_the_upload_answers_it_and_the_alert_and_
     page = client.get("/runs/fr-run/").content.decode()
     assert "Flight Recorder" in page and "rank 1 never did" in page
     assert "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x</script>" not in page
+
+
+def _upload(client, token: str, rank: int, run: str = "fr-run"):
+    """Rank `rank`'s fixture dump, as the agent sends it, for `run`."""
+    body = (FIXTURES / f"rank_{rank}.json").read_bytes().replace(b'"fr-fixture"', json.dumps(run).encode())
+    return client.generic(
+        "POST",
+        "/api/v1/flight-recorder",
+        gzip.compress(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+        HTTP_CONTENT_ENCODING="gzip",
+    )
+
+
+def _hang(run_key: str):
+    from dashboard.detection.models import Alert
+    from dashboard.tenancy.models import Run
+
+    return Alert.objects.create(
+        run=Run.objects.get(key=run_key), kind="hang_forecast", subject="hang", severity="critical", ranks=[1]
+    )
+
+
+@pytest.mark.django_db
+def test_a_dump_nobody_asked_for_is_a_409_and_nothing_is_stored(client, post, token):
+    """Was: 20 unasked 1.9 MiB dumps, 42 MiB stored in 4.5 s. A dump answers a request handed out to
+    its rank in an ingest reply, once; before that (asked but not handed out yet) and after it, a 409."""
+    from dashboard.evidence.models import FlightRecord
+    from dashboard.ledger.models import FlightRecorderRequest
+    from tests.conftest import make_batch
+
+    for rank in range(3):
+        post(make_batch(run="fr-unasked", rank=rank))
+    for _ in range(20):
+        refused = _upload(client, token, 0, "fr-unasked")
+        assert refused.status_code == 409 and refused.json()["path"] == "rank"
+        assert "was asked for" in refused.json()["error"]
+    alert = _hang("fr-unasked")
+    assert flight.ask(alert, {0})
+    assert _upload(client, token, 0, "fr-unasked").status_code == 409  # asked, not handed out yet
+    assert not FlightRecord.objects.exists()
+    assert post(make_batch(run="fr-unasked", rank=0, seq=1)).json()["flight_recorder"] is True
+    assert _upload(client, token, 0, "fr-unasked").status_code == 200
+    assert _upload(client, token, 0, "fr-unasked").status_code == 409  # one dump per request
+    assert FlightRecord.objects.count() == 1 and FlightRecorderRequest.objects.get().answered_at
+
+
+@pytest.mark.django_db
+def test_dumps_count_against_the_projects_byte_quota_with_graph_texts(client, post, token, project, settings):
+    """Was: no byte quota on dumps. A dump's bytes count with the graph texts' against
+    LOCKSTEP_BLOB_QUOTA (507 past it) and LOCKSTEP_BLOB_QUOTA_DAY (429), nothing of it stored; and a
+    project the dumps filled is asked for no graph text."""
+    from dashboard.evidence.models import FlightRecord
+    from dashboard.ledger.models import FlightRecorderRequest
+    from ingest import blobs, quotas
+    from tests.conftest import make_batch
+
+    size = len((FIXTURES / "rank_0.json").read_bytes().replace(b'"fr-fixture"', b'"fr-quota"'))
+    settings.LOCKSTEP_BLOB_QUOTA = size + 1000  # the first dump fits, a second does not
+    for rank in range(3):
+        post(make_batch(run="fr-quota", rank=rank))
+    alert = _hang("fr-quota")
+    assert flight.ask(alert, {0, 2})
+    for rank in (0, 2):
+        assert post(make_batch(run="fr-quota", rank=rank, seq=1)).json()["flight_recorder"] is True
+    assert _upload(client, token, 0, "fr-quota").status_code == 200
+    full = _upload(client, token, 2, "fr-quota")
+    assert full.status_code == 507 and "LOCKSTEP_BLOB_QUOTA" in full.json()["error"]
+    assert quotas.stored_bytes(project.id) == (size, size)
+    assert list(FlightRecord.objects.values_list("rank", flat=True)) == [0]  # nothing of the refused one stored
+    assert not FlightRecorderRequest.objects.get(rank=2).answered_at  # nor its request answered
+    settings.LOCKSTEP_BLOB_QUOTA = 10 * size
+    settings.LOCKSTEP_BLOB_QUOTA_DAY = size + 1000
+    day = _upload(client, token, 2, "fr-quota")
+    assert day.status_code == 429 and "LOCKSTEP_BLOB_QUOTA_DAY" in day.json()["error"]
+    assert FlightRecord.objects.count() == 1
+    run_id = FlightRecord.objects.get().run_id
+    settings.LOCKSTEP_BLOB_QUOTA_DAY = size  # the one dump kept reaches it
+    assert blobs.wanted({(project.id, run_id): [protocol.blob_hash("graph")]}) == set()  # the dumps filled it
+    settings.LOCKSTEP_BLOB_QUOTA_DAY = 10 * size
+    assert blobs.wanted({(project.id, run_id): [protocol.blob_hash("graph")]}) == {protocol.blob_hash("graph")}

@@ -211,6 +211,7 @@ class Migration(migrations.Migration):
                 ("ts", models.FloatField()),
                 ("received", models.DateTimeField(default=django.utils.timezone.now)),
                 ("entries", models.PositiveIntegerField(default=0)),
+                ("size", models.PositiveIntegerField(default=0)),
                 ("dump", models.JSONField()),
                 ("run", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="tenancy.run")),
             ],
