@@ -10,11 +10,14 @@ import os
 from celery import Celery
 from celery.signals import worker_init
 
+from dashboard.beat_schedule import BeatKeeper
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
 app = Celery("dashboard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["dashboard.detection"], related_name="tasks")
+app.steps["worker"].add(BeatKeeper)  # a worker started with -B starts a new beat if its beat dies
 
 
 @worker_init.connect

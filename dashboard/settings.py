@@ -231,10 +231,20 @@ CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 CELERY_IMPORTS = ("dashboard.evidence.tasks",)
+# The sweeps' period; past 5 without one completed, the sweep counts as stopped (detection/sweep_clock.py).
+SWEEP_PERIOD_S = 2.0
 CELERY_BEAT_SCHEDULE = {
     # A sweep not started within its interval is dropped (workers down): the next one does its work.
-    "settle-overdue-slots": {"task": "dashboard.detection.tasks.sweep", "schedule": 2.0, "options": {"expires": 2.0}},
-    "deliver-pending-alerts": {"task": "dashboard.delivery.tasks.sweep", "schedule": 2.0, "options": {"expires": 2.0}},
+    "settle-overdue-slots": {
+        "task": "dashboard.detection.tasks.sweep",
+        "schedule": SWEEP_PERIOD_S,
+        "options": {"expires": SWEEP_PERIOD_S},
+    },
+    "deliver-pending-alerts": {
+        "task": "dashboard.delivery.tasks.sweep",
+        "schedule": SWEEP_PERIOD_S,
+        "options": {"expires": SWEEP_PERIOD_S},
+    },
     "prune-raw-partitions": {"task": "dashboard.evidence.tasks.prune_raw", "schedule": 3600.0},
 }
 # Beat's own state (`worker -B`, `celery beat`): in the data folder or at LOCKSTEP_BEAT_SCHEDULE, never

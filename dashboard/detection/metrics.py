@@ -16,6 +16,7 @@ ranks' raw events (compile totals come from `RunTally`, one row per run):
   if a run outlives raw retention). How many active runs were left out is
   `lockstep_metrics_runs_omitted`.
 * per project, over all its runs: slots whose settle raised (`lockstep_slots_quarantined`).
+* the seconds since the sweep last completed (`lockstep_sweep_age_seconds`, `sweep_clock.py`).
 
 No label names a rank: a 1024-rank run is one series per metric. Active: a run that reported in
 the last `runs.ACTIVE_WINDOW`.
@@ -32,7 +33,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from dashboard.detection import bills, cost, verdict
+from dashboard.detection import bills, cost, sweep_clock, verdict
 from dashboard.detection.models import Alert, RunTally
 from dashboard.detection.runs import ACTIVE_WINDOW
 from dashboard.ledger import slots
@@ -63,6 +64,7 @@ class HealthCollector:
         yield from _verdicts(projects, names)
         yield _compile_cost()
         yield _quarantined()
+        yield _sweep_age()
         omitted = GaugeMetricFamily(
             "lockstep_metrics_runs_omitted", "Active runs without per-run series (past LOCKSTEP_METRICS_RUNS)"
         )
@@ -209,6 +211,19 @@ def _quarantined() -> GaugeMetricFamily:
     counts = slots.quarantined_by_project()
     for project_id, name in Project.objects.order_by("name").values_list("id", "name"):
         family.add_metric([name], counts.get(project_id, 0))
+    return family
+
+
+def _sweep_age() -> GaugeMetricFamily:
+    """Seconds since the detection sweep last completed (+Inf: never); no sample while Redis is away."""
+    family = GaugeMetricFamily(
+        "lockstep_sweep_age_seconds",
+        "Seconds since the sweep last completed (+Inf: never); past a few of its 2 s periods nothing settles"
+        " overdue slots, checks for silent ranks or re-sends due webhooks",
+    )
+    seconds = sweep_clock.age()
+    if seconds is not None:
+        family.add_metric([], seconds)
     return family
 
 

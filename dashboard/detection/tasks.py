@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
 
-from dashboard.detection import baseline, bills, detail, flight, runs, settle
+from dashboard.detection import baseline, bills, detail, flight, runs, settle, sweep_clock
 from dashboard.detection.models import Baseline
 from dashboard.detection.signals import announce
 from dashboard.ledger import slots
@@ -116,7 +116,7 @@ def choose_baseline(run: Run, base: Run, user: User | None = None) -> Baseline:
 
 @shared_task(ignore_result=True)
 def sweep() -> int:
-    """Every 2 s (beat): settle overdue slots, check active runs."""
+    """Every 2 s (beat): settle overdue slots, check active runs; then mark it completed (`sweep_clock`)."""
     due = [(slots.COMPILE, i) for i in slots.overdue(CompileSlot)] + [(slots.GRAD, i) for i in slots.overdue(GradSlot)]
     queue_settles(due, expires=SWEEP_EXPIRES_S)
     active = runs.active_runs()
@@ -129,6 +129,7 @@ def sweep() -> int:
     for run in runs.just_ended():
         if run.id not in checked:
             announce(each_run(runs.check_ended, run))
+    sweep_clock.mark()
     return len(due)
 
 

@@ -30,8 +30,8 @@ def server_command(host: str, port: int, *options: str) -> list[str]:
 
 
 def worker_command(*options: str, loglevel: str = "warning") -> list[str]:
-    """A Celery worker with its beat (the periodic sweeps), one task at a time; `options`: more of
-    Celery's (--schedule FILE)."""
+    """A Celery worker with its beat (the periodic sweeps; a beat that dies is restarted by the worker,
+    `dashboard.beat_schedule.BeatKeeper`), one task at a time; `options`: more of Celery's (--schedule FILE)."""
     worker = ["-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1"]
     return [sys.executable, *worker, "--loglevel", loglevel, *options]
 

@@ -10,6 +10,7 @@ through Django's autoescaping or JSON read with textContent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from functools import wraps
@@ -26,7 +27,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from dashboard.detection import cost, silences
+from dashboard.detection import cost, silences, sweep_clock
 from dashboard.detection.models import Alert, Baseline
 from dashboard.detection.verdict import VERDICTS
 from dashboard.evidence import reads
@@ -138,13 +139,15 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
         found.compileslot_set.exclude(dissenters=[]).values_list("frame", flat=True).distinct().order_by("frame")[:50]
     )
     alerts = list(found.alerts.select_related("acked_by", "run")[:ALERTS_ON_RUN_PAGE])
+    over = is_over(found)
     return render(
         request,
         "dashboard/run.html",
         {
             "run": found,
             "verdict": services.verdicts([found])[found.id],
-            "over": is_over(found),
+            "over": over,
+            "sweep_stopped": None if over else sweep_stopped(),
             "flight": flight_recorder_view(alerts),
             "ranks": _ranks(found, request.GET.get("page")),
             "alerts": alerts,
@@ -176,6 +179,18 @@ def is_over(run: ListedRun) -> bool:
     LOCKSTEP_SILENT_AFTER (its launcher killed it; nobody said goodbye). `run` from `runs_list`."""
     quiet = timezone.now() - run.last_seen >= timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER)
     return run.ended >= run.world_size or quiet
+
+
+def sweep_stopped() -> str | None:
+    """Why a live run's page may be missing alerts: the periodic sweep stopped (`sweep_clock`)."""
+    seconds = sweep_clock.stale()
+    if seconds is None:
+        return None
+    when = "ever" if math.isinf(seconds) else f"in the last {seconds:.0f} s"
+    return (
+        f"No sweep completed {when}: overdue slots are not settled, silent ranks not alerted and due webhooks"
+        " not re-sent. Is a Celery worker with beat running (celery -A dashboard worker -B)?"
+    )
 
 
 def flight_recorder_view(alerts: Iterable[Alert]) -> dict[str, Any] | None:
