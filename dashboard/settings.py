@@ -229,7 +229,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+# Priorities (0 the top): a run with a backlog of slots queues its settles lower (detection/fairness.py)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300, "priority_steps": [0, 3, 6, 9]}
 CELERY_IMPORTS = ("dashboard.evidence.tasks",)
 # The sweeps' period; past 5 without one completed, the sweep counts as stopped (detection/sweep_clock.py).
 SWEEP_PERIOD_S = 2.0

@@ -37,7 +37,7 @@ from ingest.refusals import Refusal
 class Stored:
     accepted: int
     duplicate: bool = False
-    ready: list[tuple[str, int]] = field(default_factory=list)
+    ready: list[slots.Ready] = field(default_factory=list)
     graph_hashes: list[str] = field(default_factory=list)
     rank_steps: int = 0
     run_id: int | None = None
@@ -172,7 +172,7 @@ class _Written:
     index: int  # within its job
     p: Prepared
     run: Run
-    ready: list[tuple[str, int]]  # slots it completed: compile slots, late grad reports, grad slots after commit
+    ready: list[slots.Ready]  # slots it completed: compile slots, late grad reports, grad slots after commit
     compiles_open: bool = False  # a compile slot it reported, or one the run has open below its step, is incomplete
     before: dict[str, int] = field(default_factory=dict)
     asked: list[int] = field(default_factory=list)
@@ -421,7 +421,7 @@ def _claim(wave: list[_Written]) -> None:
             raise _Resent(w)
         w.before = watermarks.get(rank, {})
         w.asked = asked.get(rank, [])
-    wave[0].ready += [(slots.GRAD, slot_id) for slot_id in late_ready]
+    wave[0].ready += [(slots.GRAD, slot_id, run.id) for slot_id in late_ready]
     ended = [w for w in wave if protocol.RankEnd in w.p.by_type]
     gone = [e for w in wave for e in w.p.by_type.get(protocol.PeerGone, ())]
     wave[0].compiles_open |= compiles_waiting or bool(ended or gone)  # a rank that ended has passed every step
@@ -478,7 +478,7 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
     return [_stored(w) if w else Stored(accepted=0, duplicate=True) for w in written]
 
 
-def _grads_ready(written: list[_Written]) -> list[tuple[str, int]]:
+def _grads_ready(written: list[_Written]) -> list[slots.Ready]:
     """Grad slots of one run that these batches' ranks completed. Each batch could only complete
     slots above its rank's old watermark, so per group the lowest of those floors bounds them all."""
     floors: dict[str, int] = {}
@@ -494,7 +494,7 @@ def _grads_ready(written: list[_Written]) -> list[tuple[str, int]]:
         "WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
         {"run": run.id, "ws": run.world_size, **slots.grads_ready_params(floors, groups)},
     )
-    return [(slots.GRAD, row[0]) for row in rows]
+    return [(slots.GRAD, row[0], run.id) for row in rows]
 
 
 def _run_liveness(run_id: int, written: list[_Written]) -> None:

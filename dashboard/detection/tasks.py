@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
 
-from dashboard.detection import baseline, bills, detail, flight, runs, settle, sweep_clock
+from dashboard.detection import baseline, bills, detail, fairness, flight, runs, settle, sweep_clock
 from dashboard.detection.models import Baseline
 from dashboard.detection.signals import announce
 from dashboard.ledger import slots
@@ -58,9 +58,14 @@ def settle_slot(kind: str, slot_id: int) -> int:
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def settle_slots(kind: str, slot_ids: list[int]) -> int:
-    """Settle the slots one batch completed (the last rank of a 256-step batch completes 256 at once)."""
-    changed = [alert_id for slot_id in slot_ids for alert_id in settle_one(kind, slot_id)]
+def settle_slots(kind: str, slot_ids: list[int], run_id: int | None = None) -> int:
+    """Settle the slots one batch completed (the last rank of a 256-step batch completes 256 at once),
+    all of one run (`run_id`, whose queued count they leave: `fairness`)."""
+    try:
+        changed = [alert_id for slot_id in slot_ids for alert_id in settle_one(kind, slot_id)]
+    finally:
+        if run_id is not None:
+            fairness.release(run_id, len(slot_ids))
     announce(changed)
     return len(changed)
 
@@ -68,15 +73,23 @@ def settle_slots(kind: str, slot_ids: list[int]) -> int:
 SWEEP_EXPIRES_S = 10.0  # a sweep's settle message not started by then is dropped: the next sweep queues it again
 
 
-def queue_settles(ready: list[tuple[str, int]], expires: float | None = None) -> None:
-    """Queue settling of complete slots, a chunk per message; `expires`: the sweep's copies, which
-    must not pile up in the broker while the workers are down (the state is in PostgreSQL)."""
-    by_kind: dict[str, list[int]] = {}
-    for kind, slot_id in ready:
-        by_kind.setdefault(kind, []).append(slot_id)
-    for kind, ids in by_kind.items():
-        for i in range(0, len(ids), SETTLE_CHUNK):
-            settle_slots.apply_async((kind, ids[i : i + SETTLE_CHUNK]), expires=expires)  # type: ignore[arg-type]  # None: no expiry; celery's stubs leave None out
+def queue_settles(ready: list[slots.Ready], expires: float | None = None) -> None:
+    """Queue settling of complete slots, a chunk of one run per message, at the priority its run's
+    backlog earns (`fairness`); `expires`: the sweep's copies, which must not pile up in the broker
+    while the workers are down (the state is in PostgreSQL)."""
+    by_run: dict[tuple[str, int], list[int]] = {}
+    for kind, slot_id, run_id in ready:
+        by_run.setdefault((kind, run_id), []).append(slot_id)
+    for (kind, run_id), ids in by_run.items():
+        start, size = 0, SETTLE_CHUNK
+        while start < len(ids):
+            chunk = ids[start : start + size]
+            priority = fairness.claim(run_id, len(chunk))
+            if priority and len(chunk) > fairness.BACKLOG_CHUNK:  # behind its own run's backlog: short
+                fairness.release(run_id, len(chunk) - fairness.BACKLOG_CHUNK)  # messages, so others pass soon
+                chunk, size = chunk[: fairness.BACKLOG_CHUNK], fairness.BACKLOG_CHUNK
+            start += len(chunk)
+            settle_slots.apply_async((kind, chunk, run_id), expires=expires, priority=priority)  # type: ignore[arg-type]  # None: no expiry; celery's stubs leave None out
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -117,7 +130,8 @@ def choose_baseline(run: Run, base: Run, user: User | None = None) -> Baseline:
 @shared_task(ignore_result=True)
 def sweep() -> int:
     """Every 2 s (beat): settle overdue slots, check active runs; then mark it completed (`sweep_clock`)."""
-    due = [(slots.COMPILE, i) for i in slots.overdue(CompileSlot)] + [(slots.GRAD, i) for i in slots.overdue(GradSlot)]
+    due = [(slots.COMPILE, i, run) for i, run in slots.overdue(CompileSlot).items()]
+    due += [(slots.GRAD, i, run) for i, run in slots.overdue(GradSlot).items()]
     queue_settles(due, expires=SWEEP_EXPIRES_S)
     active = runs.active_runs()
     for run in active:
@@ -152,7 +166,7 @@ def summarize_flight_records(alert_id: int, revision: int) -> bool:
     return changed
 
 
-def on_slots_ready(sender: object, ready: list[tuple[str, int]], **kwargs: object) -> None:
+def on_slots_ready(sender: object, ready: list[slots.Ready], **kwargs: object) -> None:
     """ledger.signals.slots_ready: settle now; if the broker is down, the sweep settles them later."""
     try:
         queue_settles(ready)

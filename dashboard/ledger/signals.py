@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-slots_ready = Signal()  # ready: list[(kind, slot id)], slots every rank has now reported
+slots_ready = Signal()  # ready: list[(kind, slot id, run id)], slots every rank has now reported
 details_received = Signal()  # run_id, rank, steps: a rank answered detail requests of these steps
 flight_records_received = (
     Signal()
 )  # run_id, rank, asked: a rank's Flight Recorder dump answered (alert, revision) requests
 
 
-def announce_ready(ready: list[tuple[str, int]]) -> None:
+def announce_ready(ready: list[tuple[str, int, int]]) -> None:
     if ready:
         slots_ready.send(sender=None, ready=ready)
 

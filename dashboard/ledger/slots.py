@@ -31,6 +31,7 @@ from dashboard.ledger.models import CompileSlot, GradSlot, GradWatermark
 from dashboard.tenancy.models import LOST, Rank, Run
 
 COMPILE, GRAD = "compile", "grad"
+Ready = tuple[str, int, int]  # a slot to settle: (kind, slot id, run id); the run decides its turn (detection.fairness)
 COMPILE_SLOT, GRAD_SLOT = CompileSlot._meta.db_table, GradSlot._meta.db_table
 WATERMARK = GradWatermark._meta.db_table
 RANK = Rank._meta.db_table
@@ -43,7 +44,7 @@ def replicated(group: str) -> bool:
     return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 
-def touch(run: Run, compiles: list[protocol.Compile]) -> tuple[list[tuple[str, int]], bool]:
+def touch(run: Run, compiles: list[protocol.Compile]) -> tuple[list[Ready], bool]:
     """Record a batch's compile reports (inside its transaction): (the compile slots it completed,
     whether it left one incomplete, for `compiles_passed` to look at after commit).
 
@@ -68,7 +69,7 @@ def touch(run: Run, compiles: list[protocol.Compile]) -> tuple[list[tuple[str, i
             [run.id, [k[0] for k in keys], [k[1] for k in keys], [steps[k] for k in keys]],
         )
         rows = cur.fetchall()
-    complete = [(COMPILE, slot_id) for slot_id, reported in rows if reported >= run.world_size]
+    complete = [(COMPILE, slot_id, run.id) for slot_id, reported in rows if reported >= run.world_size]
     return complete, len(complete) < len(rows)
 
 
@@ -85,7 +86,7 @@ def compiles_waiting_cte(source: str) -> str:
             )"""
 
 
-def compiles_passed(run: Run) -> list[tuple[str, int]]:
+def compiles_passed(run: Run) -> list[Ready]:
     """The run's incomplete compile slots that every rank has passed (after the batches commit, so
     the last committer sees every rank's progress).
 
@@ -109,7 +110,7 @@ def compiles_passed(run: Run) -> list[tuple[str, int]]:
             """,
             {"run": run.id, "ws": run.world_size},
         )
-        return [(COMPILE, row[0]) for row in cur.fetchall()]
+        return [(COMPILE, row[0], run.id) for row in cur.fetchall()]
 
 
 def array_literal(values: list[int]) -> str:
@@ -242,16 +243,17 @@ def unsettled(run_id: int) -> bool:
     return any(model.objects.filter(pending, run_id=run_id).exists() for model in (CompileSlot, GradSlot))
 
 
-def overdue(model: type[CompileSlot | GradSlot], now: datetime | None = None) -> list[int]:
-    """Pending slots whose settle timeout has passed."""
+def overdue(model: type[CompileSlot | GradSlot], now: datetime | None = None) -> dict[int, int]:
+    """Pending slots whose settle timeout has passed: slot id -> run id."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.LOCKSTEP_SETTLE_TIMEOUT)
     table = model._meta.db_table
     with connection.cursor() as cur:
         cur.execute(
-            f"SELECT id FROM {table} WHERE first_seen < %s AND (settled_at IS NULL OR reported > settled_n) LIMIT 5000",
+            f"SELECT id, run_id FROM {table} WHERE first_seen < %s AND (settled_at IS NULL OR reported > settled_n) "
+            "LIMIT 5000",
             [cutoff],
         )
-        return [row[0] for row in cur.fetchall()]
+        return dict(cur.fetchall())
 
 
 MODELS: dict[str, type[CompileSlot | GradSlot]] = {COMPILE: CompileSlot, GRAD: GradSlot}
