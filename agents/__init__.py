@@ -267,6 +267,17 @@ def _install_process_hooks(agent: Agent) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def _say_where(cfg: Config) -> None:
+    """Rank 0 names its run and the run's page once, in one line on stderr (the other ranks say
+    nothing): a generated key (no LOCKSTEP_RUN) is found nowhere else, and `lockstep check` needs it."""
+    if cfg.rank != 0:
+        return
+    from agents.links import lockstep_run_url
+
+    where = lockstep_run_url(cfg.page_url, cfg.run) or f"(offline: spooled in {cfg.spool_dir})"
+    print(f"lockstep: run {cfg.run} {where}", file=sys.stderr, flush=True)
+
+
 def attach(**given: Unpack[Overrides]) -> Agent | NoopAgent:
     """Start the agent for this process (idempotent: later calls return the same agent). `given`:
     url, token, run, rank, world_size, offline, spool_dir, grad_every (`agents.config.Overrides`);
@@ -287,6 +298,7 @@ def attach(**given: Unpack[Overrides]) -> Agent | NoopAgent:
 
                 enable_default(cfg.fr_buffer_default)  # before the job's init_process_group, or not at all
             _agent = Agent(cfg)
+            _say_where(cfg)
         except Exception as e:  # a broken agent must not break training
             print(f"lockstep: agent disabled: {e!r}", file=sys.stderr)
             _agent = NoopAgent()

@@ -96,7 +96,9 @@ def parser() -> argparse.ArgumentParser:
     silence.add_argument("--hours", type=float, default=2.0, help="how long (default 2)")
     silence.add_argument("--comment", required=True, help="why (shown with the silence)")
     check = verb("check", "exit 1 while a critical incident of RUN is open and unacknowledged, else 0 (for CI)")
-    check.add_argument("run", help="run key")
+    check.add_argument(
+        "run", nargs="?", help="run key (default: the newest run you can see, when all of them are of one project)"
+    )
     login = verb("login", "log in as a user (kept in ~/.config/lockstep/logins.json, mode 0600)")
     login.add_argument("--user", default=os.environ.get("USER"), help="user name (default $USER)")
     login.add_argument("--password-stdin", action="store_true", help="read the password from stdin, not a prompt")
@@ -267,15 +269,16 @@ def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     until the evidence says the ranks agree again (a diverged rank's weights match at a later
     fingerprint); one that only the run's end closed (ended unresolved) still fails the check until
     acknowledged, so a diverged rank never clears itself when the job stops. An acknowledgement lasts
-    until it resolves. The run's verdict comes first."""
-    judged = client.get(f"/runs/{path_of(args.run)}")["verdict"]
-    found = client.get(f"/runs/{path_of(args.run)}/incidents")["incidents"]
+    until it resolves. The run's verdict comes first, named by its key (the newest run without one)."""
+    key = args.run or newest_run(client)
+    judged = client.get(f"/runs/{path_of(key)}")["verdict"]
+    found = client.get(f"/runs/{path_of(key)}/incidents")["incidents"]
     critical = [i for i in found if i["severity"] == "critical" and i["unresolved"]]
     unhandled = [i for i in critical if i["acked_by"] is None]
     if as_json:
         _print_json(
             {
-                "run": args.run,
+                "run": key,
                 "verdict": judged,
                 "ok": not unhandled,
                 "firing": unhandled,
@@ -283,14 +286,27 @@ def check_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
             }
         )
     elif unhandled:
-        print(tables.clean(f"{args.run}: {judged['text']}"))
+        print(tables.clean(f"{key}: {judged['text']}"))
         print(f"{len(unhandled)} critical incident(s) unresolved and unacknowledged")
         print(tables.incidents(unhandled))
     else:
         acked = len(critical) - len(unhandled)
-        print(tables.clean(f"{args.run}: {judged['text']}"))
+        print(tables.clean(f"{key}: {judged['text']}"))
         print("no critical incident unresolved" + (f" and unacknowledged ({acked} acknowledged)" if acked else ""))
     return exits.FIRING if unhandled else exits.OK
+
+
+def newest_run(client: Client) -> str:
+    """The newest run the caller sees (a project token: its project's), for `check` without a key (the
+    agent's generated one is printed by rank 0 only). Refused when those runs are of several
+    projects: which one CI meant would be a guess."""
+    runs = client.get("/runs")["runs"]
+    projects = sorted({run["project"] for run in runs})
+    if len(projects) > 1:
+        raise CliError(f"name the run: you see runs of {len(projects)} projects ({', '.join(projects)})", exits.USAGE)
+    if not runs:
+        raise CliError("no run to check: none has reported yet", exits.NOT_FOUND)
+    return str(runs[0]["key"])
 
 
 def incidents_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
