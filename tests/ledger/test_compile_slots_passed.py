@@ -32,7 +32,7 @@ def announced():
     seen: list[int] = []
 
     def receiver(sender, ready, **kwargs):
-        seen.extend(slot_id for kind, slot_id in ready if kind == "compile")
+        seen.extend(slot_id for kind, slot_id, _ in ready if kind == "compile")
 
     slots_ready.connect(receiver, dispatch_uid="test-compile-slots-passed")
     yield seen
