@@ -14,6 +14,8 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from lockstep_cli import exits, logins, tables
 from lockstep_cli.client import Client, path_of
@@ -156,16 +158,16 @@ def runs_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
 
 def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
     if not args.follow:
-        body = client.get(f"/runs/{path_of(args.run)}/alerts")
+        listed = all_alerts(client, args.run)
         if as_json:
-            _print_json(body)
+            _print_json({"alerts": listed})
         else:
-            print(tables.alerts(body["alerts"]))
+            print(tables.alerts(listed))
         return exits.OK
     login = can_follow(client)  # a token-only user hears so now, not after waiting for the run
     wait_for_run(client, args.run, args.wait)  # a follower started before the job's first batch
     with feed(client, args.run, login) as messages:  # subscribed before listing: nothing falls in between
-        listed = client.get(f"/runs/{path_of(args.run)}/alerts")["alerts"]
+        listed = all_alerts(client, args.run)
         if as_json:
             for alert in listed:
                 _print_json(alert)
@@ -178,6 +180,19 @@ def alerts_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:
             else:
                 print("  ".join(tables.cell(v) for v in tables.alert_row(alert)), flush=True)
     return exits.OK
+
+
+def all_alerts(client: Client, key: str) -> list[dict[str, Any]]:
+    """Every alert of the run: the API answers a page at a time, each naming the next (`alerts_page`)."""
+    listed: list[dict[str, Any]] = []
+    page = "1"
+    while True:
+        body = client.get(f"/runs/{path_of(key)}/alerts", page=page)
+        listed += body["alerts"]
+        following = body.get("alerts_page", {}).get("next")
+        if not following:
+            return listed
+        page = parse_qs(urlsplit(following).query)["page"][0]
 
 
 def cost_cmd(client: Client, args: argparse.Namespace, as_json: bool) -> int:

@@ -25,7 +25,7 @@ from dashboard.tenancy.auth import Principal
 from dashboard.tenancy.models import BASELINE, READ, RESOLVE, Rank
 from dashboard.web import input_bounds, services
 from dashboard.web.forms import SilenceForm
-from dashboard.web.paging import RANKS_PER_PAGE, ranks_page
+from dashboard.web.paging import alerts_page, ranks_page
 from ingest.refusals import Refusal
 
 if TYPE_CHECKING:
@@ -188,12 +188,15 @@ def silence_json(s: Silence) -> dict[str, Any]:
 @api_view
 def runs(request: HttpRequest, who: Principal) -> JsonResponse:
     """`?status=running|finished|failed|stalled` and `?verdict=in_lockstep|diverged|failed|stalled|recovered`
-    narrow the list; any other status or verdict is a 400."""
-    listed = list(
-        services.runs_list(who, request.GET.get("status", "").strip(), request.GET.get("verdict", "").strip())[
-            :RUNS_LISTED
-        ]
-    )
+    narrow the list; any other status or verdict is a 400. `?key=` (repeated, at most RUNS_LISTED): only
+    the runs of those keys (what the runs list page reads again when its runs changed)."""
+    found = services.runs_list(who, request.GET.get("status", "").strip(), request.GET.get("verdict", "").strip())
+    keys = request.GET.getlist("key")
+    if len(keys) > RUNS_LISTED:
+        raise Refusal(400, f"at most {RUNS_LISTED} keys", path="key")
+    if keys:
+        found = found.filter(key__in=keys)
+    listed = list(found[:RUNS_LISTED])
     verdicts = services.verdicts(listed)
     return JsonResponse({"runs": [run_json(r, verdicts[r.id]) for r in listed]})
 
@@ -208,23 +211,26 @@ def run_detail(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
         "compile_slots": run.compileslot_set.count(),
         "grad_slots": run.gradslot_set.count(),
     }
-    paging = {
-        "page": page.number,
-        "pages": page.pages,
-        "per_page": RANKS_PER_PAGE,
-        "next": f"{reverse('api-run', args=[run.key])}?page={page.next}" if page.next else None,
-    }
-    ranks = [rank_json(r) for r in page.ranks]
+    paging = page.as_json(reverse("api-run", args=[run.key]))
+    ranks = [rank_json(r) for r in page.rows]
     body = {**run_json(run, services.verdicts([run])[run.id]), "ranks": ranks, "ranks_page": paging}
     return JsonResponse({**body, "summary": summary, "notices": reads.agent_notices(run.id)})
 
 
 @api_view
 def run_alerts(request: HttpRequest, who: Principal, key: str) -> JsonResponse:
-    alerts = list(services.run_alerts(who, key))
+    """`alerts`: ALERTS_PER_PAGE of them, newest first (`?page=`, from 1); `alerts_page` says which and
+    links the next (2,500 alerts had been 1.3 MiB in one answer)."""
+    page = alerts_page(services.run_alerts(who, key), request.GET.get("page"))
+    alerts = list(page.rows)
     webhooks = services.webhook_deliveries(alerts)
     none = {"pending": 0, "sent": 0, "failed": 0}
-    return JsonResponse({"alerts": [{**a.as_json(), "webhooks": webhooks.get(a.id, none)} for a in alerts]})
+    return JsonResponse(
+        {
+            "alerts": [{**a.as_json(), "webhooks": webhooks.get(a.id, none)} for a in alerts],
+            "alerts_page": page.as_json(reverse("api-run-alerts", args=[key])),
+        }
+    )
 
 
 @api_view

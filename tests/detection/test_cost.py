@@ -2,7 +2,7 @@
 
 import pytest
 
-from dashboard.detection.cost import Compile, compute
+from dashboard.detection.cost import BILL_ROWS, Compile, compute
 from dashboard.detection.remedies import reason_line, remedy
 
 F, G = "model.py:46:forward", "model.py:90:loss"
@@ -151,3 +151,22 @@ def test_remedies_are_one_line_each():
         "first_compile"
     )
     assert all("\n" not in remedy(cause) for cause in ("first_compile", "compile_straggler", "failed_compile"))
+
+
+def test_a_bill_lists_its_costliest_frames_and_lines_and_sums_the_rest():
+    """Was: every frame and line listed (a run of 40,000 frames: a bill of 17.5 MiB)."""
+    frames = [c(0, f"model.py:{i}:f{i}", step=i, seconds=1.0 + i / 1000) for i in range(BILL_ROWS + 150)]
+    reasons = [
+        c(1, F, index=i, step=10_000 + i, seconds=0.5, reason=f"0/{i - 1}: tensor 'x{i}' size mismatch at index 0")
+        for i in range(1, BILL_ROWS + 51)
+    ]
+    bill = compute(2, frames + reasons)
+    assert len(bill["frames"]) == BILL_ROWS and bill["frames"][0]["frame"] == F  # the costliest first
+    assert bill["frames_left_out"]["count"] == len(frames) + 1 - BILL_ROWS  # F and every other frame, less those shown
+    shown = sum(f["gpu_seconds"] for f in bill["frames"])
+    assert shown + bill["frames_left_out"]["gpu_seconds"] == pytest.approx(bill["gpu_seconds"], abs=0.01)
+    forward = bill["frames"][0]
+    assert len(forward["lines"]) == BILL_ROWS and forward["lines_left_out"]["count"] == 50
+    assert len(bill["lines"]) == BILL_ROWS and bill["lines_left_out"]["count"] == len(frames) + len(reasons) - BILL_ROWS
+    listed = sum(x["gpu_seconds"] for x in bill["lines"])
+    assert listed + bill["lines_left_out"]["gpu_seconds"] == pytest.approx(bill["gpu_seconds"], abs=0.01)

@@ -14,13 +14,13 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from functools import wraps
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Model, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -40,7 +40,7 @@ from dashboard.web.forms import SilenceForm
 from dashboard.web.pages import alerting, frames
 from dashboard.web.pages import compare as comparing
 from dashboard.web.pages.links import run_links
-from dashboard.web.paging import RanksPage, ranks_page
+from dashboard.web.paging import Page, alerts_page, ranks_page
 from ingest.refusals import Refusal
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ RUNS_LISTED = 200
 BASELINE_REFUSED = "Choose another run of the same project as the baseline."
 
 View = Callable[..., HttpResponse]
+Rows = TypeVar("Rows")
+M = TypeVar("M", bound=Model)
 
 
 def page(view: View) -> View:
@@ -149,7 +151,7 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
             "over": over,
             "sweep_stopped": None if over else sweep_stopped(),
             "flight": flight_recorder_view(alerts),
-            "ranks": _ranks(found, request.GET.get("page")),
+            "ranks": _shown(ranks_page, found, request.GET.get("page")),
             "alerts": alerts,
             "incidents": services.run_incidents(caller, key)[:ALERTS_ON_RUN_PAGE],
             "summary": run_headline_counts(found),
@@ -166,12 +168,21 @@ def run(request: HttpRequest, caller: Principal, key: str) -> HttpResponse:
     )
 
 
-def _ranks(run: Run, page: str | None) -> RanksPage:
-    """The page of the run's ranks the table shows; a page that is not a number is a 404 page."""
+def _shown(paging: Callable[[Rows, str | None], Page[M]], rows: Rows, page: str | None) -> Page[M]:
+    """The page of `rows` a table shows (`paging`'s); a page that is not a number is a 404 page."""
     try:
-        return ranks_page(run, page)
+        return paging(rows, page)
     except Refusal as refusal:
         raise Http404(refusal.message) from None
+
+
+def _page_link(request: HttpRequest, number: int | None) -> str | None:
+    """The query of this page at page `number`, its filters kept (None: no such page)."""
+    if number is None:
+        return None
+    query = request.GET.copy()
+    query["page"] = str(number)
+    return f"?{query.urlencode()}"
 
 
 def is_over(run: ListedRun) -> bool:
@@ -262,15 +273,19 @@ def alerts(request: HttpRequest, caller: Principal) -> HttpResponse:
     filters = {k: request.GET.get(k, "") for k in ("run", "kind", "severity", "state", "acked")}
     filters["state"] = filters["state"] or alerting.UNRESOLVED  # what `lockstep check` fails on, after the run too
     active = list(alerting.active_silences(caller))
-    shown = list(alerting.alerts_for(caller, filters)[:500])
-    webhooks = services.webhook_deliveries(shown)
-    rows = [(a, silences.first_covering(a, active), webhooks.get(a.id, {}).get("failed", 0)) for a in shown]
+    shown = _shown(alerts_page, alerting.alerts_for(caller, filters), request.GET.get("page"))
+    listed = list(shown.rows)
+    webhooks = services.webhook_deliveries(listed)
+    rows = [(a, silences.first_covering(a, active), webhooks.get(a.id, {}).get("failed", 0)) for a in listed]
     return render(
         request,
         "dashboard/alerts.html",
         {
             "incidents": services.visible_incidents(caller, filters["run"], filters["state"]),
             "rows": rows,
+            "shown": shown,
+            "previous_page": _page_link(request, shown.previous),
+            "next_page": _page_link(request, shown.next),
             "filters": filters,
             "silences": active,
             "kinds": alerting.kinds_of(caller),
