@@ -42,7 +42,7 @@ class AlertClock(threading.Thread):
         try:
             for raw in self.ws:
                 alert = json.loads(raw).get("alert") or {}
-                group = (alert.get("details") or {}).get("group")
+                group = str((alert.get("details") or {}).get("group"))
                 if alert.get("kind") == "grad_divergence" and group not in self.seen:
                     self.seen[group] = time.perf_counter()
         except Exception:
