@@ -426,13 +426,18 @@ class Transport:
                 delay = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (self._failures - 1)) * random.uniform(0.5, 1.0)
             self._not_before = time.monotonic() + delay
             log.debug("lockstep: delivery failed (%s), retry in %.2fs", outcome.detail, delay)
-            self._tell_once(f"cannot deliver to {self.cfg.url} ({outcome.detail})")
+            spool = os.path.abspath(self.cfg.spool_dir)
+            self._tell_once(
+                f"cannot deliver to {self.cfg.url} ({outcome.detail}); batches wait in {spool} and go out when "
+                f"the server answers (or later: python -m agents upload {spool} --url URL --token TOKEN)"
+            )
             return
         self._failures = 0
         if outcome.kind == "split":
             return
         if outcome.kind == "quarantine":
             log.warning("lockstep: batch rejected as malformed, quarantined in the spool: %s", outcome.detail)
+            self._tell_once(f"the server refused a batch for good ({outcome.detail}); it is kept aside in the spool")
             self.stats["quarantined_batches"] += 1
             self._count_drop(n, "quarantined")
             return
@@ -451,17 +456,14 @@ class Transport:
             self._upload_flight_record()
 
     def _tell_once(self, what: str) -> None:
-        """The first failed delivery of rank 0's process, on stderr: a wrong token or an unreachable
-        server would otherwise leave a job's team looking at an empty dashboard with no clue. Once: the
-        agent keeps retrying quietly, and the other ranks would only repeat it."""
+        """The first failed delivery of rank 0's process, on stderr: a wrong token, an unreachable server
+        or a run the server refuses (wider than its LOCKSTEP_MAX_RANKS) would otherwise leave a job's team
+        looking at an empty dashboard with no clue. Once: the agent goes on quietly, and the other ranks
+        would only repeat it."""
         if self._told or self.cfg.rank != 0:
             return
         self._told = True
-        spool = os.path.abspath(self.cfg.spool_dir)
-        sys.stderr.write(
-            f"lockstep: {what}; batches wait in {spool} and go out when the server answers "
-            f"(or later: python -m agents upload {spool} --url URL --token TOKEN)\n"
-        )
+        sys.stderr.write(f"lockstep: {what}\n")
 
     def _upload_flight_record(self) -> None:
         """The server asked for a Flight Recorder dump (agents/flight_recorder.py): taken here, on the

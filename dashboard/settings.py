@@ -323,7 +323,8 @@ LOCKSTEP_BLOB_QUOTA_DAY = int(os.environ.get("LOCKSTEP_BLOB_QUOTA_DAY", str(256 
 LOCKSTEP_BLOB_ASKS_PER_RUN = int(os.environ.get("LOCKSTEP_BLOB_ASKS_PER_RUN", "1000"))
 # Rows a project's token can make (ingest/quotas.py): new runs within an hour (429 past it) and ranks of a run (400).
 LOCKSTEP_RUNS_PER_HOUR = int(os.environ.get("LOCKSTEP_RUNS_PER_HOUR", "600"))
-LOCKSTEP_MAX_RANKS = int(os.environ.get("LOCKSTEP_MAX_RANKS", "4096"))
+# the widest jobs the product is built for (100k GPUs and more); a team that wants a lower bound sets one
+LOCKSTEP_MAX_RANKS = int(os.environ.get("LOCKSTEP_MAX_RANKS", "131072"))
 LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # /metrics needs it as bearer token
 # /metrics names every project and run: refused (403) until LOCKSTEP_METRICS_TOKEN is set, unless made public on purpose
 LOCKSTEP_METRICS_PUBLIC = _env_bool("LOCKSTEP_METRICS_PUBLIC", False)

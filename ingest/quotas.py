@@ -37,7 +37,8 @@ def check_ranks(batch: protocol.Batch) -> None:
     if batch.run.world_size > limit:
         raise Refusal(
             400,
-            f"world_size {batch.run.world_size} exceeds this server's LOCKSTEP_MAX_RANKS ({limit})",
+            f"world_size {batch.run.world_size} exceeds this server's LOCKSTEP_MAX_RANKS ({limit}): "
+            f"its operator sets LOCKSTEP_MAX_RANKS={batch.run.world_size} or more to take this job",
             "run.world_size",
         )
 

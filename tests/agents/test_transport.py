@@ -407,3 +407,19 @@ def test_rank_0_says_once_on_stderr_why_nothing_gets_through(tmp_path, stub, cap
     assert f"cannot deliver to {stub.url} (HTTP 401: " in err and "unknown token" in err
     assert f"batches wait in {spool} " in err and f"python -m agents upload {spool} " in err
     assert read_spool(str(spool))  # and they do wait there
+
+
+def test_rank_0_says_once_on_stderr_that_the_server_refuses_its_run_and_what_to_set(tmp_path, stub, capsys):
+    """A run wider than the server's LOCKSTEP_MAX_RANKS: every batch is refused for good (400 naming the
+    field); rank 0 says so once, with the server's words (what its operator sets)."""
+    error = (
+        "world_size 16384 exceeds this server's LOCKSTEP_MAX_RANKS (4096): its operator sets LOCKSTEP_MAX_RANKS=16384"
+    )
+    stub.script = [(400, {}, {"error": error, "path": "run.world_size"})] * 1000
+    cfg = resolve(url=stub.url, token="t", run="run-1", rank=0, world_size=16384, spool_dir=str(tmp_path / "s0"))
+    t = Transport(cfg)
+    _send_steps(t, range(4), pause=0.05)
+    t.close(timeout=1)
+    err = capsys.readouterr().err
+    assert err.count("lockstep: ") == 1, err
+    assert "the server refused a batch for good (HTTP 400: " in err and "LOCKSTEP_MAX_RANKS=16384" in err
