@@ -7,6 +7,7 @@ from django.urls import path
 
 from dashboard.web import api
 from dashboard.web.pages import cost as cost_pages
+from dashboard.web.pages import live
 from dashboard.web.pages import views as pages
 from ingest import views as ingest
 
@@ -20,6 +21,7 @@ urlpatterns = [
     path("api/v1/runs/<str:key>/incidents", api.run_incidents, name="api-run-incidents"),
     path("api/v1/runs/<str:key>/timeline", api.run_timeline, name="api-run-timeline"),
     path("api/v1/runs/<str:key>/cost", api.run_cost, name="api-run-cost"),
+    path("api/v1/runs/<str:key>/now", live.run_now_view, name="api-run-now"),
     path("api/v1/compare", api.compare, name="api-compare"),
     path("api/v1/alerts/<int:alert_id>/ack", api.alert_ack, name="api-alert-ack"),
     path("api/v1/alerts/<int:alert_id>/resolve", api.alert_resolve, name="api-alert-resolve"),

@@ -60,7 +60,10 @@ def push(alerts: list[Alert], changed_incidents: Sequence[Incident] = ()) -> Non
 
 def push_progress(run: Run, ranks: list[dict[str, Any]], strip: list[dict[str, Any]] | None = None) -> None:
     """An aggregate per run (never raw per-rank events: groups have a capacity). `strip`: the run page's
-    per-rank phases (`detection.runs.strip`, bounded), for the run's group only."""
+    per-rank phases (`detection.runs.strip`, bounded), for the run's group only; a rank that ended or
+    was lost is shown as such, not in the phase of its last sample (`ended_in_strip`), and a run with
+    no rank running sends none. The pages read the run again when these counts move (run.js, runs.js)."""
+    strip = ended_in_strip(strip or [], ranks) if any(r["status"] == "running" for r in ranks) else None
     steps = [r["last_step"] for r in ranks if r["last_step"] is not None]
     message = {
         "type": "progress",
@@ -126,6 +129,30 @@ def pending(limit: int = 500) -> list[int]:
 
 def pending_incidents(limit: int = 500) -> list[int]:
     return list(Incident.objects.filter(notified_revision__lt=F("revision")).values_list("id", flat=True)[:limit])
+
+
+def ended_in_strip(strip: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The strip's rows of ranks that are no longer running (their status: a rank_end's, or lost) say
+    so, after the live ones: a progress sample outlives its rank by LOCKSTEP_SILENT_AFTER, and a crashed
+    rank must not read as still compiling."""
+    over = {r["rank"]: r for r in ranks if r["status"] != "running"}
+    live = [row for row in strip if row["rank"] not in over]
+    ended = [
+        {
+            **row,
+            "phase": "ended",
+            "ended": over[row["rank"]]["status"],
+            "step": over[row["rank"]]["last_step"],
+            "for_s": None,
+            "since_step_s": None,
+            "op": "",
+            "where": "",
+            "holding": False,
+        }
+        for row in strip
+        if row["rank"] in over
+    ]
+    return live + ended
 
 
 async def _send(messages: list[tuple[str, dict[str, Any]]]) -> None:

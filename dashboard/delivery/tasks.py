@@ -70,11 +70,16 @@ def mirror_silences(project_id: int) -> int:
 
 @shared_task(ignore_result=True)
 def sweep() -> int:
-    """Every 2 s (beat): progress of active runs to their pages, pending alert and incident revisions
+    """Every 2 s (beat): progress of active runs to their pages (and of runs that ended a moment ago, so
+    that a page left open says so), pending alert and incident revisions
     delivered, due notifications sent (first attempts lost on the way, retries, rate-limited updates),
     Alertmanager's firing incidents refreshed, pending silences synced."""
-    for run in runs.active_runs():
+    active = runs.active_runs()
+    for run in active:
         notify.push_progress(run, runs.rank_rows(run), runs.strip(run))
+    for run in runs.just_ended():  # its last rank ended: the pages left open learn it (no strip)
+        if run not in active:
+            notify.push_progress(run, runs.rank_rows(run))
     pending = notify.pending()
     for alert_id in pending:
         deliver.delay(alert_id)

@@ -1,5 +1,6 @@
 // Run page: the compile bill panel, from GET /api/v1/runs/<key>/cost. Every value from the agents
-// (frame names, guard failures) is set as text, never as HTML. Refreshed every 30 s while the page is open.
+// (frame names, guard failures) is set as text, never as HTML. Refreshed every 30 s while the page is open,
+// and when run.js reads that the run changed (at most every 5 s).
 (function () {
   "use strict";
   const panel = document.getElementById("cost");
@@ -61,4 +62,10 @@
   }
   load();
   setInterval(load, 30000);
+  // run.js says the run changed (read again after live news or a reconnect): at most one load per 5 s
+  let last = Date.now(), queued = null;
+  document.addEventListener("lockstep:run-changed", () => {
+    if (queued) return;
+    queued = setTimeout(() => { queued = null; last = Date.now(); load(); }, Math.max(0, last + 5000 - Date.now()));
+  });
 })();
