@@ -25,7 +25,7 @@ from urllib.parse import quote
 from django.conf import settings
 
 from dashboard.delivery import outbound
-from dashboard.detection.models import Alert, Incident
+from dashboard.detection.models import Alert, Incident, remedy_of
 
 Receipt = dict[str, Any]
 TEXT_MAX_CHARS = 3000  # a message, in any sink
@@ -75,13 +75,25 @@ def headline(incident: Incident) -> str:
     return f"{root.kind}{where} in run {incident.run.key}{step}{more}: {root.message}"[:TEXT_MAX_CHARS]
 
 
+def remedy_line(incident: Incident) -> str:
+    """What to do about it, as the run page says it: "... (docs/alerts.md#kind)" (bounded)."""
+    remedy = remedy_of(root_of(incident))
+    return f"{remedy['text']} ({remedy['doc']})"[:TEXT_MAX_CHARS]
+
+
 def update_note(incident: Incident, previous: Receipt | None) -> str:
     """Where a destination holds no object per incident (a Slack channel), a later revision of a page
-    it was already sent says it updates that page, so nobody reads a second cause into it; a cause
-    that arrived after its symptom re-roots the incident, and the message says so."""
+    it was already sent says what it changes, so nobody reads a second cause into it: who acknowledged
+    it (or that nobody does any more), or that it updates the page; a cause that arrived after its
+    symptom re-roots the incident, and the message says so."""
     page = (previous or {}).get("page")
     if not page:
         return ""
+    acker = incident.acked_by
+    if acker is not None and not page.get("acked"):
+        return f"{acker.get_username()} acknowledged incident #{incident.id}: "
+    if page.get("acked") and acker is None and incident.state == Incident.State.FIRING:
+        return f"Incident #{incident.id} is no longer acknowledged: "
     rerooted = page.get("root") is not None and page.get("root") != incident.root_id
     return f"Update of incident #{incident.id}{', its cause found' if rerooted else ''}: "
 

@@ -10,8 +10,11 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models import Count, Q
 
 from dashboard.detection.remedies import incident_remedy
+from dashboard.ledger.models import GradSlot
+from dashboard.ledger.slots import PARAM_PREFIX
 from dashboard.tenancy.models import Project, Run
 
 
@@ -127,7 +130,7 @@ class Incident(models.Model):
             }
             if root
             else None,
-            "remedy": incident_remedy(root.kind, root.details) if root else None,
+            "remedy": remedy_of(root) if root else None,
             "alerts": [a.id for a in members],
             "consequences": [
                 {
@@ -208,3 +211,30 @@ class RunCost(models.Model):
 
     class Meta:
         db_table = "detection_runcost"
+
+
+def remedy_of(root: Alert) -> dict[str, Any]:
+    """What to do about an incident rooted at `root` ({text, doc}): the page, the API and every sink say it."""
+    return incident_remedy(root.kind, root.details, weights_parted(root), root.ranks)
+
+
+def weights_parted(alert: Alert) -> str:
+    """How the weights of a `param_divergence` came apart, from its group's slots up to its step (a
+    weight fingerprint of step S is taken after S's update): "update" if every gradient compared agreed
+    and the weights had agreed at an earlier fingerprint (the optimizer's step differed: a rank's
+    learning rate, say), "first" if every gradient compared agreed and no earlier fingerprint did (that
+    too, or the ranks started from different weights), else "" (a gradient differed, or none was compared)."""
+    group = (alert.details or {}).get("group")
+    if alert.kind != "param_divergence" or not isinstance(group, str) or alert.step is None:
+        return ""
+    compared = GradSlot.objects.filter(run_id=alert.run_id, step__lte=alert.step, settled_at__isnull=False).exclude(
+        consensus={}
+    )
+    counts = compared.aggregate(
+        grads=Count("id", filter=Q(group=group)),
+        grads_differed=Count("id", filter=Q(group=group) & ~Q(dissenters=[])),
+        weights_agreed=Count("id", filter=Q(group=PARAM_PREFIX + group, step__lt=alert.step, dissenters=[])),
+    )
+    if not counts["grads"] or counts["grads_differed"]:
+        return ""
+    return "update" if counts["weights_agreed"] else "first"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from typing import Any
 
 _PREFIX = re.compile(r"^\s*-?\s*(?:!?\d+/)*\d+:\s*")  # "0/0: ", "!1/0/2: " (compile ids before each reason)
@@ -142,9 +143,38 @@ INCIDENT_REMEDIES = {
 }
 
 
-def incident_remedy(kind: str, details: dict[str, Any] | None) -> dict[str, Any]:
-    """What to do about an incident rooted in an alert of `kind`, and where the alert reference says
-    more: the alert's own advice where its rule gave one (a crash's hint, a cost's remedy)."""
+# What to do about weights that differ while every gradient compared agreed, by when they parted
+# (`models.weights_parted`): no grad_divergence to find, the optimizer's step differed (or the start).
+_OPTIMIZER = (
+    "the gradients agreed, the weights did not: compare the optimizer settings of {ranks} with another rank's "
+    "(learning rate and its scheduler, weight decay, momentum, param groups)"
+)
+PARTED_REMEDIES = {
+    "update": _OPTIMIZER + ", then restart from a checkpoint written by a majority rank",
+    "first": _OPTIMIZER + ", and check that every rank started from the same weights (one seed, or rank 0's "
+    "broadcast before training, as DDP does); then restart from a checkpoint written by a majority rank",
+}
+
+
+def incident_remedy(
+    kind: str, details: dict[str, Any] | None, parted: str = "", ranks: Sequence[int] = ()
+) -> dict[str, Any]:
+    """What to do about an incident rooted in an alert of `kind` (of `ranks`), and where the alert
+    reference says more: the alert's own advice where its rule gave one (a crash's hint, a cost's
+    remedy); for weights that differ, by when they parted (`PARTED_REMEDIES`)."""
     own = (details or {}).get("hint") or (details or {}).get("remedy")
-    text = own if isinstance(own, str) and own else INCIDENT_REMEDIES.get(kind, "see the alert reference")
+    if isinstance(own, str) and own:
+        text = own
+    elif kind == "param_divergence" and parted in PARTED_REMEDIES:
+        text = PARTED_REMEDIES[parted].format(ranks=_ranks(ranks))
+    else:
+        text = INCIDENT_REMEDIES.get(kind, "see the alert reference")
     return {"text": text, "doc": f"{ALERTS_DOC}#{kind}"}
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """ "rank 2", "ranks 1, 2" ("the named ranks" for none)."""
+    ordered = sorted(ranks)
+    if not ordered:
+        return "the named ranks"
+    return f"rank{'s' if len(ordered) > 1 else ''} {', '.join(map(str, ordered))}"

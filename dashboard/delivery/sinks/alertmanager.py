@@ -75,6 +75,7 @@ class Alertmanager(Sink):
         annotations = {
             "summary": transports.headline(incident)[: transports.SHORT_MAX_CHARS],
             "description": root.message[: transports.TEXT_MAX_CHARS],
+            "remedy": transports.remedy_line(incident),
             "count": str(sum(a.count for a in transports.members(incident))),
             "alerts": str(len(transports.members(incident))),
         }

@@ -39,6 +39,9 @@ class SlackWebhook(Sink):
                     "short": False,
                 }
             )
+        fields.append(
+            {"title": "what to do", "value": transports.slack_escape(transports.remedy_line(incident)), "short": False}
+        )
         if consequences:
             fields.append(
                 {

@@ -196,12 +196,40 @@ def alerted(run: Run, frame: str) -> dict[int, list[int]]:
     return {d["index"]: ranks for d, ranks in reversed(list(found)) if isinstance(d.get("index"), int)}
 
 
-def choose(found: list[CompileSlot], index: int | None, alerted: dict[int, list[int]]) -> CompileSlot | None:
-    """The slot asked for, else the first with dissenters, else the first an alert names, else the first."""
+def count_dissent(run: Run, found: list[CompileSlot]) -> dict[int, str]:
+    """Compile index -> its dissenters in words, for recompiles only some ranks reported: the side
+    that is fewer, as `recompile_divergence` names it ("1 (recompiled alone)", "2 (did not recompile)").
+    A slot's own dissenters are about the graphs of the ranks that reported it, and a lone recompile
+    has none: the rank that recompiled while the others did not is the odd one out."""
+    partial = [s.index for s in found if s.index > 0 and 0 < s.reported < run.world_size]
+    if not partial:
+        return {}
+    reporters = sql.rows(
+        """
+        SELECT index, array_agg(DISTINCT rank ORDER BY rank) FROM {compile_events}
+        WHERE run_id = %s AND frame = %s AND index = ANY(%s) GROUP BY index
+        """,
+        [run.id, found[0].frame, partial],
+    )
+    out = {}
+    for index, compiled in reporters:
+        skipped = sorted(set(range(run.world_size)) - set(compiled))
+        if len(compiled) <= len(skipped):
+            out[index] = f"{rank_ranges(compiled)} (recompiled{' alone' if len(compiled) == 1 else ''})"
+        else:
+            out[index] = f"{rank_ranges(skipped)} (did not recompile)"
+    return out
+
+
+def choose(
+    found: list[CompileSlot], index: int | None, alerted: dict[int, list[int]], odd: dict[int, str]
+) -> CompileSlot | None:
+    """The slot asked for, else the first with dissenters (of its graph, or of who recompiled it), else
+    the first an alert names, else the first."""
     by_index = {s.index: s for s in found}
     if index is not None and index in by_index:
         return by_index[index]
-    dissent = next((s for s in found if s.dissenters), None)
+    dissent = next((s for s in found if s.dissenters or s.index in odd), None)
     named = next((by_index[i] for i in sorted(alerted) if i in by_index), None)
     return dissent or named or (found[0] if found else None)
 
@@ -209,18 +237,20 @@ def choose(found: list[CompileSlot], index: int | None, alerted: dict[int, list[
 def frame_view(run: Run, frame: str, index: int | None) -> dict[str, Any]:
     found = slots(run, frame)
     flagged = alerted(run, frame)
-    chosen = choose(found, index, flagged)
+    odd = count_dissent(run, found)
+    chosen = choose(found, index, flagged, odd)
     majority, minority, diff, code = slot_diff(run, chosen, flagged) if chosen else (None, None, [], None)
     return {
         "frame": frame,
         "slots": [
             {
                 "slot": s,
-                "dissenters": rank_ranges(sorted(s.dissenters)),
+                "dissenters": rank_ranges(sorted(s.dissenters)) or odd.get(s.index, ""),
                 "reference": json.dumps(s.consensus.get("reference")) if s.consensus else "",
             }
             for s in found
         ],
+        "chosen_odd": odd.get(chosen.index, "") if chosen else "",
         "chosen": chosen,
         "majority": majority,
         "minority": minority,

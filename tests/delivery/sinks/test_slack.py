@@ -82,6 +82,12 @@ def test_slack_posts_one_message_titled_by_the_root_with_the_consequences_folded
                             {"title": "step", "value": "12", "short": True},
                             {"title": "frame", "value": "model.py:46:forward", "short": False},
                             {
+                                "title": "what to do",
+                                "value": "look at that rank's host (py-spy, Flight Recorder): the other ranks wait"
+                                " for it (docs/alerts.md#rank_silent)",
+                                "short": False,
+                            },
+                            {
                                 "title": "consequences (1)",
                                 "value": "• rank_crashed on 0: rank 0: Connection reset by peer",
                                 "short": False,
