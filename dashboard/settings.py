@@ -323,6 +323,8 @@ LOCKSTEP_BLOB_QUOTA_DAY = int(os.environ.get("LOCKSTEP_BLOB_QUOTA_DAY", str(256 
 LOCKSTEP_BLOB_ASKS_PER_RUN = int(os.environ.get("LOCKSTEP_BLOB_ASKS_PER_RUN", "1000"))
 # Rows a project's token can make (ingest/quotas.py): new runs within an hour (429 past it) and ranks of a run (400).
 LOCKSTEP_RUNS_PER_HOUR = int(os.environ.get("LOCKSTEP_RUNS_PER_HOUR", "600"))
+# alerts one run keeps one by one; past it each kind's further findings are counted in one alert
+LOCKSTEP_ALERTS_PER_RUN = int(os.environ.get("LOCKSTEP_ALERTS_PER_RUN", "200"))
 # the widest jobs the product is built for (100k GPUs and more); a team that wants a lower bound sets one
 LOCKSTEP_MAX_RANKS = int(os.environ.get("LOCKSTEP_MAX_RANKS", "131072"))
 LOCKSTEP_METRICS_TOKEN = os.environ.get("LOCKSTEP_METRICS_TOKEN", "")  # /metrics needs it as bearer token

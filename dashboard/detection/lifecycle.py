@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -38,9 +39,16 @@ def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: i
     return changed
 
 
+OVERFLOW = "more:"  # subject prefix of the one alert per kind that counts a run's findings past its cap
+
+
 def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bool]:
-    """Create or update the alert for this finding; True when it is news (new, new ranks, re-fired)."""
+    """Create or update the alert for this finding; True when it is news (new, new ranks, re-fired).
+    Past the run's LOCKSTEP_ALERTS_PER_RUN alerts a new subject is counted in its kind's overflow
+    alert instead (`overflowed`)."""
     finding = bounded(finding)
+    if not Alert.objects.filter(run=run, kind=finding.kind, subject=finding.subject).exists() and _full(run):
+        return overflowed(run, finding)
     alert, created = Alert.objects.select_for_update().get_or_create(
         run=run,
         kind=finding.kind,
@@ -81,6 +89,41 @@ def record(run: Run, finding: Finding, at: int | None = None) -> tuple[Alert, bo
         alert.revision += 1
     alert.save()
     return alert, news
+
+
+def _full(run: Run) -> bool:
+    """The run holds its cap of alerts: a flood of divergent slots (thousands of frames) stores a bounded
+    number of alerts, so settling, incidents and pages stay as cheap as for a small run."""
+    return (
+        Alert.objects.filter(run=run).exclude(subject__startswith=OVERFLOW).count() >= settings.LOCKSTEP_ALERTS_PER_RUN
+    )
+
+
+def overflowed(run: Run, finding: Finding) -> tuple[Alert, bool]:
+    """Count a finding past the run's cap in the one alert of its kind that summarises the rest: the
+    first left-out finding's story and how many more there are. News only when it is made: the
+    incident it belongs to was paged already for the alerts before the cap."""
+    alert, created = Alert.objects.select_for_update().get_or_create(
+        run=run,
+        kind=finding.kind,
+        subject=f"{OVERFLOW}{finding.kind}",
+        defaults={
+            "severity": finding.severity,
+            "ranks": list(finding.ranks),
+            "step": finding.step,
+            "frame": finding.frame,
+            "message": f"1 more {finding.kind} past this run's alerts: {finding.message}",
+            "details": {"left_out": 1, "first": finding.details},
+        },
+    )
+    if not created:
+        left_out = int((alert.details or {}).get("left_out", 0)) + 1
+        alert.count += 1
+        alert.details = {**alert.details, "left_out": left_out}
+        head = alert.message.split(": ", 1)[-1]
+        alert.message = f"{left_out} more {finding.kind} past this run's alerts: {head}"
+        alert.save(update_fields=["count", "details", "message", "last_seen"])
+    return alert, created
 
 
 def bounded(finding: Finding) -> Finding:

@@ -280,3 +280,19 @@ def test_a_divergence_steps_before_a_common_crash_is_its_own_incident(run):
     apply(run, finding("grad_divergence", (1,), "group:ddp", step=2))
     apply(run, finding("rank_crashed", (0, 1, 2), "error:9:RuntimeError", step=9, alike=[0, 1, 2]))
     assert sorted(i.root.kind for i in pages(run)) == ["grad_divergence", "rank_crashed"]
+
+
+def test_past_the_runs_alert_cap_findings_are_counted_in_one_alert_per_kind(run, settings):
+    """A flood of diverging frames keeps a bounded number of alerts: settling and the incident stay cheap."""
+    settings.LOCKSTEP_ALERTS_PER_RUN = 3
+    for n in range(10):
+        apply(run, finding("graph_divergence", (1,), f"frame:gen.py:{n}:f", frame=f"gen.py:{n}:f", step=0))
+    kept = Alert.objects.filter(run=run).exclude(subject__startswith="more:")
+    assert kept.count() == 3
+    overflow = Alert.objects.get(run=run, subject="more:graph_divergence")
+    assert overflow.details["left_out"] == 7 and overflow.count == 7
+    assert overflow.message.startswith("7 more graph_divergence past this run's alerts: graph_divergence on (1,)")
+    apply(run, finding("graph_divergence", (1,), "frame:gen.py:0:f", frame="gen.py:0:f", step=0))  # a kept one
+    assert Alert.objects.get(run=run, subject="frame:gen.py:0:f").count == 2
+    [incident] = pages(run)  # one cause (rank 1): one page, the summary inside it
+    assert incident.alerts.count() == 4
