@@ -44,6 +44,7 @@ from agents import protocol
 from agents.fingerprinting import Pending, balanced_buckets, bucket_fingerprints, host_pending
 
 RING_STEPS = 128
+RECENT_STEPS = 16  # an optimizer that has not stepped for this many steps is no longer held for the final weights
 Groups = dict[str, tuple[list[str], list[torch.Tensor]]]  # group -> (names, parameters)
 GroupKey = tuple[tuple[int, ...], tuple[int, ...]]  # ids of the optimizer's parameters and of the DDP modules
 NBUCKETS = 16
@@ -256,6 +257,9 @@ class GradTracker:
         self._handle: RemovableHandle | None = None
         self._told_compiled = False
         self._weights_taken: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        # the optimizers that stepped lately, held (a script's objects are gone by the time it exits and the
+        # agent closes: its final weights need them), let go once they stop stepping (a sweep's old trials)
+        self._recent: dict[torch.optim.Optimizer, int] = {}
 
     @property
     def step(self) -> int:
@@ -312,9 +316,11 @@ class GradTracker:
         step = self._next_step - 1
         if step < 0 or not self._param_every:
             return
-        for optimizer in list(self._optimizers):
-            if self._weights_taken.get(optimizer) != step:
-                self._fingerprint(optimizer, step, weights=True)
+        for optimizer in list(self._recent):
+            cached = self._group_cache.get(optimizer)  # the groups of training: its DDP module may be gone by now
+            if cached is not None and self._weights_taken.get(optimizer) != step:
+                self._fingerprint(optimizer, step, weights=True, groups=cached[1])
+        self._recent.clear()
 
     def weights_at(self, steps: list[int]) -> None:
         """The server wants weight fingerprints after these steps (every rank is asked for the same
@@ -337,6 +343,9 @@ class GradTracker:
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         step = self._next_step
         self._next_step = step + 1
+        self._recent[optimizer] = step
+        if len(self._recent) > 1:
+            self._recent = {o: s for o, s in self._recent.items() if s > step - RECENT_STEPS}
         self._steps_seen += 1
         now = time.perf_counter()
         step_time = None if self._last_time is None else now - self._last_time
@@ -376,8 +385,10 @@ class GradTracker:
         return groups
 
     @torch.no_grad()
-    def _fingerprint(self, optimizer: torch.optim.Optimizer, step: int, weights: bool = False) -> None:
-        groups = self._groups(optimizer)
+    def _fingerprint(
+        self, optimizer: torch.optim.Optimizer, step: int, weights: bool = False, groups: Groups | None = None
+    ) -> None:
+        groups = groups or self._groups(optimizer)
         layout = self._buckets(self._optimizers[optimizer], groups)
         if weights:
             self._weights_taken[optimizer] = step

@@ -161,6 +161,8 @@ def test_torchrun_two_rank_ddp_job(tmp_path):
         grads[rank] = {e.step: e.fps for e in events if isinstance(e, protocol.Grad) and e.group == "ddp"}
         assert sorted(grads[rank]) == list(range(8))
         assert sorted(e.step for e in events if isinstance(e, protocol.Step)) == list(range(8))
+        # weights every 50 steps, and after the last one at the clean exit (the script's objects long gone)
+        assert [e.step for e in events if isinstance(e, protocol.Param)] == [0, 7]
     # Only the shape rank recompiles, at step 3, for a size mismatch.
     recompiles = {r: [c for c in cs if c.index > 0] for r, cs in compiles.items()}
     assert recompiles[0] == []
