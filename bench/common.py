@@ -15,8 +15,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -211,6 +212,32 @@ def fingerprints(step: int, buckets: int) -> list[int]:
 def gzip_body(body: dict | bytes) -> bytes:
     raw = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
     return gzip.compress(raw, compresslevel=6)
+
+
+class AlertClock(threading.Thread):
+    """When each alert of a kind first reaches a project's websocket (`/ws/alerts/` as a member), by
+    `key(alert)`: the latency benches stop their clocks on it."""
+
+    def __init__(self, url: str, session: str, kind: str, key: Callable[[dict], Hashable]) -> None:
+        from websockets.sync.client import connect
+
+        super().__init__(daemon=True)
+        self.kind, self.key = kind, key
+        self.ws = connect(
+            url.replace("http", "ws") + "/ws/alerts/",
+            open_timeout=10,
+            additional_headers={"Cookie": f"sessionid={session}", "Origin": url},
+        )
+        self.seen: dict[Hashable, float] = {}
+
+    def run(self) -> None:
+        try:
+            for raw in self.ws:
+                alert = json.loads(raw).get("alert") or {}
+                if alert.get("kind") == self.kind and self.key(alert) not in self.seen:
+                    self.seen[self.key(alert)] = time.perf_counter()
+        except Exception:
+            return
 
 
 def project_member(name: str) -> tuple[str, str]:

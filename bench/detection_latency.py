@@ -14,41 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from bench.common import bench_env, fresh_database, project_member, setup_django, start_servers
+from bench.common import AlertClock, bench_env, fresh_database, project_member, setup_django, start_servers
 from bench.results import report
 
 TARGETS = {256: (0.25, 1.0), 1024: (None, 2.0)}  # p50, p99 seconds (P2)
-
-
-class AlertClock(threading.Thread):
-    """Records when each alert (by run and comparison group) first arrives on the websocket."""
-
-    def __init__(self, url: str, session: str) -> None:
-        from websockets.sync.client import connect
-
-        super().__init__(daemon=True)
-        self.ws = connect(
-            url.replace("http", "ws") + "/ws/alerts/",
-            open_timeout=10,
-            additional_headers={"Cookie": f"sessionid={session}", "Origin": url},
-        )
-        self.seen: dict[tuple[str | None, str | None], float] = {}
-
-    def run(self) -> None:
-        try:
-            for raw in self.ws:
-                alert = json.loads(raw).get("alert") or {}
-                key = (alert.get("run"), (alert.get("details") or {}).get("group"))
-                if alert.get("kind") == "grad_divergence" and key not in self.seen:
-                    self.seen[key] = time.perf_counter()
-        except Exception:
-            return
 
 
 def post(http: requests.Session, url: str, token: str, run: str, ranks: int, rank: int, trial: int, bad: bool) -> float:
@@ -108,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         time.sleep(3)  # Celery workers ready
-        clock = AlertClock(servers.url, session)
+        clock = AlertClock(
+            servers.url, session, "grad_divergence", lambda a: (a.get("run"), (a.get("details") or {}).get("group"))
+        )
         clock.start()
         for ranks in args.ranks:
             lat = measure(servers.url, token, clock, ranks, args.trials)

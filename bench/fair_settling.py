@@ -13,40 +13,13 @@ The same trials on an idle stack first give the anchor.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import threading
 import time
 
 import requests
 
-from bench.common import bench_env, fresh_database, gzip_body, project_member, setup_django, start_servers
+from bench.common import AlertClock, bench_env, fresh_database, gzip_body, project_member, setup_django, start_servers
 from bench.results import report
-
-
-class AlertClock(threading.Thread):
-    """When each grad_divergence alert (by comparison group) first reaches the websocket."""
-
-    def __init__(self, url: str, session: str) -> None:
-        from websockets.sync.client import connect
-
-        super().__init__(daemon=True)
-        self.ws = connect(
-            url.replace("http", "ws") + "/ws/alerts/",
-            open_timeout=10,
-            additional_headers={"Cookie": f"sessionid={session}", "Origin": url},
-        )
-        self.seen: dict[str, float] = {}
-
-    def run(self) -> None:
-        try:
-            for raw in self.ws:
-                alert = json.loads(raw).get("alert") or {}
-                group = str((alert.get("details") or {}).get("group"))
-                if alert.get("kind") == "grad_divergence" and group not in self.seen:
-                    self.seen[group] = time.perf_counter()
-        except Exception:
-            return
 
 
 def post(url: str, token: str, batch: dict) -> float:
@@ -138,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = start_servers(env, ingest=1, celery=args.celery)
     try:
         time.sleep(3)  # Celery workers ready
-        clock = AlertClock(servers.url, session_b)
+        clock = AlertClock(servers.url, session_b, "grad_divergence", lambda a: (a.get("details") or {}).get("group"))
         clock.start()
         idle = trials(servers.url, token_b, clock, "idle", args.trials, args.every)
         started = time.perf_counter()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from dashboard.detection import incidents, text
@@ -33,7 +33,7 @@ def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: i
     assert transaction.get_connection().in_atomic_block
     recorded = [record(run, f, at) for f in findings]
     changed = [alert.id for alert, news in recorded if news]
-    changed += [alert.id for alert in (resolve(run, kind, subject, at) for kind, subject in clean) if alert]
+    changed += [alert.id for alert in resolve(run, clean, at)]
     incidents.place(run, changed)
     incidents.recount([alert for alert, news in recorded if not news])
     return changed
@@ -139,18 +139,25 @@ def bounded(finding: Finding) -> Finding:
     )
 
 
-def resolve(run: Run, kind: str, subject: str, at: int | None) -> Alert | None:
-    """Resolve a firing alert whose subject came out clean later than it last fired; ack expires."""
-    alert = (
-        Alert.objects.select_for_update().filter(run=run, kind=kind, subject=subject, state=Alert.State.FIRING).first()
-    )
-    if alert is None or (at is not None and alert.last_position is not None and at <= alert.last_position):
-        return None
-    alert.state, alert.resolved_at = Alert.State.RESOLVED, timezone.now()
-    alert.acked_by, alert.acked_at = None, None
-    alert.revision += 1
-    alert.save()
-    return alert
+def resolve(run: Run, clean: list[tuple[str, str]], at: int | None) -> list[Alert]:
+    """Resolve the firing alerts whose (kind, subject) came out clean later than they last fired; acks
+    expire. One query for all of a settle's clean subjects (a slot clears several rules' subjects)."""
+    if not clean:
+        return []
+    wanted = Q()
+    for kind, subject in clean:
+        wanted |= Q(kind=kind, subject=subject)
+    firing = Alert.objects.select_for_update().filter(wanted, run=run, state=Alert.State.FIRING).order_by("id")
+    resolved = []
+    for alert in firing:
+        if at is not None and alert.last_position is not None and at <= alert.last_position:
+            continue
+        alert.state, alert.resolved_at = Alert.State.RESOLVED, timezone.now()
+        alert.acked_by, alert.acked_at = None, None
+        alert.revision += 1
+        alert.save()
+        resolved.append(alert)
+    return resolved
 
 
 RUN_ENDED = incidents.RUN_ENDED  # the resolve_reason of alerts the end of their run closed
