@@ -46,8 +46,8 @@ class Blocks(torch.nn.Module):
         return x
 
 
-def compiled_model(backend: Callable) -> Callable[[torch.Tensor], None]:
-    model = Blocks()
+def compiled_model(backend: Callable, checkpointed: bool = False) -> Callable[[torch.Tensor], None]:
+    model = Blocks(checkpointed)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     forward = torch.compile(model, backend=backend)
 
@@ -90,24 +90,11 @@ def compiled_train_step(backend: Callable) -> Callable[[torch.Tensor], None]:
     return step
 
 
-def checkpointed_model(backend: Callable) -> Callable[[torch.Tensor], None]:
-    model = Blocks(checkpointed=True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    forward = torch.compile(model, backend=backend)
-
-    def step(x: torch.Tensor) -> None:
-        forward(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
-
-    return step
-
-
 PATTERNS = {
     "compiled model": (compiled_model, "grad"),
     "compiled optimizer step": (compiled_optimizer_step, "notice"),
     "compiled train step": (compiled_train_step, "notice"),
-    "activation checkpointing": (checkpointed_model, "grad"),
+    "activation checkpointing": (lambda backend: compiled_model(backend, checkpointed=True), "grad"),
 }
 
 
