@@ -109,7 +109,8 @@ def child(name: str, watched: bool, steps: int, warmup: int) -> dict[str, Any]:
     if agent is not None:
         agent.close(timeout=5)
     metrics = torch._dynamo.utils.get_compilation_metrics()
-    frames = [(m.co_name, m.graph_op_count) for m in metrics if not _agents_own(m.co_filename)]
+    # a record without a frame is a backward graph compiled at its first use, or not, by the cache's state
+    frames = [(m.co_name, m.graph_op_count) for m in metrics if m.co_name and not _agents_own(m.co_filename)]
     return {
         "agent_compiles": sum(_agents_own(m.co_filename) for m in metrics),
         "graphs": sum(1 for _, ops in frames if ops),  # torch's own count holds the agent's kernel too
