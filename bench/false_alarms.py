@@ -77,8 +77,9 @@ CONTROLS = {
     "realism-raise-cold-private": ("rank_crashed", [0, 1, 2]),
     "realism-inf-cold-private": ("nonfinite_grad", [1]),  # rank 1 logged the non-finite loss first
     "realism-late-cause-cold-private": ("recompile_divergence", [1]),
+    "realism-handmade-h100": ("param_divergence", [3]),  # a hand-written all-reduce, rank 3 seeded apart
 }
-RECORDINGS = ("realism_clean.tgz", "realism_controls.tgz", "realism_races.tgz")
+RECORDINGS = ("realism_clean.tgz", "realism_controls.tgz", "realism_races.tgz", "realism_handmade.tgz")
 WRAPPER = "demo/per_rank_env.py"
 HELPERS = [
     "--branch-rank",

@@ -110,14 +110,21 @@ def incidents(stack, token: str, key: str) -> list[dict]:
 def test_positive_controls_are_one_incident_naming_the_rank(stack, tmp_path):
     """Each control is one cause, so one incident, rooted at the rank that did it (rank 1 of 3 for the
     lone recompile and the lone graph break; both ranks for the container-only model, which truly
-    runs eager under torch.compile(DDP(model)))."""
+    runs eager under torch.compile(DDP(model)); rank 3 of 4 seeded apart under a hand-written all-reduce)."""
     project, token = project_with_token("realism-control")
     keys = upload_all(stack, token, "realism_controls.tgz", tmp_path / "controls")
+    keys += upload_all(stack, token, "realism_handmade.tgz", tmp_path / "handmade")
     wait_settled(project, keys)
     found = {key: incidents(stack, token, key) for key in keys}
     roots = {key: [(i["root"]["kind"], i["root"]["ranks"]) for i in found[key]] for key in keys}
     assert roots["realism-containers-cold-private"] == [("ineffective_compile", [0, 1])], roots
     assert roots["realism-recompile-cold-private"] == [("recompile_divergence", [1])], roots
+    # realism_handmade.tgz: demo/handmade_dp_job.py on one H100 (torch 2.11, 4 ranks on cuda:0 over gloo,
+    # `torchrun --nproc-per-node 4 -m agents run demo/handmade_dp_job.py --steps 8 --seed-rank 3 --device cuda`,
+    # LOCKSTEP_OFFLINE=1, 2026-12-06; the run key renamed): gradients averaged by hand agree on every rank,
+    # rank 3's weights (another seed) do not; each rank's own head (never averaged) is never compared
+    assert roots["realism-handmade-h100"] == [("param_divergence", [3])], roots
+    assert {a.kind for a in alerts(project, "realism-handmade-h100")} == {"param_divergence"}
     [(kind, ranks)] = roots["realism-graph-break-cold-shared"]
     assert ranks == [1], roots
     kinds = {a.kind for a in alerts(project, "realism-recompile-cold-private")}
