@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         servers.stop()
     report(
-        "fair_settling",
+        f"fair_settling ({args.flood} slots)",
         argv,
         f"Project B's fault -> alert on its websocket while project A's {args.flood} diverging compile slots settle "
         f"({args.celery} Celery process)",
