@@ -65,6 +65,9 @@ def reason_line(text: str | None) -> str:
     return _NUMBER.sub("N", source_name(reason))[:160]
 
 
+TORCH_OWN = "torch/"  # a frame key of torch's own files (library frames are keyed by their path in the install)
+
+
 def remedy(cause: str, line: str = "", frame: str = "") -> str:
     """One line: the change that removes this cost."""
     if cause == "recompile":
@@ -83,6 +86,12 @@ def remedy(cause: str, line: str = "", frame: str = "") -> str:
         return (
             f"fix the failure ({line}) or keep the frame out of compilation with "
             "torch.compiler.disable; every attempt costs the time until it fails"
+        )
+    if "graph break" in line and frame.startswith(TORCH_OWN):
+        return (
+            "the break is inside torch's own code (DDP's wrappers, its context managers), which you cannot "
+            "change: compile the module inside it instead, DDP(torch.compile(model)) rather than "
+            "torch.compile(DDP(model))"
         )
     if "graph break" in line:
         return (

@@ -170,3 +170,10 @@ def test_a_bill_lists_its_costliest_frames_and_lines_and_sums_the_rest():
     assert len(bill["lines"]) == BILL_ROWS and bill["lines_left_out"]["count"] == len(frames) + len(reasons) - BILL_ROWS
     listed = sum(x["gpu_seconds"] for x in bill["lines"])
     assert listed + bill["lines_left_out"]["gpu_seconds"] == pytest.approx(bill["gpu_seconds"], abs=0.01)
+
+
+def test_a_graph_break_inside_torchs_own_code_gets_no_remedy_the_user_cannot_apply():
+    ddp = "torch/nn/parallel/distributed.py:1600:DistributedDataParallel._inside_ddp_forward"
+    inside = remedy("graph_break", "graph break: skipped function", ddp)
+    assert "DDP(torch.compile(model))" in inside and "explain" not in inside
+    assert "torch._dynamo.explain" in remedy("graph_break", "graph break: skipped function", "train.py:10:forward")
