@@ -123,3 +123,16 @@ def test_missing_run_is_404(client, token, diverged_run):
     assert response.status_code == 404
     assert "nope" in response.json()["error"]
     assert Alert.objects.count() == 1
+
+
+def test_the_run_pages_graph_break_count_is_one_ranks_as_the_frames_list_them(client, post, diverged_run):
+    """Every rank breaks alike: the headline counts one rank's breaks (the most any rank had), not
+    their sum over ranks (which read 10 beside frames of 3 and 4)."""
+    breaks = [{"t": "graph_break", "frame": "train.py:10:forward", "reason": f"call {n}"} for n in range(2)]
+    for rank in range(3):
+        assert post(make_batch(run="r-api", rank=rank, seq=2, events=breaks)).status_code == 200
+    member = User.objects.create_user("break-reader", password="pw")
+    diverged_run.project.members.add(member)
+    client.force_login(member)
+    page = client.get("/runs/r-api/").content.decode()
+    assert '<b data-count="graph_breaks">2</b> graph breaks' in page
