@@ -7,7 +7,7 @@ from django.urls import path
 
 from dashboard.web import api
 from dashboard.web.pages import cost as cost_pages
-from dashboard.web.pages import live
+from dashboard.web.pages import live, reference
 from dashboard.web.pages import views as pages
 from ingest import views as ingest
 
@@ -36,6 +36,7 @@ urlpatterns = [
     path("runs/<str:key>/ranks/<int:rank>/", pages.rank, name="rank"),
     path("runs/<str:key>/frame/", pages.frame, name="frame"),
     path("alerts/", pages.alerts, name="alerts"),
+    path("alerts/reference/", reference.alert_reference, name="alert-reference"),
     path("alerts/<int:alert_id>/ack/", pages.alert_ack, name="alert-ack"),
     path("alerts/<int:alert_id>/unack/", pages.alert_unack, name="alert-unack"),
     path("incidents/<int:incident_id>/ack/", pages.incident_ack, name="incident-ack"),

@@ -99,6 +99,10 @@ def test_the_pages_show_the_verdict_and_an_ended_run_says_it_ended(client, proje
     assert 'data-over="true">ended</span>' in run and "No progress sample yet" not in run
     assert "The run ended after step 0" in run
     assert '<span class="state">ended unresolved</span>' in run and "docs/alerts.md#grad_divergence" in run
+    # the remedy's pointer is a link to the reference the dashboard serves, where that kind has its section
+    assert '<a href="/alerts/reference/#grad_divergence"><code>docs/alerts.md#grad_divergence</code></a>' in run
+    reference = client.get("/alerts/reference/").content.decode()
+    assert '<section class="reference" id="grad_divergence">' in reference and "What to do: " in reference
 
     job(post, "still-running", odd=None, ended=False)
     live = client.get("/runs/still-running/").content.decode()

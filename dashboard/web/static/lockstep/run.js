@@ -61,8 +61,12 @@
     if (incident.remedy) {
       const remedy = document.createElement("div");
       remedy.className = "remedy";
-      remedy.append("What to do: ", span("remedy-text", incident.remedy.text), " ",
-                    span("doc", `(${incident.remedy.doc})`));
+      const doc = document.createElement("a");
+      doc.href = `/alerts/reference/#${encodeURIComponent(root.kind)}`;
+      doc.textContent = incident.remedy.doc;
+      const where = span("doc", "(");
+      where.append(doc, ")");
+      remedy.append("What to do: ", span("remedy-text", incident.remedy.text), " ", where);
       li.append(remedy);
     }
     if (incident.acked_by) li.append(span("acked", `acked by ${incident.acked_by}`));
