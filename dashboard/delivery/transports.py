@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
+from django.urls import reverse
 
 from dashboard.delivery import outbound
 from dashboard.detection.models import Alert, Incident, remedy_of
@@ -76,9 +77,19 @@ def headline(incident: Incident) -> str:
 
 
 def remedy_line(incident: Incident) -> str:
-    """What to do about it, as the run page says it: "... (docs/alerts.md#kind)" (bounded)."""
+    """What to do about it, as the run page says it, and where the alert reference says more: its
+    kind's section on this server ("... (https://lockstep.example/alerts/reference/#kind)"), or
+    "(docs/alerts.md#kind)" without a public URL (bounded)."""
     remedy = remedy_of(root_of(incident))
-    return f"{remedy['text']} ({remedy['doc']})"[:TEXT_MAX_CHARS]
+    return f"{remedy['text']} ({reference_url(root_of(incident).kind) or remedy['doc']})"[:TEXT_MAX_CHARS]
+
+
+def reference_url(kind: str) -> str:
+    """The alert reference's section of `kind` on this server (docs/alerts.md, rendered); empty when
+    the public URL is not configured (no broken links)."""
+    if not settings.LOCKSTEP_PUBLIC_URL:
+        return ""
+    return f"{settings.LOCKSTEP_PUBLIC_URL}{reverse('alert-reference')}#{quote(kind, safe='')}"
 
 
 def update_note(incident: Incident, previous: Receipt | None) -> str:
@@ -124,6 +135,8 @@ def bounded_json(incident: Incident) -> dict[str, Any]:
     out = incident.as_json(members(incident))
     if out["root"]:
         out["root"]["message"] = out["root"]["message"][:TEXT_MAX_CHARS]
+    if out.get("remedy") and (url := reference_url(root_of(incident).kind)):
+        out["remedy"] = {**out["remedy"], "url": url}
     out["consequences_total"] = len(out["consequences"])
     out["consequences"] = [{**c, "message": c["message"][:TEXT_MAX_CHARS]} for c in out["consequences"][:50]]
     return out

@@ -47,3 +47,21 @@ def test_an_acknowledgement_update_says_who_acknowledged(run, sinks):
     assert opened.startswith("[CRITICAL] rank_silent on rank 2")
     assert acked.startswith(f"[CRITICAL ACKED by oncall] oncall acknowledged incident #{incident.id}: rank_silent")
     assert unacked.startswith(f"[CRITICAL] Incident #{incident.id} is no longer acknowledged: rank_silent")
+
+
+def test_with_a_public_url_every_sinks_remedy_links_to_its_kinds_section_of_the_served_reference(run, sinks, settings):
+    """The pointer `docs/alerts.md#kind` is a file nobody paged has open: with LOCKSTEP_PUBLIC_URL set,
+    the sinks give the section of the alert reference this server serves (docs/alerts.md, rendered)."""
+    settings.LOCKSTEP_PUBLIC_URL = "https://lockstep.example"
+    url = "https://lockstep.example/alerts/reference/#rank_silent"
+    apply(run, crash(2))
+    assert len(deliver()) == 4
+    linked = f"{INCIDENT_REMEDIES['rank_silent']} ({url})"
+    assert slack_field(sinks["slack"].bodies()[0], "what to do") == linked
+    assert sinks["alertmanager"].active()[0]["annotations"]["remedy"] == linked
+    assert sinks["pagerduty"].bodies()[0]["payload"]["custom_details"]["remedy"]["url"] == url
+    assert sinks["json"].bodies()[0]["incident"]["remedy"] == {
+        "text": INCIDENT_REMEDIES["rank_silent"],
+        "doc": "docs/alerts.md#rank_silent",
+        "url": url,
+    }

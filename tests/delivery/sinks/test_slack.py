@@ -84,7 +84,7 @@ def test_slack_posts_one_message_titled_by_the_root_with_the_consequences_folded
                             {
                                 "title": "what to do",
                                 "value": "look at that rank's host (py-spy, Flight Recorder): the other ranks wait"
-                                " for it (docs/alerts.md#rank_silent)",
+                                " for it (https://lockstep.example/alerts/reference/#rank_silent)",
                                 "short": False,
                             },
                             {
