@@ -22,8 +22,9 @@ from __future__ import annotations
 import gc
 import heapq
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -123,13 +124,14 @@ def cause_of(c: Compile, is_avoidable: bool) -> str:
     return "recompile" if c.index > 0 else "first_compile"
 
 
-def reason_of(c: Compile, cause: str, breaks: dict[str, int]) -> str:
+def reason_of(c: Compile, cause: str, breaks: dict[str, int], in_torch: AbstractSet[str] = frozenset()) -> str:
     if cause == "recompile":
         return remedies.reason_line(c.reason)
     if cause == "failed_compile":
         return c.fail_type or "failed"
     if cause == "first_compile" and breaks.get(c.frame):
-        return f"{breaks[c.frame]} graph break{'s' if breaks[c.frame] != 1 else ''} in this frame"
+        where = remedies.INSIDE_TORCH if c.frame in in_torch else "in this frame"
+        return f"{breaks[c.frame]} graph break{'s' if breaks[c.frame] != 1 else ''} {where}"
     return ""
 
 
@@ -155,11 +157,14 @@ def compute(
     had_before: set[str] | frozenset[str] = frozenset(),
     miss_s_elsewhere: dict[str, float] | None = None,
     breaks: dict[str, int] | None = None,
+    breaks_in_torch: AbstractSet[str] = frozenset(),
 ) -> dict[str, Any]:
     """The bill of `compiles` in a job of `world` ranks. `waits`: step -> rank -> seconds the rank was
     seen waiting in a collective; `had_before`: cache keys an earlier run had; `miss_s_elsewhere`:
     per frame, the mean miss time in earlier runs (for savings where this run has only hits);
-    `breaks`: graph breaks per frame."""
+    `breaks`: graph breaks per frame (its distinct break sites, as the frame page lists them: every
+    rank breaks alike, and a sum over ranks counted one break once per rank); `breaks_in_torch`: the frames whose every break is inside torch's
+    own code (`remedies.inside_torch`: no fix in the user's code, the remedy says what the user can do)."""
     waits, breaks, miss_s_elsewhere = waits or {}, breaks or {}, miss_s_elsewhere or {}
     world = max(world, max((c.rank for c in compiles), default=-1) + 1, 1)
     by_step = {
@@ -169,7 +174,7 @@ def compute(
     }
     miss_means = _miss_means(compiles, miss_s_elsewhere)
     lines: dict[LineKey, Line] = {}
-    owners, units = _sort(compiles, avoidable(compiles, set(had_before)), breaks, lines)
+    owners, units = _sort(compiles, avoidable(compiles, set(had_before)), (breaks, breaks_in_torch), lines)
     basis = {"assumed_units": 0, "measured_units": 0, "assumed_s": 0.0, "measured_s": 0.0}
     saved: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for unit, slots in units.items():
@@ -185,7 +190,10 @@ def compute(
 
 
 def _sort(
-    compiles: list[Compile], skipped: set[int], breaks: dict[str, int], lines: dict[LineKey, Line]
+    compiles: list[Compile],
+    skipped: set[int],
+    breaks: tuple[dict[str, int], AbstractSet[str]],
+    lines: dict[LineKey, Line],
 ) -> tuple[list[Line], dict[Unit, dict[Slot, list[int]]]]:
     """One pass: each compile's line (frame, cause, reason), counted there, and the compiles by unit
     and slot (frame, n-th compile). The cause and reason are worked out once per kind of compile: a
@@ -198,7 +206,7 @@ def _sort(
         line = kinds.get(kind)
         if line is None:
             cause = cause_of(c, i in skipped)
-            line = kinds[kind] = _line(lines, c.frame, cause, reason_of(c, cause, breaks))
+            line = kinds[kind] = _line(lines, c.frame, cause, reason_of(c, cause, *breaks))
         line.compiles += 1
         line.compile_seconds += c.seconds
         line.ranks.add(c.rank)
@@ -470,6 +478,15 @@ def wall_seconds(run: Run, earliest: float | None = None, now: datetime | None =
     return max(0.0, (now - run.started_at).total_seconds())
 
 
+def in_torch(sites: list[tuple[str, str]]) -> set[str]:
+    """The frames whose every graph break (of `reads.break_sites`) is inside torch's own code
+    (`remedies.inside_torch`)."""
+    inside: dict[str, bool] = {}
+    for frame, head in sites:
+        inside[frame] = inside.get(frame, True) and remedies.inside_torch(frame, head)
+    return {frame for frame, yes in inside.items() if yes}
+
+
 def devices(run: Run) -> str:
     """What the bill's seconds are seconds of, in words: "GPU" where every rank said it computes on a
     CUDA device (rank_start's `device`), else "device": a CPU job's bill is no GPU time, and a rank that
@@ -503,6 +520,7 @@ def bill_of(run: Run, now: datetime | None = None) -> dict[str, Any]:
 
 def _bill_of(run: Run, now: datetime | None) -> dict[str, Any]:
     compiles = compile_rows(run.id)
+    sites = reads.break_sites(run.id)
     steps = sorted({c.step for c in compiles if c.step is not None})
     misses = {c.key for c in compiles if c.outcome == "miss" and c.key}
     hit_frames = {c.frame for c in compiles if c.outcome == "hit"}
@@ -516,6 +534,7 @@ def _bill_of(run: Run, now: datetime | None) -> dict[str, Any]:
         price=float(price) if price is not None else None,
         had_before=keys_had_before(run, misses),
         miss_s_elsewhere=misses_before(run, hit_frames - {c.frame for c in compiles if c.outcome == "miss"}),
-        breaks=reads.breaks_by_frame(run.id),
+        breaks=Counter(frame for frame, _ in sites),
+        breaks_in_torch=in_torch(sites),
     )
     return {"run": run.key, "project": run.project.name, **bill}

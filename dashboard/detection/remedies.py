@@ -66,6 +66,31 @@ def reason_line(text: str | None) -> str:
 
 
 TORCH_OWN = "torch/"  # a frame key of torch's own files (library frames are keyed by their path in the install)
+_TORCH_PATH = re.compile(r"(?:^|[/\\])(?:site|dist)-packages[/\\]torch[/\\]|^torch[/\\]")
+_BROKE_AT = re.compile(
+    r"Graph break in user code at (?P<path>[^\n]+?):\d+|from user code at:\s*File \"(?P<file>[^\"]+)\""
+)
+_SKIPPED_IN = re.compile(r"in file `(?P<path>[^`]+)`")
+INSIDE_TORCH = "inside torch's own code"
+
+
+def inside_torch(frame: str, reason: str = "") -> bool:
+    """A graph break nobody but torch's developers can fix: in a frame of torch's own code (its key
+    a path in torch, or the agent's `user line via torch.module.fn` for a torch wrapper frame), or,
+    by Dynamo's text, at a line of torch (DDP's `_pre_forward` calling `Logger.set_runtime_stats_and_log`
+    under torch.compile(DDP(model)), keyed by the user's line) or in a context manager (contextlib)
+    that calls a function of torch Dynamo skips (DDP's `_inside_ddp_forward`)."""
+    path, _, via = frame.partition(" via ")
+    if _TORCH_PATH.search(path) or via.startswith("torch."):
+        return True
+    m = _BROKE_AT.search(reason or "")
+    if m is None:
+        return False
+    at = (m["path"] or m["file"]).replace("\\", "/")
+    if _TORCH_PATH.search(at):
+        return True
+    skipped = _SKIPPED_IN.search(reason)
+    return at.rsplit("/", 1)[-1] == "contextlib.py" and bool(skipped and _TORCH_PATH.search(skipped["path"]))
 
 
 def remedy(cause: str, line: str = "", frame: str = "") -> str:
@@ -87,7 +112,7 @@ def remedy(cause: str, line: str = "", frame: str = "") -> str:
             f"fix the failure ({line}) or keep the frame out of compilation with "
             "torch.compiler.disable; every attempt costs the time until it fails"
         )
-    if "graph break" in line and frame.startswith(TORCH_OWN):
+    if "graph break" in line and (INSIDE_TORCH in line or inside_torch(frame)):
         return (
             "the break is inside torch's own code (DDP's wrappers, its context managers), which you cannot "
             "change: compile the module inside it instead, DDP(torch.compile(model)) rather than "

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import Cast, Coalesce, Left
 
 from dashboard.evidence.binary_copy import fetch_binary
 from dashboard.evidence.models import (
@@ -91,9 +91,20 @@ def break_count(run_id: int) -> int:
     return GraphBreakEvent.objects.filter(run_id=run_id).count()
 
 
-def breaks_by_frame(run_id: int) -> dict[str, int]:
-    rows = GraphBreakEvent.objects.filter(run_id=run_id).order_by().values("frame").annotate(n=Count("id"))
-    return {row["frame"]: row["n"] for row in rows}
+def break_sites(run_id: int) -> list[tuple[str, str]]:
+    """The run's graph breaks as distinct (frame, the head of the reason: where it broke and why,
+    Dynamo's traceback left out): every rank that breaks alike is one row."""
+    rows = (
+        GraphBreakEvent.objects.filter(run_id=run_id)
+        .order_by()
+        .annotate(head=Left("reason", BREAK_HEAD_CHARS))
+        .values_list("frame", "head")
+        .distinct()
+    )
+    return [(frame, head) for frame, head in rows]
+
+
+BREAK_HEAD_CHARS = 2000  # Dynamo's text says where and why in its first lines; its traceback follows
 
 
 def compile_facts(run_id: int) -> list[tuple[Any, ...]]:

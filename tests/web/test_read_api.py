@@ -136,3 +136,23 @@ def test_the_run_pages_graph_break_count_is_one_ranks_as_the_frames_list_them(cl
     client.force_login(member)
     page = client.get("/runs/r-api/").content.decode()
     assert '<b data-count="graph_breaks">2</b> graph breaks' in page
+
+
+def test_a_break_repeated_at_the_same_site_counts_once_as_the_frame_page_lists_it(client, post, diverged_run):
+    """A frame that recompiles breaks again at the same site: the headline counts the distinct sites the
+    frame page lists (2), on the page and in the live counts, not the break events (3)."""
+    breaks = [{"t": "graph_break", "frame": "train.py:10:forward", "reason": f"call {n}"} for n in range(2)]
+    for rank in range(2):
+        assert post(make_batch(run="r-api", rank=rank, seq=2, events=breaks)).status_code == 200
+    again = [{"t": "graph_break", "frame": "train.py:10:forward", "reason": "call 0", "step": 5}]
+    assert post(make_batch(run="r-api", rank=1, seq=3, events=again)).status_code == 200
+    member = User.objects.create_user("break-reader", password="pw")
+    diverged_run.project.members.add(member)
+    client.force_login(member)
+    page = client.get("/runs/r-api/").content.decode()
+    assert '<b data-count="graph_breaks">2</b> graph breaks' in page and "distinct sites" in page
+    frame = client.get("/runs/r-api/frame/", {"f": "train.py:10:forward"}).content.decode()
+    assert frame.count('<li class="reason">call ') == 2
+    from dashboard.web.pages.views import run_headline_counts  # what the live counts send, too (live.run_now)
+
+    assert run_headline_counts(diverged_run)["graph_breaks"] == 2

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Count, Model, Q, QuerySet
+from django.db.models import Count, Model, Q, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -118,10 +118,13 @@ def runs(request: HttpRequest, caller: Principal) -> HttpResponse:
 
 
 def most_breaks_of_a_rank(run: Run) -> int:
-    """The graph breaks of the rank that had the most: what the frames list adds up to for one rank
-    (every rank breaks alike, so a sum over ranks said 10 beside frames of 3 and 4)."""
-    per_rank = GraphBreakEvent.objects.filter(run=run).values("rank").annotate(n=Count("id")).order_by("-n")
-    return int(per_rank.values_list("n", flat=True).first() or 0)
+    """The distinct graph breaks (frame and reason) of the rank that broke most: what the frame pages
+    list, added up over the frames (every rank breaks alike, so a sum over ranks said 10 beside
+    frames of 3 and 4, and a frame that recompiles breaks again at the same site). Only that rank's
+    reasons are compared, not every rank's."""
+    most = GraphBreakEvent.objects.filter(run=run).values("rank").annotate(n=Count("id")).order_by("-n", "rank")
+    breaks = GraphBreakEvent.objects.filter(run=run, rank=Subquery(most.values("rank")[:1]))
+    return breaks.order_by().values("frame", "reason").distinct().count()
 
 
 def run_headline_counts(run: Run) -> dict[str, Any]:
