@@ -125,22 +125,26 @@ def _incident_row(incident: dict[str, Any]) -> list[object]:
 def cost(bill: dict[str, Any]) -> str:
     """A compile bill (GET /runs/KEY/cost) as a headline, the cost by cause, and the costliest lines
     with their remedies."""
-    share = f"{bill['share']:.1%} of the run's GPU time" if bill.get("share") is not None else "share unknown"
+    unit = bill.get("device") or "GPU"  # "device" where the ranks did not all say they compute on a GPU
+    share = f"{bill['share']:.1%} of the run's {unit} time" if bill.get("share") is not None else "share unknown"
     money = (
-        f", {bill['money']:.2f} at {bill['price_per_gpu_hour']} per GPU-hour" if bill.get("money") is not None else ""
+        f", {bill['money']:.2f} at {bill['price_per_gpu_hour']} per {unit}-hour"
+        if bill.get("money") is not None
+        else ""
     )
     basis = bill["basis"]
     head = [
         clean(
-            f"{bill['run']}: compilation cost {bill['gpu_seconds'] / 3600:.3f} GPU-hours "
-            f"({bill['gpu_seconds']:.1f} GPU-seconds), {share}{money}"
+            f"{bill['run']}: compilation cost {bill['gpu_seconds'] / 3600:.3f} {unit}-hours "
+            f"({bill['gpu_seconds']:.1f} {unit}-seconds), {share}{money}"
         ),
         f"steps billed: {basis['assumed_units']} assumed (world size x slowest rank), {basis['measured_units']} measured",
-        f"warm caches saved {bill['savings']['gpu_seconds']:.1f} GPU-seconds ({bill['savings']['hits']} hits)",
+        f"warm caches saved {bill['savings']['gpu_seconds']:.1f} {unit}-seconds ({bill['savings']['hits']} hits)",
     ]
-    causes = table(("cause", "gpu_seconds"), [[c, round(s, 1)] for c, s in bill["causes"].items() if s])
+    seconds = f"{unit.lower()}_seconds"  # the column's unit; the JSON keeps its keys (gpu_seconds)
+    causes = table(("cause", seconds), [[c, round(s, 1)] for c, s in bill["causes"].items() if s])
     lines = table(
-        ("frame", "cause", "reason", "gpu_seconds", "compiles", "ranks", "remedy"),
+        ("frame", "cause", "reason", seconds, "compiles", "ranks", "remedy"),
         [
             [
                 x["label"],

@@ -230,7 +230,14 @@ def for_sweep(run: Run, compile_seconds: float, wall_s: float, now: datetime | N
     if row is None or wall_s < after or compile_seconds <= budget * wall_s:
         return None
     share = row.gpu_seconds / (run.world_size * wall_s) if wall_s > 0 else None
-    return {**summary_of(row.bill), "share": share, "wall_s": wall_s, "budget": budget, "after_s": after}
+    return {
+        **summary_of(row.bill),
+        "share": share,
+        "wall_s": wall_s,
+        "budget": budget,
+        "after_s": after,
+        "device": cost.devices(run),  # what the seconds are of, as the run page says it: GPU, or device
+    }
 
 
 def budget_of(run: Run) -> tuple[float, float]:

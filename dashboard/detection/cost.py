@@ -491,9 +491,13 @@ def devices(run: Run) -> str:
     """What the bill's seconds are seconds of, in words: "GPU" where every rank said it computes on a
     CUDA device (rank_start's `device`), else "device": a CPU job's bill is no GPU time, and a rank that
     has not said where it computes may be on either."""
-    said = Rank.objects.filter(run=run).aggregate(
-        ranks=Count("id"), gpus=Count("id", filter=Q(info__device__startswith="cuda"))
-    )
+    return devices_of(Rank.objects.filter(run=run))
+
+
+def devices_of(ranks: QuerySet[Rank]) -> str:
+    """`devices` of several runs' ranks together (a comparison, a project's runs): "GPU" only where
+    every one of them said it computes on a CUDA device."""
+    said = ranks.aggregate(ranks=Count("id"), gpus=Count("id", filter=Q(info__device__startswith="cuda")))
     return "GPU" if said["ranks"] and said["gpus"] == said["ranks"] else "device"
 
 

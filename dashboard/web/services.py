@@ -20,7 +20,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from dashboard.delivery import notifications, notify
-from dashboard.detection import bills, incidents, lifecycle, signals, silences, verdict
+from dashboard.detection import bills, cost, incidents, lifecycle, signals, silences, verdict
 from dashboard.detection import tasks as detection_tasks
 from dashboard.detection.models import Alert, Baseline, Incident, Silence
 from dashboard.tenancy import access
@@ -111,8 +111,10 @@ def run_timeline(caller: Principal, key: str) -> dict[str, Any]:
 
 def run_cost(caller: Principal, key: str) -> dict[str, Any]:
     """The run's compile bill: the kept one while current, else computed now, once for all readers of
-    the moment, and kept by the worker: reading writes nothing (`bills.current_bill`)."""
-    return bills.current_bill(run_for(caller, key))
+    the moment, and kept by the worker: reading writes nothing (`bills.current_bill`). `device` says
+    what its seconds are of: "GPU" where every rank said it computes on a CUDA device, else "device"."""
+    run = run_for(caller, key)
+    return {**bills.current_bill(run), "device": cost.devices(run)}
 
 
 def project_for(caller: Principal, name: str) -> Project:

@@ -245,6 +245,7 @@ def test_runs_alerts_and_compare_tables_and_json(stack, team, tmp_path):
     bill = json.loads(lockstep(stack, tmp_path, "cost", team.reference, "--json", token=team.token).stdout)
     assert bill == api(stack, team.token, f"/runs/{team.reference}/cost").json() and bill["gpu_seconds"] > 0
     text = lockstep(stack, tmp_path, "cost", team.reference, token=team.token).stdout
+    assert bill["device"] == "GPU"  # every rank of the H200 recording said cuda
     assert text.startswith(f"{team.reference}: compilation cost {bill['gpu_seconds'] / 3600:.3f} GPU-hours"), text
     assert bill["lines"][0]["label"] in text and bill["lines"][0]["remedy"][:40] in text
 

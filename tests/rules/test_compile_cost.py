@@ -37,3 +37,12 @@ def test_resolves_only_well_under_the_budget():
     assert ("compile_cost", subjects.COMPILE_SHARE) not in clean_subjects(view, evaluate(view))
     view = costing(0.05)
     assert ("compile_cost", subjects.COMPILE_SHARE) in clean_subjects(view, evaluate(view))
+
+
+def test_says_device_time_where_the_ranks_did_not_all_report_a_gpu():
+    view = costing(0.25)
+    assert "of the run's GPU time (2.00 GPU-hours" in findings_of(view, "compile_cost")[0].message
+    view.compile_cost["device"] = "device"  # bills.for_sweep: cost.devices(run), a CPU job
+    [f] = findings_of(view, "compile_cost")
+    assert "of the run's device time (2.00 device-hours" in f.message and "1.50 device-hours" in f.message
+    assert "GPU" not in f.message

@@ -162,3 +162,44 @@ def test_the_cost_api_of_a_run_of_4000_frames_lists_the_costliest_and_sums_the_r
     assert bill["frames_left_out"]["count"] == bill["lines_left_out"]["count"] == 4000 - cost.BILL_ROWS
     shown = sum(f["gpu_seconds"] for f in bill["frames"])
     assert shown + bill["frames_left_out"]["gpu_seconds"] == pytest.approx(bill["gpu_seconds"], abs=0.01)
+
+
+def test_every_bill_of_cpu_ranks_says_device_time_and_of_cuda_ranks_gpu_time(client, token, member, settings, versions):
+    """The run page's word everywhere else (issue 52, item 2): the compare page, the project page, the
+    cost API (and `lockstep cost` from it) and the compile_cost alert say "device" where the ranks did
+    not all report a CUDA device (the compare recordings ran on CPUs), "GPU" only where they did."""
+    from dashboard.detection import tally
+    from dashboard.detection.rules.compile_cost import compile_cost
+    from lockstep_cli.tables import cost as cost_text
+    from tests.rules import run_view
+
+    body = client.get(f"/api/v1/compare?runs={V211},{V213}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert body["cost"]["device"] == "device"
+    page = client.get(f"/compare/?runs={V211},{V213}").content.decode()
+    bill = page.split('id="compile-cost"')[1].split("</section>")[0]
+    assert "device-seconds lost to compilation" in bill and " device-s" in bill and "% of device time" in bill
+    assert "GPU-s" not in bill and "GPU time" not in bill and "no GPU is assumed" in bill
+
+    tasks.keep_bills(list(Run.objects.values_list("id", flat=True)))
+    html = client.get(f"/projects/{Project.objects.get(runs__key=V211).name}/cost/").content.decode()
+    assert "device time the ranks lost" in html and "<th>device-hours</th>" in html and "GPU-hours</th>" not in html
+
+    api = client.get(f"/api/v1/runs/{V211}/cost", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert api["device"] == "device"
+    text = cost_text(api)
+    assert " device-hours (" in text and "DEVICE_SECONDS" in text and "GPU" not in text
+
+    run = Run.objects.get(key=V211)
+    settings.LOCKSTEP_COMPILE_BUDGET, settings.LOCKSTEP_COMPILE_BUDGET_AFTER = 0.0001, 0
+    view = run_view({0: 1})
+    view.compile_cost = bills.for_sweep(run, tally.compile_totals(run).seconds, 1000.0)
+    assert view.compile_cost and view.compile_cost["device"] == "device"
+    [finding] = list(compile_cost(view))
+    assert "of the run's device time (" in finding.message and "GPU" not in finding.message
+
+
+def test_a_bill_of_cuda_ranks_says_gpu_time(client, token, h200):
+    from lockstep_cli.tables import cost as cost_text
+
+    api = client.get(f"/api/v1/runs/{H200}/cost", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert api["device"] == "GPU" and " GPU-hours (" in cost_text(api) and "GPU_SECONDS" in cost_text(api)

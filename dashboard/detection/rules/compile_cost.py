@@ -1,4 +1,5 @@
 """compile_cost: the run's compile bill passed its budget, a share of the GPU time the run has had
+("device time" where its ranks did not all say they compute on a CUDA device, `cost.devices`)
 (LOCKSTEP_COMPILE_BUDGET, default 10 %, once the run is LOCKSTEP_COMPILE_BUDGET_AFTER old, default
 10 minutes). Names the frame and cause that cost most and the remedy; `frame` is that frame, so
 the alert joins the open recompile incident of that frame. Resolves once the share falls below
@@ -39,13 +40,14 @@ def compile_cost(view: RunView) -> Iterator[Finding]:
     top = bill["top"]
     cause = CAUSE_TEXT.get(top["cause"], top["cause"]) + (f" ({top['reason']})" if top["reason"] else "")
     hours = bill["gpu_seconds"] / 3600
+    unit = bill.get("device") or "GPU"
     yield Finding(
         severity="warning",
         subject=subjects.COMPILE_SHARE,
         ranks=tuple(top["ranks"]),
         frame=top["frame"],
-        message=f"Compilation took {bill['share']:.0%} of the run's GPU time ({hours:.2f} GPU-hours, budget "
-        f"{bill['budget']:.0%}); most in {top['label']}: {cause}, {top['gpu_seconds'] / 3600:.2f} GPU-hours. "
+        message=f"Compilation took {bill['share']:.0%} of the run's {unit} time ({hours:.2f} {unit}-hours, budget "
+        f"{bill['budget']:.0%}); most in {top['label']}: {cause}, {top['gpu_seconds'] / 3600:.2f} {unit}-hours. "
         f"Remedy: {top['remedy']}",
         details={
             "share": round(bill["share"], 4),

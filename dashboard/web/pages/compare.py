@@ -13,7 +13,7 @@ from typing import Any
 
 from agents.normalize import canonical_frame, frame_label, split_frame
 from agents.protocol import PER_LAUNCH_ENV
-from dashboard.detection import bills
+from dashboard.detection import bills, cost
 from dashboard.detection.rules import COMPILER_ENV
 from dashboard.tenancy.models import Rank, Run
 from dashboard.web import sql
@@ -263,7 +263,8 @@ def torch_label(env: dict[str, str]) -> str:
 
 def compare_costs(runs: list[Run]) -> dict[str, Any]:
     """Each run's compile bill (`detection.cost`), and per aligned frame each run's GPU-seconds and the
-    cause that cost most there: what a PyTorch upgrade did to compile cost."""
+    cause that cost most there: what a PyTorch upgrade did to compile cost. `device`: what the seconds
+    are of, "GPU" only where every rank of every run said it computes on a CUDA device (`cost.devices`)."""
     per_run = [bills.current_bill(run) for run in runs]
     frames: dict[str, list[Any]] = {}
     labels: dict[str, str] = {}
@@ -292,6 +293,7 @@ def compare_costs(runs: list[Run]) -> dict[str, Any]:
             for r, b in zip(runs, per_run)
         ],
         "frames": rows,
+        "device": cost.devices_of(Rank.objects.filter(run__in=runs)),
     }
 
 

@@ -10,10 +10,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from dashboard.detection import bills, tasks
+from dashboard.detection import bills, cost, tasks
 from dashboard.detection.models import RunCost
 from dashboard.tenancy.auth import Principal
-from dashboard.tenancy.models import Project, Run
+from dashboard.tenancy.models import Project, Rank, Run
 from dashboard.web import services
 from dashboard.web.pages.views import page
 
@@ -53,9 +53,26 @@ def project_cost(request: HttpRequest, caller: Principal, name: str) -> HttpResp
         rows = bills.top_frames(project.id, days)
         for row in rows:
             row["money"] = round(row["gpu_hours"] * price, 2) if price is not None else None
-        windows.append({"days": days, "frames": rows, "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 4)})
+        windows.append(
+            {
+                "days": days,
+                "frames": rows,
+                "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 4),
+                "device": window_devices(project, days),
+            }
+        )
+    # the summary's word: that of the widest window ("GPU" only where every billed run's ranks said CUDA)
+    device = windows[-1]["device"] if windows else "GPU"
     return render(
         request,
         "dashboard/project_cost.html",
-        {"project": project, "windows": windows, "price": price, "unbilled": unbilled},
+        {"project": project, "windows": windows, "price": price, "unbilled": unbilled, "device": device},
     )
+
+
+def window_devices(project: Project, days: int) -> str:
+    """What the seconds of the project's billed runs of the last `days` days are of (`cost.devices`):
+    "GPU" only where every rank of every one of them said it computes on a CUDA device."""
+    since = timezone.now() - timedelta(days=days)
+    ranks = Rank.objects.filter(run__project=project, run__started_at__gte=since, run__compile_cost__isnull=False)
+    return cost.devices_of(ranks)
