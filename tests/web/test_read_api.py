@@ -26,6 +26,14 @@ def diverged_run(post):
     return Run.objects.get(key="r-api")
 
 
+def run_page_as_member(client, run, name: str) -> str:
+    """The run's page as a new member of its project sees it (the client stays logged in as them)."""
+    member = User.objects.create_user(name, password="pw")
+    run.project.members.add(member)
+    client.force_login(member)
+    return client.get(f"/runs/{run.key}/").content.decode()
+
+
 def bearer(token):
     return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
 
@@ -68,10 +76,7 @@ def test_what_the_agents_could_not_check_is_said_once_with_its_ranks_in_the_api_
     assert body["notices"] == [
         {"code": "compiled_optimizer_step", "text": "the optimizer step runs <compiled>", "ranks": [0, 2]}
     ]
-    member = User.objects.create_user("notice-reader", password="pw")
-    diverged_run.project.members.add(member)
-    client.force_login(member)
-    page = client.get("/runs/r-api/").content.decode()
+    page = run_page_as_member(client, diverged_run, "notice-reader")
     assert "Not checked on ranks 0, 2: the optimizer step runs &lt;compiled&gt;" in page
 
 
@@ -131,10 +136,7 @@ def test_the_run_pages_graph_break_count_is_one_ranks_as_the_frames_list_them(cl
     breaks = [{"t": "graph_break", "frame": "train.py:10:forward", "reason": f"call {n}"} for n in range(2)]
     for rank in range(3):
         assert post(make_batch(run="r-api", rank=rank, seq=2, events=breaks)).status_code == 200
-    member = User.objects.create_user("break-reader", password="pw")
-    diverged_run.project.members.add(member)
-    client.force_login(member)
-    page = client.get("/runs/r-api/").content.decode()
+    page = run_page_as_member(client, diverged_run, "break-reader")
     assert '<b data-count="graph_breaks">2</b> graph breaks' in page
 
 
@@ -146,10 +148,7 @@ def test_a_break_repeated_at_the_same_site_counts_once_as_the_frame_page_lists_i
         assert post(make_batch(run="r-api", rank=rank, seq=2, events=breaks)).status_code == 200
     again = [{"t": "graph_break", "frame": "train.py:10:forward", "reason": "call 0", "step": 5}]
     assert post(make_batch(run="r-api", rank=1, seq=3, events=again)).status_code == 200
-    member = User.objects.create_user("break-reader", password="pw")
-    diverged_run.project.members.add(member)
-    client.force_login(member)
-    page = client.get("/runs/r-api/").content.decode()
+    page = run_page_as_member(client, diverged_run, "break-reader")
     assert '<b data-count="graph_breaks">2</b> graph breaks' in page and "distinct sites" in page
     frame = client.get("/runs/r-api/frame/", {"f": "train.py:10:forward"}).content.decode()
     assert frame.count('<li class="reason">call ') == 2
