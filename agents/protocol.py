@@ -60,6 +60,7 @@ Short = Annotated[str, msgspec.Meta(max_length=512)]
 Text = Annotated[str, msgspec.Meta(max_length=16_384)]
 Hash = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16,64}$")]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+Session = Annotated[str, msgspec.Meta(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
 
 
 class Event(msgspec.Struct, tag_field="t", kw_only=True, omit_defaults=True):
@@ -350,7 +351,7 @@ class Batch(msgspec.Struct):
     v: Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
     run: RunInfo
     rank: Rank
-    session: Annotated[str, msgspec.Meta(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
+    session: Session
     seq: NonNeg
     events: Annotated[list[AnyEvent], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)]
 
@@ -383,8 +384,73 @@ class Bulk(msgspec.Struct):
     batches: Annotated[list[Batch], msgspec.Meta(min_length=1, max_length=MAX_BATCHES_PER_REQUEST)]
 
 
-class BulkReply(msgspec.Struct):
+class Refused(msgspec.Struct, omit_defaults=True):
+    """A batch of a relay's bulk request that was not accepted although others were (`BulkReply.refused`):
+    the answer its agent gets, exactly as the server gave it (status, JSON body, Retry-After)."""
+
+    index: NonNeg  # the batch's place in the request (its entry in `results` is a placeholder)
+    status: Annotated[int, msgspec.Meta(ge=400, le=599)]
+    answer: msgspec.Raw
+    retry_after: Short = ""
+
+
+class BulkReply(msgspec.Struct, omit_defaults=True):
     results: list[IngestReply]  # one per batch, in the request's order
+    # only from a relay, only to a relay that sent a packed body (`Packed`): the batches answered on their
+    # own because the server refused them alone; absent otherwise, so the server's reply is unchanged
+    refused: list[Refused] = []
+
+
+PACKED_VERSION = 2  # `Packed`: the bulk body of a relay tree
+MAX_PACKED_HOLDERS = MAX_BATCHES_PER_REQUEST
+Index = Annotated[int, msgspec.Meta(ge=0, lt=MAX_BATCHES_PER_REQUEST)]
+Place = Annotated[int, msgspec.Meta(ge=0, lt=MAX_EVENTS_PER_BATCH)]
+
+
+class Agreed(msgspec.Struct, omit_defaults=True):
+    """One event that several batches of a `Packed` body hold alike, sent once with the batches that hold it.
+
+    Alike: the same event, but for what is each rank's own and travels per holder where it differs: its
+    place among the holder's events, `ts` (the agent's clock) and a compile's `times`. A node's agreeing
+    replicas report the same gradient fingerprints of a step, the same graph hashes of a compile: that
+    travels once; a rank that dissents keeps its own event in its batch.
+    """
+
+    event: AnyEvent  # with the first holder's `ts` and `times`
+    of: Annotated[list[tuple[Index, Index]], msgspec.Meta(min_length=1, max_length=MAX_PACKED_HOLDERS)]
+    at: Place = 0  # its place among each holder's events
+    places: Annotated[list[Place], msgspec.Meta(max_length=MAX_PACKED_HOLDERS)] = []  # per holder, where they differ
+    ts: Annotated[
+        list[float], msgspec.Meta(max_length=MAX_PACKED_HOLDERS)
+    ] = []  # per holder (as `Event.ts`); empty: all alike
+    times: Annotated[list[dict[Short, Seconds]], msgspec.Meta(max_length=MAX_PACKED_HOLDERS)] = []  # likewise
+
+
+class PackedBatch(msgspec.Struct, omit_defaults=True):
+    """One batch of a `Packed` body: its identity, and the events it does not share (its dissent)."""
+
+    run: Index  # its entry in `Packed.runs`
+    rank: Rank
+    session: Session
+    seq: NonNeg
+    events: Annotated[list[AnyEvent], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)] = []
+
+
+class Packed(msgspec.Struct, omit_defaults=True):
+    """Body of `POST /api/v1/ingest/bulk` at version 2: a relay's batches with their agreement sent once.
+
+    Each batch is still a protocol 1 `Batch` with its own (session, seq): `agents.agreement.unpack`
+    rebuilds it, byte for byte the JSON its agent sent (a relay packs only batches whose JSON is this
+    encoder's own: `agents.agreement.packable`), so its digest, duplicates and 409s are those of the
+    batch sent alone. Batches a relay cannot pack travel as sent in `raw`. Answers (`BulkReply.results`)
+    follow `batches`, then `raw`. The server takes version 1 (`Bulk`) too, and single batches.
+    """
+
+    v: Annotated[int, msgspec.Meta(ge=PACKED_VERSION, le=PACKED_VERSION)]
+    runs: Annotated[list[RunInfo], msgspec.Meta(max_length=MAX_BATCHES_PER_REQUEST)] = []
+    batches: Annotated[list[PackedBatch], msgspec.Meta(max_length=MAX_BATCHES_PER_REQUEST)] = []
+    agreed: Annotated[list[Agreed], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)] = []
+    raw: Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BATCHES_PER_REQUEST)] = []
 
 
 BlobHash = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}$")]
@@ -470,7 +536,7 @@ class FlightRecord(msgspec.Struct):
     v: Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
     run: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
     rank: Rank
-    session: Annotated[str, msgspec.Meta(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
+    session: Session
     ts: float
     dump: FRDump
 
@@ -534,9 +600,27 @@ def decode_batch(body: bytes) -> Batch:
     return _BATCH.decode(body)
 
 
+class _Version(msgspec.Struct):
+    v: int
+
+
+_VERSION = msgspec.json.Decoder(_Version)
+_PACKED = msgspec.json.Decoder(Packed)
+
+
+def bulk_version(body: bytes) -> int:
+    """The version a bulk body declares: 1 (`Bulk`) or 2 (`Packed`); a body without one fails to decode."""
+    return _VERSION.decode(body).v
+
+
 def decode_bulk(body: bytes) -> list[bytes]:
     """The exact JSON bytes of each batch of a `Bulk` body (each then goes through `decode_batch`)."""
     return [bytes(raw) for raw in _BULK.decode(body).batches]
+
+
+def decode_packed(body: bytes) -> Packed:
+    """A `Packed` body, validated as its structs say; `agents.agreement.unpack` checks how its parts fit."""
+    return _PACKED.decode(body)
 
 
 def bulk_body(batches: list[bytes]) -> bytes:

@@ -15,7 +15,14 @@ upstream byte for byte, so a resend through the relay or straight to the server 
 batch. One bad batch does not sink its neighbours: when the server refuses a bulk request with a
 4xx, each batch is sent on its own and gets its own answer. The server's backpressure passes
 through: each batch's answer carries its `flush_interval_s`, a 429 or 503 its Retry-After, and
-the agents slow their flushes themselves. Graph-text uploads (`/api/v1/blobs`) pass through unchanged. Standard library and msgspec only, like the rest of the agent.
+the agents slow their flushes themselves.
+
+A tree: node relays may point at a rack (or pod) relay, which takes their bulk requests (`Bulk` or
+`Packed`) as well as single batches, merges what arrives in its window into one request upstream
+and answers each node relay with the answers to exactly its batches (`bulk_answer`): one request
+per window per rack. Upstream, batches travel packed (`agents.agreement`): what many ranks agree
+on goes once with the ranks that hold it, dissent rank by rank; an upstream that predates packed
+bodies is sent version 1 from then on. Graph-text uploads (`/api/v1/blobs`) pass through unchanged. Standard library and msgspec only, like the rest of the agent.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from agents import protocol
+from agents import agreement, protocol
 from agents.transport import Reply, exchange
 
 log = logging.getLogger("lockstep.relay")
@@ -52,6 +59,7 @@ class _Waiting:
 
     token: str
     batch: bytes  # its exact JSON (inflated)
+    decoded: protocol.Batch | None = None  # the batch, when it may travel packed (`agreement.packable`)
     done: threading.Event = field(default_factory=threading.Event)
     answer: Reply | None = None
     abandoned: bool = False  # the agent was told to retry: it will resend, so this copy is not sent
@@ -76,25 +84,36 @@ class Relay:
         max_batches: int = MAX_BATCHES,
         upstream_timeout: float = UPSTREAM_TIMEOUT,
         answer_timeout: float = ANSWER_TIMEOUT,
+        packs: bool = True,
     ):
         self.upstream = upstream.rstrip("/")
         self.window = window
         self.max_batches = max_batches
         self.upstream_timeout = upstream_timeout
         self.answer_timeout = answer_timeout
+        self.packs = packs  # upstream takes `protocol.Packed`; off for good once it says it does not
         self._waiting: list[_Waiting] = []
         self._cv = threading.Condition()
         self._closed = False
-        self.sent = {"bulk": 0, "single": 0, "batches": 0}
+        self.sent = {"bulk": 0, "single": 0, "batches": 0, "bytes": 0}  # bytes: gzip bodies sent upstream
         self._thread = threading.Thread(target=self._run, name="lockstep-relay", daemon=True)
         self._thread.start()
 
-    def submit(self, token: str, batch: bytes) -> Reply:
-        item = _Waiting(token, batch)
+    def submit(self, token: str, batch: bytes, decoded: protocol.Batch | None = None) -> Reply:
+        return self.submit_all(token, [(decoded, batch)])[0]
+
+    def submit_all(self, token: str, batches: list[tuple[protocol.Batch | None, bytes]]) -> list[Reply]:
+        """Each batch's answer from upstream (a node relay's bulk request brings several): they wait in
+        the window with every other batch, and may go upstream in different requests."""
+        items = [_Waiting(token, raw, decoded) for decoded, raw in batches]
         with self._cv:
-            self._waiting.append(item)
+            self._waiting.extend(items)
             self._cv.notify()
-        if not item.done.wait(self.answer_timeout):
+        deadline = time.monotonic() + self.answer_timeout
+        return [self._answer(item, deadline) for item in items]
+
+    def _answer(self, item: _Waiting, deadline: float) -> Reply:
+        if not item.done.wait(max(0.0, deadline - time.monotonic())):
             with self._cv:
                 item.abandoned = True
             if not item.done.is_set():
@@ -157,14 +176,24 @@ class Relay:
         if len(group) == 1:
             self._single(group[0])
             return
-        body = gzip.compress(protocol.bulk_body([item.batch for item in group]), 6)
+        packs = self.packs
+        if packs:  # agreement once (`agents.agreement`); the answers come in the packed order
+            entries = [item.decoded or item.batch for item in group]
+            placed = agreement.order(entries)
+            group = [group[i] for i in placed]
+            data = agreement.pack([entries[i] for i in placed])
+        else:
+            data = protocol.bulk_body([item.batch for item in group])
+        body = gzip.compress(data, 6)
         answer = _post(self.upstream + BULK, group[0].token, body, "gzip", self.upstream_timeout)
         self.sent["bulk"] += 1
+        self.sent["bytes"] += len(body)
         if answer.status == 200:
-            results = msgspec.json.decode(answer.body, type=protocol.BulkReply).results
-            self.sent["batches"] += len(group)
-            for item, result in zip(group, results, strict=True):
-                item.reply(Reply(200, msgspec.json.encode(result), {"Content-Type": "application/json"}))
+            self._answered(group, msgspec.json.decode(answer.body, type=protocol.BulkReply))
+        elif packs and _unpacked_upstream(answer):
+            log.warning("relay: upstream takes no packed bulk bodies (an older server or relay); sending version 1")
+            self.packs = False
+            self._forward(group)
         elif 400 <= answer.status < 500 and answer.status != 429:
             log.warning(
                 "relay: server refused a bulk of %d batches (%d); sending each alone", len(group), answer.status
@@ -175,9 +204,22 @@ class Relay:
             for item in group:
                 item.reply(answer)
 
+    def _answered(self, group: list[_Waiting], reply: protocol.BulkReply) -> None:
+        """Each batch its result; one that an upstream relay got refused on its own, that refusal."""
+        refused = {r.index: r for r in reply.refused}
+        self.sent["batches"] += len(group) - len(refused)
+        for i, (item, result) in enumerate(zip(group, reply.results, strict=True)):
+            if i in refused:
+                r = refused[i]
+                item.reply(Reply(r.status, bytes(r.answer), {"Retry-After": r.retry_after} if r.retry_after else {}))
+            else:
+                item.reply(Reply(200, msgspec.json.encode(result), {"Content-Type": "application/json"}))
+
     def _single(self, item: _Waiting) -> None:
-        answer = _post(self.upstream + INGEST, item.token, gzip.compress(item.batch, 6), "gzip", self.upstream_timeout)
+        body = gzip.compress(item.batch, 6)
+        answer = _post(self.upstream + INGEST, item.token, body, "gzip", self.upstream_timeout)
         self.sent["single"] += 1
+        self.sent["bytes"] += len(body)
         self.sent["batches"] += answer.status == 200
         item.reply(answer)
 
@@ -194,9 +236,62 @@ def _post(url: str, token: str, data: bytes, encoding: str, timeout: float = UPS
     return reply
 
 
+def _unpacked_upstream(answer: Reply) -> bool:
+    """A 400 about the body's version: the upstream predates `protocol.Packed`."""
+    if answer.status != 400:
+        return False
+    try:
+        return bool(msgspec.json.decode(answer.body).get("path") == "v")
+    except (msgspec.DecodeError, AttributeError):
+        return False
+
+
+def bulk_answer(answers: list[Reply], packed: bool) -> Reply:
+    """A downstream relay's answer to its bulk request, from each batch's: all accepted, a `BulkReply`.
+    Otherwise a relay that sent a packed body hears of each refused batch on its own (`BulkReply.refused`);
+    an older one gets the first 4xx (it then sends each batch alone; those accepted are duplicates),
+    or the first 429/5xx, which it hands to all its agents (they resend)."""
+    failed = [(i, a) for i, a in enumerate(answers) if a.status != 200]
+    if failed and not packed:
+        own = [a for _, a in failed if 400 <= a.status < 500 and a.status != 429]
+        return (own or [failed[0][1]])[0]
+    results = [
+        msgspec.json.decode(a.body, type=protocol.IngestReply) if a.status == 200 else _PLACEHOLDER for a in answers
+    ]
+    refused = [protocol.Refused(i, a.status, msgspec.Raw(a.body), a.headers.get("Retry-After", "")) for i, a in failed]
+    return Reply(200, msgspec.json.encode(protocol.BulkReply(results, refused)), {"Content-Type": "application/json"})
+
+
+_PLACEHOLDER = protocol.IngestReply(accepted=0)
+
+
+def read_bulk(raw: bytes, encoding: str) -> tuple[bool, list[tuple[protocol.Batch | None, bytes]]]:
+    """A downstream relay's bulk body: whether it was packed, and each batch (decoded where it may
+    travel packed) with its exact JSON, in the order the answers follow."""
+    body = protocol.inflate(raw, encoding, protocol.MAX_BODY_BYTES)
+    if protocol.bulk_version(body) == protocol.PACKED_VERSION:
+        return True, [
+            (batch, data) if batch is not None else _packable(_one_object(data))
+            for batch, data in agreement.unpack(protocol.decode_packed(body))
+        ]
+    return False, [_packable(_one_object(data)) for data in protocol.decode_bulk(body)]
+
+
+def _packable(batch: bytes) -> tuple[protocol.Batch | None, bytes]:
+    """The batch decoded when it may travel packed; one the relay cannot decode goes as sent (the server answers it)."""
+    try:
+        return agreement.packable(batch), batch
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None, batch
+
+
 def read_batch(raw: bytes, encoding: str) -> bytes:
     """The agent's body as one JSON object, inflated and trimmed (so its bytes are the batch's identity)."""
-    batch = protocol.inflate(raw, encoding, protocol.MAX_BODY_BYTES).strip()
+    return _one_object(protocol.inflate(raw, encoding, protocol.MAX_BODY_BYTES))
+
+
+def _one_object(data: bytes) -> bytes:
+    batch = data.strip()
     if not batch.startswith(b"{"):
         raise ValueError("body must be one JSON object")
     try:
@@ -236,7 +331,14 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError as exc:  # protocol.BodyError carries its status; malformed JSON is a 400
                 self._send(_error(getattr(exc, "status", 400), f"relay: {exc}"))
                 return
-            self._send(self.relay.submit(token, batch))
+            self._send(self.relay.submit(token, batch, _packable(batch)[0]))
+        elif self.path == BULK:  # a node relay below this one (a rack's relay)
+            try:
+                packed, batches = read_bulk(raw, self.headers.get("Content-Encoding", ""))
+            except ValueError as exc:  # as above; msgspec's errors and agreement.PackError are ValueErrors
+                self._send(_error(getattr(exc, "status", 400), f"relay: {exc}"))
+                return
+            self._send(bulk_answer(self.relay.submit_all(token, batches), packed))
         else:
             self._send(_error(404, f"relay: no such endpoint {self.path}"))
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 from django.db import models
 
-from agents import protocol
+from agents import agreement, protocol
 from dashboard.evidence.models import CompileEvent, GradReport
 from dashboard.ledger.models import DetailRequest, GradSlot, GradWatermark
 from dashboard.ledger.slots import PARAM_PREFIX
@@ -65,12 +65,31 @@ def decode(body: bytes) -> protocol.Batch:
 
 
 def decode_bulk(body: bytes) -> list[tuple[protocol.Batch, bytes]]:
-    """Each batch of a bulk body with its exact bytes (what its digest is taken of); paths name `batches[i]`."""
+    """Each batch of a bulk body with its exact bytes (what its digest is taken of); paths name `batches[i]`.
+    Version 1 carries them as sent (`protocol.Bulk`), version 2 with their agreement once (`protocol.Packed`)."""
+    if _decoded(protocol.bulk_version, body) == protocol.PACKED_VERSION:
+        return _decode_packed(body)
     raws = _decoded(protocol.decode_bulk, body)
     batches = []
     for i, raw in enumerate(raws):
         try:
             batches.append((decode(raw), raw))
+        except Refusal as refusal:
+            raise refusal.within(f"batches[{i}]") from None
+    return batches
+
+
+def _decode_packed(body: bytes) -> list[tuple[protocol.Batch, bytes]]:
+    """The batches of a `Packed` body, each rebuilt as its agent sent it (`agents.agreement.unpack`) and
+    checked as a batch sent alone; `batches[i]` is its place in the reply."""
+    try:
+        items = agreement.unpack(_decoded(protocol.decode_packed, body))
+    except agreement.PackError as exc:
+        raise Refusal(400, str(exc), exc.path) from None
+    batches = []
+    for i, (batch, raw) in enumerate(items):
+        try:
+            batches.append((decode(raw) if batch is None else _checked(batch, raw), raw))
         except Refusal as refusal:
             raise refusal.within(f"batches[{i}]") from None
     return batches

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 
+import msgspec
 import pytest
 
 from agents import protocol, relay
@@ -103,3 +104,53 @@ def test_a_bad_or_oversized_content_length_is_answered_at_once(length):
         server.shutdown()
         server.server_close()
         r.close()
+
+
+def _grads_batch(rank: int, fps: int = 7) -> protocol.Batch:
+    return protocol.Batch(
+        v=1,
+        run=protocol.RunInfo(key="tree", world_size=64),
+        rank=rank,
+        session=f"tree-session-{rank}",
+        seq=1,
+        events=[protocol.Grads.pack(0, [[fps, 3]], ts=1e9 + rank)],
+    )
+
+
+def test_a_rack_relay_reads_both_bulk_forms_as_the_batches_their_agents_sent():
+    from agents import agreement
+
+    raws = [protocol.encode(_grads_batch(r)) for r in range(4)]
+    old = protocol.bulk_body(raws)
+    packed, batches = relay.read_bulk(gzip.compress(old), "gzip")
+    assert not packed and [raw for _, raw in batches] == raws and all(b is not None for b, _ in batches)
+    packed, batches = relay.read_bulk(agreement.pack([protocol.decode_batch(r) for r in raws]), "")
+    assert packed and [raw for _, raw in batches] == raws
+    with pytest.raises(ValueError):
+        relay.read_bulk(b'{"v":2,"batches":[{"run":3,"rank":0,"session":"abcdefgh","seq":0}]}', "")
+
+
+def test_a_downstream_bulk_is_answered_batch_by_batch():
+    from agents.transport import Reply
+
+    ok = Reply(200, protocol.encode(protocol.IngestReply(accepted=1)), {})
+    bad = Reply(400, b'{"error":"rank 9 is outside world_size 8","path":"rank"}', {})
+    busy = Reply(503, b'{"error":"overloaded"}', {"Retry-After": "2"})
+    answer = relay.bulk_answer([ok, bad, busy], packed=True)
+    reply = msgspec.json.decode(answer.body, type=protocol.BulkReply)
+    assert answer.status == 200 and [r.accepted for r in reply.results] == [1, 0, 0]
+    assert [(r.index, r.status, bytes(r.answer), r.retry_after) for r in reply.refused] == [
+        (1, 400, bad.body, ""),
+        (2, 503, busy.body, "2"),
+    ]
+    assert relay.bulk_answer([ok, busy, bad], packed=False) is bad  # an older relay sends each alone
+    assert relay.bulk_answer([ok, busy], packed=False) is busy  # and hands a 503 to all its agents
+    assert b"refused" not in relay.bulk_answer([ok, ok], packed=False).body
+
+
+def test_a_server_that_predates_packed_bodies_gets_version_1():
+    from agents.transport import Reply
+
+    old_server = Reply(400, b'{"error":"Expected `int` <= 1","path":"v"}', {})
+    assert relay._unpacked_upstream(old_server)
+    assert not relay._unpacked_upstream(Reply(400, b'{"error":"x","path":"batches[0].rank"}', {}))
