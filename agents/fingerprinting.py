@@ -31,6 +31,8 @@ Implementations, chosen per tensor and device, all giving the same sums:
 - compiled: an Inductor kernel over the [rows, 4096] view (dynamic rows, one compile), compiled
   under `capture.suppressed()` so it never appears as a user compile event.
 - Triton (CUDA): a hand-written kernel doing 32-bit arithmetic with 64-bit accumulation.
+- Triton, a whole group (CUDA): `fingerprint_cuda.py`, every tensor of a step by address in two
+  launches with the gradient statistics (`device_pending`; why: launches, not bytes, are a GPU's cost).
 Each fast path is checked against the reference once per device at first use and disabled if it
 disagrees or fails; failures fall back to eager, never into user code.
 
@@ -52,7 +54,7 @@ from typing import Any
 
 import torch
 
-from agents import fingerprint_native, protocol
+from agents import fingerprint_cuda, fingerprint_native, protocol
 
 ALGO = protocol.FINGERPRINT_ALGO
 MASK64 = (1 << 64) - 1
@@ -502,17 +504,20 @@ class Pending:
     numels: list[int]
     dtypes: list[torch.dtype | None]
     buckets: list[list[int]]
+    finish: Callable[[list[int]], list[int]] | None = None  # raw host words -> the layout above
 
     def ready(self) -> bool:
         """The copy has landed: reading now does not wait."""
         return self.event is None or self.event.query()
 
     def words(self) -> list[int]:
-        """The host words (waits for the copy if it has not landed)."""
+        """The host words (waits for the copy if it has not landed): two lane sums per tensor, then
+        the extra words."""
         if not isinstance(self.host, list):
             if self.event is not None:
                 self.event.synchronize()
-            self.host = self.host.tolist()
+            raw = self.host.tolist()
+            self.host = raw if self.finish is None else self.finish(raw)
         return self.host
 
     def per_tensor(self) -> list[int]:
@@ -582,6 +587,81 @@ def host_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]], s
     )
 
 
+def device_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]], stats: bool) -> Pending | None:
+    """The CUDA fast path of `bucket_fingerprints` (plus, with `stats`, the gradient statistics):
+    every present tensor in two launches and one copy (`fingerprint_cuda`). None: use the general
+    path (other devices or dtypes, Triton missing, or its check failed)."""
+    present = [t for t in tensors if t is not None]
+    if os.environ.get("LOCKSTEP_FP_TRITON", "1") == "0" or not fingerprint_cuda.takes(present):
+        return None
+    device = present[0].device
+    if not _verify_group(device):
+        return None
+    try:
+        words = _group_words(present, stats)
+    except Exception:
+        _verified[("group", device.type)] = False
+        return None
+    host, event = start_copy(words)
+    return Pending(
+        host,
+        event,
+        [t.numel() if t is not None else 0 for t in tensors],
+        [t.dtype if t is not None else None for t in tensors],
+        buckets,
+        functools.partial(_group_layout, [t is not None for t in tensors], stats),
+    )
+
+
+def _group_words(present: list[torch.Tensor], stats: bool) -> torch.Tensor:
+    device = present[0].device
+    return fingerprint_cuda.group_words(
+        present, _column_weights(device), (_s32(_LANES[0][2]), _s32(_LANES[1][2])), stats
+    )
+
+
+def _group_layout(has: list[bool], stats: bool, raw: list[int]) -> list[int]:
+    """`fingerprint_cuda.group_words`' host words as `Pending.words` gives them: zeros for absent
+    tensors, then the statistics words."""
+    count = sum(has)
+    it = iter(zip(raw[0 : 2 * count : 2], raw[1 : 2 * count : 2]))
+    lanes = [w for present in has for w in (next(it) if present else (0, 0))]
+    return lanes + (fingerprint_cuda.statistics(raw, count) if stats else [])
+
+
+def _verify_group(device: torch.device) -> bool:
+    """Once per device type: the group kernels' lane sums equal the reference for tensors of three
+    dtypes and sizes spanning several chunks, and the statistics see squares and a NaN."""
+    key = ("group", device.type)
+    ok = _verified.get(key)
+    if ok is None:
+        try:
+            g = torch.Generator().manual_seed(12345)
+            big = torch.randn(fingerprint_cuda.COLS * fingerprint_cuda.ITERS + 4099, generator=g)
+            tensors = [big.to(device), torch.randn(78, generator=g).bfloat16().to(device)]
+            tensors.append(torch.tensor([1.0, float("nan"), 2.0, 3.0], dtype=torch.float16, device=device))
+            words = _group_layout([True] * 3, True, _group_words(tensors, True).cpu().tolist())
+            want = [w & 0xFFFFFFFF for t in tensors for w in _lane_sums_eager(_words(t)).cpu().tolist()]
+            squares = struct.unpack("<d", struct.pack("<q", words[6]))[0]
+            expected = float(big.double().square().sum() + tensors[1].double().square().sum().cpu())
+            ok = (
+                [w & 0xFFFFFFFF for w in words[:6]] == want
+                and words[7] == 1
+                and squares != squares  # the NaN of the third tensor reaches the sum
+                and _squares_close(tensors[:2], expected)
+            )
+        except Exception:
+            ok = False
+        _verified[key] = ok
+    return ok
+
+
+def _squares_close(tensors: list[torch.Tensor], expected: float) -> bool:
+    words = _group_layout([True] * len(tensors), True, _group_words(tensors, True).cpu().tolist())
+    squares: float = struct.unpack("<d", struct.pack("<q", words[2 * len(tensors)]))[0]
+    return abs(squares - expected) <= 1e-4 * expected
+
+
 def _native_words(tensors: list[torch.Tensor | None], stats: bool) -> tuple[list[int], list[int] | None] | None:
     """One native pass: [lane 0, lane 1] per tensor, flat (zeros for None), and with `stats`, when
     every tensor is float32, the statistics words (float64 bits of the sum of squares, non-finite
@@ -642,7 +722,7 @@ def bucket_fingerprints(
     if buckets is None:
         buckets = balanced_buckets(numels, nbuckets)
     if sums is None and extra is None:
-        pending = host_pending(tensors, buckets, stats=False)
+        pending = host_pending(tensors, buckets, stats=False) or device_pending(tensors, buckets, stats=False)
         if pending is not None:
             return pending
     if sums is None:
@@ -654,4 +734,13 @@ def bucket_fingerprints(
     return Pending(host, event, numels, [t.dtype if t is not None else None for t in tensors], buckets)
 
 
-__all__ = ["ALGO", "fingerprint", "bucket_fingerprints", "lane_sums", "balanced_buckets", "fold", "Pending"]
+__all__ = [
+    "ALGO",
+    "fingerprint",
+    "bucket_fingerprints",
+    "device_pending",
+    "lane_sums",
+    "balanced_buckets",
+    "fold",
+    "Pending",
+]

@@ -41,7 +41,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 from agents import protocol
-from agents.fingerprinting import Pending, balanced_buckets, bucket_fingerprints, host_pending
+from agents.fingerprinting import Pending, balanced_buckets, bucket_fingerprints, device_pending, host_pending
 
 RING_STEPS = 128
 RECENT_STEPS = 16  # an optimizer that has not stepped for this many steps is no longer held for the final weights
@@ -404,9 +404,9 @@ class GradTracker:
 
     @staticmethod
     def _grad_pending(grads: list[torch.Tensor | None], buckets: list[list[int]]) -> Pending:
-        """Fingerprints and statistics of one group's gradients: one native pass on the CPU, else
+        """Fingerprints and statistics of one group's gradients: one native pass on the CPU, two launches on CUDA, else
         the device kernels plus three small ops for the statistics."""
-        pending = host_pending(grads, buckets, stats=True)
+        pending = host_pending(grads, buckets, stats=True) or device_pending(grads, buckets, stats=True)
         if pending is not None:
             return pending
         present = [g for g in grads if g is not None]

@@ -260,3 +260,31 @@ def test_host_pending_equals_the_general_path():
     assert weights.result() == slow.result() and weights.extra() == []
     assert F.host_pending([t.half() if t is not None else None for t in tensors], buckets, stats=True) is None
     assert F.host_pending([], [], stats=True) is None
+
+
+def test_group_kernels_words_are_read_back_as_the_other_paths_give_them():
+    """The CUDA group path's host words (lanes of present tensors, per-tensor squares, non-finite
+    flags) become the common layout: zero lanes for absent gradients, the squares summed in tensor
+    order and the tensors holding a non-finite value counted."""
+    import struct
+
+    from agents.fingerprint_cuda import statistics
+    from agents.fingerprinting import _group_layout
+
+    squares = [2.5, float("inf"), 0.25]
+    raw = [11, 12, 21, 22, 31, 32] + [struct.unpack("<q", struct.pack("<d", s))[0] for s in squares] + [0, 1, 0]
+    words = _group_layout([True, False, True, True], True, raw)
+    assert words[:8] == [11, 12, 0, 0, 21, 22, 31, 32]
+    assert struct.unpack("<d", struct.pack("<q", words[8]))[0] == float("inf") and words[9] == 1
+    finite = statistics(raw[:6] + raw[6:7] + raw[8:9] + raw[6:7] + [0, 0, 0], 3)
+    assert struct.unpack("<d", struct.pack("<q", finite[0]))[0] == 5.25 and finite[1] == 0
+    assert _group_layout([False, True], False, [7, 8]) == [0, 0, 7, 8]
+
+
+def test_group_kernels_take_only_whole_words_of_known_dtypes_on_one_gpu():
+    from agents.fingerprint_cuda import takes
+    from agents.fingerprinting import device_pending
+
+    assert not takes([])
+    assert not takes([torch.zeros(4)])  # the CPU has its native pass
+    assert device_pending([torch.zeros(4), None], [[0, 1]], stats=True) is None
