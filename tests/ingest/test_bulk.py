@@ -112,7 +112,7 @@ def test_an_invalid_batch_names_its_place_and_nothing_is_stored(bulk, batches, p
     "raw, path",
     [
         (b'{"v":1,"batches":[]}', "batches"),
-        (b'{"v":2,"batches":[{}]}', "v"),
+        (b'{"v":3,"batches":[{}]}', "v"),
         (b'{"v":1,"batches":' + b"[{}]" * 2, None),
         (
             protocol.bulk_body([encoded(make_batch(rank=r, session=f"s-{uuid.uuid4()}")) for r in range(3)] * 100),
