@@ -132,6 +132,24 @@ class Servers:
         return total / tick
 
 
+def postgres_cpu_seconds(database: str) -> float:
+    """CPU time (user + system) used so far by the PostgreSQL backends serving `database`, from /proc
+    (PostgreSQL on this machine). Why backends only: they do a group's work (its statements, COPY,
+    and the WAL flush of its commit); the cluster's shared processes (WAL writer, checkpointer) also
+    serve other databases of the machine. Connections must stay open between two readings (the
+    servers' pool does): a backend that exits takes its time with it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid, fields in procstat.every():
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("latin-1")
+        except OSError:
+            continue
+        if title.startswith("postgres:") and f" {database} " in title:
+            total += int(fields[procstat.UTIME]) + int(fields[procstat.STIME])
+    return total / tick
+
+
 def start_servers(env: dict, ingest: int, celery: int, root: Path = ROOT) -> Servers:
     """`root`: the source tree the processes run (another checkout compares two versions side by side)."""
     port = free_port()

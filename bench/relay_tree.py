@@ -13,8 +13,10 @@ fresh run:
 The relays' packing is `agents.agreement`'s own, run in this process: the bytes per level are
 those the relays send (gzip level 6, as `agents.relay`); only the server's requests go over HTTP,
 to real uvicorn workers, PostgreSQL and Redis on this machine. Server CPU is the ingest processes'
-user + system time (PostgreSQL's backends not included); PostgreSQL's rows are the rows inserted
-(counted) and its bytes the growth of every table and index, per rank-step.
+user + system time; PostgreSQL CPU that of the backends serving the bench's database (its WAL
+writer and checkpointer are shared with the machine's other databases, so left out); PostgreSQL's
+rows are the rows inserted (counted) and its bytes the growth of every table and index, per
+rank-step.
 
     python -m bench relay_tree --ranks-per-node 8 --nodes-per-rack 32 --racks 2 --steps 20 --repeats 3
 """
@@ -30,7 +32,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from bench.common import bench_env, fingerprints, fresh_database, setup_django, start_servers
+from bench.common import bench_env, fingerprints, fresh_database, postgres_cpu_seconds, setup_django, start_servers
 from bench.results import report
 
 LEVELS = ("agent -> node", "node -> rack", "rack -> server", "node -> server")
@@ -44,6 +46,7 @@ class Measured:
     wire: dict[str, int] = field(default_factory=dict)
     requests: int = 0
     cpu_s: float = 0.0
+    pg_cpu_s: float = 0.0
     rows: int = 0
     pg_bytes: int = 0
 
@@ -112,7 +115,7 @@ def pg_totals() -> tuple[int, int]:
     return rows, sum(size for _, size in tables)
 
 
-def run_form(args, servers, token: str, tree: bool) -> Measured:
+def run_form(args, servers, token: str, database: str, tree: bool) -> Measured:
     from agents import agreement, protocol
 
     per_rack = args.ranks_per_node * args.nodes_per_rack
@@ -127,6 +130,7 @@ def run_form(args, servers, token: str, tree: bool) -> Measured:
     time.sleep(0.5)
     rows0, bytes0 = pg_totals()
     cpu0 = servers.ingest_cpu_seconds()
+    pg0 = postgres_cpu_seconds(database)  # after pg_totals: its counting is not the server's work
     for step in range(1, args.steps + 1):
         raws = [batch(run, r, step, args.buckets) for r in range(ranks)]
         m.wire["agent -> node"] += sum(len(gz(raw)) for raw in raws)
@@ -147,6 +151,7 @@ def run_form(args, servers, token: str, tree: bool) -> Measured:
         m.requests += len(bodies)
         m.rank_steps += ranks
     m.cpu_s = servers.ingest_cpu_seconds() - cpu0
+    m.pg_cpu_s = postgres_cpu_seconds(database) - pg0
     time.sleep(0.5)
     rows1, bytes1 = pg_totals()
     m.rows, m.pg_bytes = rows1 - rows0, bytes1 - bytes0
@@ -182,6 +187,11 @@ def rows_of(form: str, measured: list[Measured]) -> list[tuple[str, str, str]]:
             "us per rank-step (ingest processes)",
         ),
         (
+            f"{form}: PostgreSQL CPU",
+            spread([m.pg_cpu_s / n * 1e6 for m, n in zip(measured, per)]),
+            "us per rank-step (backends of the bench database)",
+        ),
+        (
             f"{form}: PostgreSQL rows",
             spread([m.rows / n for m, n in zip(measured, per)], 3),
             "rows added per rank-step",
@@ -214,12 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     from dashboard.tenancy.models import Project, ProjectToken
 
     token = ProjectToken.issue(Project.objects.create(name="bench"))
+    database = env["DATABASE_URL"].rsplit("/", 1)[1]
     servers = start_servers(env, args.ingest, 0)
     measured: dict[str, list[Measured]] = {"node relays": [], "tree": []}
     try:
         for _ in range(args.repeats):  # the forms alternate, so drift in the machine's load hits both
-            measured["node relays"].append(run_form(args, servers, token, tree=False))
-            measured["tree"].append(run_form(args, servers, token, tree=True))
+            measured["node relays"].append(run_form(args, servers, token, database, tree=False))
+            measured["tree"].append(run_form(args, servers, token, database, tree=True))
     finally:
         servers.stop()
     rows = rows_of("node relays", measured["node relays"]) + rows_of("tree", measured["tree"])
