@@ -61,7 +61,8 @@ def _pattern(name: str, torch: Any, device: str) -> Callable[[Any], None]:
             opt.zero_grad()
 
         return step
-    if name == "compiled train step":
+    if name in ("compiled train step", "compiled autograd"):
+        torch._dynamo.config.compiled_autograd = name == "compiled autograd"  # the backward as a graph of its own
 
         @torch.compile  # type: ignore[untyped-decorator]
         def train(x: Any) -> None:
@@ -80,7 +81,13 @@ def _pattern(name: str, torch: Any, device: str) -> Callable[[Any], None]:
     return eager_step
 
 
-PATTERNS = ("compiled model", "compiled optimizer step", "compiled train step", "activation checkpointing")
+PATTERNS = (
+    "compiled model",
+    "compiled optimizer step",
+    "compiled train step",
+    "compiled autograd",
+    "activation checkpointing",
+)
 
 
 def child(name: str, watched: bool, steps: int, warmup: int) -> dict[str, Any]:

@@ -92,13 +92,14 @@ def compiled_train_step(backend: Callable) -> Callable[[torch.Tensor], None]:
 
 PATTERNS = {
     "compiled model": (compiled_model, "grad"),
+    "compiled autograd": (compiled_train_step, "notice"),
     "compiled optimizer step": (compiled_optimizer_step, "notice"),
     "compiled train step": (compiled_train_step, "notice"),
     "activation checkpointing": (lambda backend: compiled_model(backend, checkpointed=True), "grad"),
 }
 
 
-def trace(make: Callable[[Callable], Callable[[torch.Tensor], None]]) -> Traced:
+def trace(make: Callable[[Callable], Callable[[torch.Tensor], None]], config: dict[str, bool]) -> Traced:
     graphs: list[str] = []
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
@@ -109,9 +110,10 @@ def trace(make: Callable[[Callable], Callable[[torch.Tensor], None]]) -> Traced:
     torch._dynamo.utils.clear_compilation_metrics()
     counters.clear()
     torch.manual_seed(0)
-    step = make(record)
-    for i in range(STEPS):
-        step(torch.randn(8 if i < 2 else 12, 32))  # a new batch size at step 2: a recompile to match
+    with torch._dynamo.config.patch(**config):
+        step = make(record)
+        for i in range(STEPS):
+            step(torch.randn(8 if i < 2 else 12, 32))  # a new batch size at step 2: a recompile to match
     frames = [(m.co_name or "", m.graph_op_count) for m in torch._dynamo.utils.get_compilation_metrics()]
     return Traced(graphs, Counter(counters["graph_break"]), frames)
 
@@ -119,13 +121,16 @@ def trace(make: Callable[[Callable], Callable[[torch.Tensor], None]]) -> Traced:
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_the_same_graphs_breaks_and_recompiles_with_the_agent_attached(pattern, tmp_path):
     make, seen_as = PATTERNS[pattern]
-    bare = trace(make)
+    config = {"compiled_autograd": True} if pattern == "compiled autograd" else {}
+    bare = trace(make, config)
     agent = Agent(resolve(offline=True, spool_dir=str(tmp_path), run="observer", rank=0, world_size=1))
     try:
-        watched = trace(make)
+        watched = trace(make, config)
     finally:
         agent.close(timeout=5)
     assert bare.graphs, "the pattern compiled nothing: it proves nothing"
+    if config:  # compiled autograd traced the backward: a frame of its own (its graph is named forward)
+        assert "forward" in [name for name, _ in bare.frames], bare.frames
     assert watched.graphs == bare.graphs
     assert watched.breaks == bare.breaks
     assert watched.frames == bare.frames  # not even a frame without a graph becomes a 0-op one
