@@ -260,6 +260,7 @@ class GradTracker:
         # the optimizers that stepped lately, held (a script's objects are gone by the time it exits and the
         # agent closes: its final weights need them), let go once they stop stepping (a sweep's old trials)
         self._recent: dict[torch.optim.Optimizer, int] = {}
+        self._uncalled: torch.optim.Optimizer | None = None  # stepped with a closure not called yet
 
     @property
     def step(self) -> int:
@@ -280,19 +281,53 @@ class GradTracker:
             self._handle = None
 
     # the hook ------------------------------------------------------------------------
-    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """Before the update: the weights as the previous step left them, then the gradients.
 
         One pre-hook and no post-hook: torch runs post-hooks after the step's last graph break, so a
-        traced one (even one that does nothing) turns that graphless frame into a 0-op graph."""
+        traced one (even one that does nothing) turns that graphless frame into a 0-op graph.
+
+        A step given a closure (`optimizer.step(closure)`: Lightning's automatic optimization, LBFGS)
+        computes its gradients inside `step()`, after this hook: what `.grad` holds here is the previous
+        step's. Its gradients are taken as the closure's first call returns, before the update: the hook
+        hands torch the same arguments with the closure wrapped."""
         if torch.compiler.is_compiling():  # traced by Dynamo: leave the user's graph as it is
             COMPILED_STEP.seen = True
-            return
+            return None
         try:
+            self._step_of_uncalled_closure()
             self._weights_before()
+            if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
+                return (args[0], self._closure_then_step(optimizer, args[1]), *args[2:]), kwargs
+            if callable(kwargs.get("closure")):
+                return args, dict(kwargs, closure=self._closure_then_step(optimizer, kwargs["closure"]))
             self._on_step(optimizer)
         except Exception:  # never raise into user code
             pass
+        return None
+
+    def _closure_then_step(self, optimizer: torch.optim.Optimizer, closure: Callable[..., Any]) -> Callable[..., Any]:
+        """`closure`, counting the step and taking its gradients once its first call returned (an LBFGS
+        step calls it again at trial weights). A step whose optimizer never calls it is counted at the
+        next step or as the agent closes, with the gradients then in `.grad`."""
+        self._uncalled = optimizer
+
+        def closure_then_step(*args: Any, **kwargs: Any) -> Any:
+            result = closure(*args, **kwargs)  # the user's errors are the user's
+            if self._uncalled is optimizer:
+                self._uncalled = None
+                try:
+                    self._on_step(optimizer)
+                except Exception:  # never raise into user code
+                    pass
+            return result
+
+        return closure_then_step
+
+    def _step_of_uncalled_closure(self) -> None:
+        if self._uncalled is not None:
+            optimizer, self._uncalled = self._uncalled, None
+            self._on_step(optimizer)
 
     def _weights_before(self) -> None:
         """Weight fingerprints after the previous step, every `param_every` steps (same groups and
@@ -313,6 +348,10 @@ class GradTracker:
     def final_weights(self) -> None:
         """Weights after the last step, as the process closes, for every optimizer whose weights were
         not just fingerprinted at that step (the ranks of a run that ends together agree on it)."""
+        try:
+            self._step_of_uncalled_closure()
+        except Exception:  # never raise into user code
+            pass
         step = self._next_step - 1
         if step < 0 or not self._param_every:
             return

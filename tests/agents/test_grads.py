@@ -273,3 +273,62 @@ def test_parameters_outside_ddp_are_named_by_their_module_path():
         tracker.uninstall()
     [names] = [e for e in events if isinstance(e, list)]
     assert names == ["local:0.weight", "local:0.bias", "local:2.weight", "local:2.bias"]
+
+
+class _IgnoresClosure(torch.optim.Optimizer):
+    """An optimizer whose step takes a closure and never calls it."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-0.1)
+
+
+def test_a_step_given_a_closure_fingerprints_the_gradients_its_closure_computed():
+    """Lightning's automatic optimization calls `optimizer.step(closure)` with the forward and backward
+    inside the closure, after the pre-hook: each step's fingerprints are of the gradients its closure
+    made (never the previous step's), an LBFGS step calling its closure again counts once with its
+    first call's gradients, and a step whose optimizer never calls the closure is still counted."""
+    events: list = []
+    tracker = GradTracker(events.append, grad_every=1, param_every=50)
+    tracker.install()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    made: dict[int, list[torch.Tensor]] = {}
+
+    def closure_of(step: int, opt: torch.optim.Optimizer):
+        def closure():
+            opt.zero_grad()  # as Lightning does, inside the closure
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            made.setdefault(step, [p.grad.detach().clone() for p in model.parameters()])
+            return loss
+
+        return closure
+
+    try:
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        sgd.step(closure_of(0, sgd))
+        sgd.step(closure=closure_of(1, sgd))
+        lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=3)
+        lbfgs.step(closure_of(2, lbfgs))
+        assert len(made) == 3
+        sgd.step(closure_of(3, sgd))
+        _IgnoresClosure(model.parameters()).step(closure_of(4, sgd))  # counted at the next step
+        sgd.step(closure_of(5, sgd))
+        _IgnoresClosure(model.parameters()).step(closure_of(6, sgd))  # counted as the agent closes
+        tracker.final_weights()
+        tracker.drain(block=True)
+    finally:
+        tracker.uninstall()
+    grads = [e for e in events if isinstance(e, protocol.Grad)]
+    assert [g.step for g in grads] == list(range(7)) and 4 not in made and 6 not in made
+    for g in grads:
+        if g.step in made:
+            assert g.norm and g.fps == bucket_fingerprints(made[g.step], 16).result()[1], g.step
+    assert {e.step for e in events if isinstance(e, protocol.Param)} == {0, 6}  # the last step counted at close
