@@ -41,7 +41,7 @@ from ingest.refusals import Refusal
 
 T = TypeVar("T")
 MAX_GROUP_BATCHES = 256  # per transaction: bounds its locks, its statement sizes and a failing group's retry
-COALESCE_AFTER = 8  # a group this large means load: the next one waits COALESCE_S for company
+COALESCE_AFTER = 8  # a group of this many batches means load: the next one waits COALESCE_S for company
 COALESCE_S = 0.001
 
 Answer = list[protocol.IngestReply] | Exception  # a request's reply per batch, or why it was refused
@@ -270,7 +270,9 @@ class LoopCommitter:
             if not waiting.future.done():  # its connection may have gone meanwhile
                 waiting.future.set_result(answer)
         self.writing = False
-        loaded = len(group) >= COALESCE_AFTER
+        # batches, not requests: a rack relay's one request of 256 batches is load (the collector's young
+        # generation, the writer's connection kept), as 256 ranks posting at once are
+        loaded = sum(len(w.job.items) for w in group) >= COALESCE_AFTER
         if loaded:
             self.young.busy()
         if loaded and not self.queue:

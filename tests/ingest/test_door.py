@@ -261,6 +261,24 @@ def test_under_load_the_next_group_waits_a_moment_for_the_batches_on_their_way(a
 
 
 @on_loop
+def test_a_relays_request_of_many_batches_is_load_too(app, token, monkeypatch):
+    """Load is counted in batches, not requests: a rack relay's one request of COALESCE_AFTER batches
+    makes the collector's young generation large, as that many ranks posting at once do."""
+    monkeypatch.setattr(collector, "IDLE_AFTER_S", 0.2)
+    world = groupcommit.COALESCE_AFTER
+    body = protocol.bulk_body([json.dumps(make_batch(rank=r, world_size=world)).encode() for r in range(world)])
+
+    async def scenario() -> tuple[int, int]:
+        status, _, _ = await acall(app, body, headers_for(token), path="/api/v1/ingest/bulk")
+        return status, gc.get_threshold()[0]
+
+    try:
+        assert async_to_sync(scenario)() == (200, collector.LOADED_YOUNG)
+    finally:
+        gc.set_threshold(collector.IDLE_YOUNG, *gc.get_threshold()[1:])
+
+
+@on_loop
 def test_a_large_body_is_decoded_off_the_loop(app, token, monkeypatch):
     monkeypatch.setattr(door, "DECODE_ON_LOOP_MAX", 100)
     threads: list[str] = []
