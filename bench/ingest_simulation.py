@@ -6,17 +6,27 @@ request at a time; a batch the server did not accept (429, 503, a timeout after 
 its backlog (the spool) and is sent again, first, after Retry-After or its backoff. The job's
 ranks all complete a step every `--step-time` seconds; a batch carries the steps done since the
 last one, as one compact `grads` event. `--ranks-per-request 8` sends a node's 8 batches as one
-bulk request, as a node relay forwards them. Bodies are generated; the server (uvicorn workers,
-PostgreSQL, Redis) is the real one, on the same machine as this client.
+bulk request, as a node relay forwards them. `--nodes-per-rack 32` adds the rack level of a relay
+tree (docs/scale-out.md): a rack's node relays pack their ranks' batches and the rack relay sends
+them as one `protocol.Packed` request per flush. The relays' packing is done in this process, the
+way `agents.agreement.pack` packs agreeing batches (every simulated rank reports the same
+fingerprints at the same clock, so a rack's batches share one agreed event; `packed_body` is
+checked against `pack` at start): one sender per rack stands for its ranks, which flush together
+and keep together what was not accepted (a relay keeps nothing, so a refused rack request is
+every one of its agents' batch, resent by each at its next flush). Bodies are generated; the
+server (uvicorn workers, PostgreSQL, Redis) is the real one, on the same machine as this client.
 
 It prints, per job size: the steps the job made and the steps the server took (rank-steps/s),
 requests/s, how many requests were answered with something other than 200 (the agents' retry
 rate), the flush intervals the agents ended with, and the added detection latency: for each step,
 when the server had accepted the last rank's report of it (the moment its grad slot can be
-settled) after the step ended, over the second half of the run (percentiles of the steps).
+settled) after the step ended, over the second half of the run (percentiles of the steps). When the
+job stops making steps, its agents go on sending what was not accepted yet for `--drain` seconds:
+"accepted" counts what the server took by then, so 100% means nothing was lost or left behind.
 
     python -m bench ingest_simulation                                  # 1024, 4096, 16384 ranks, direct
     python -m bench ingest_simulation --ranks 16384 --ranks-per-request 8 --seconds 60
+    python -m bench ingest_simulation --ranks 16384 --ranks-per-request 8 --nodes-per-rack 32 --step-time 1.0
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -67,8 +78,12 @@ class Simulation:
         self.args, self.token, self.ranks = args, token, ranks
         self.host, port = url.removeprefix("http://").split(":")
         self.port = int(port)
-        self.run = {"key": f"sim-{ranks}-{uuid.uuid4().hex[:8]}", "world_size": ranks, "name": "simulated job"}
-        per = args.ranks_per_request
+        self.run: dict[str, Any] = {
+            "key": f"sim-{ranks}-{uuid.uuid4().hex[:8]}",
+            "world_size": ranks,
+            "name": "simulated job",
+        }
+        per = args.ranks_per_request * max(args.nodes_per_rack, 1)
         self.senders = [
             Sender(list(range(r, min(r + per, ranks))), [str(uuid.uuid4()) for _ in range(min(per, ranks - r))])
             for r in range(0, ranks, per)
@@ -76,6 +91,7 @@ class Simulation:
         self.tally = Tally()
         self.pool: asyncio.Queue = asyncio.Queue()
         self.packed: dict[tuple[int, int], str] = {}  # every rank reports the same fingerprints for a step
+        self.grads: dict[tuple[int, int], Any] = {}  # the same, as a `protocol.Grads` (the tree's agreed event)
         self.t0 = 0.0
 
     def step_now(self, now: float) -> int:
@@ -85,6 +101,8 @@ class Simulation:
     def body(self, sender: Sender, first: int, last: int) -> bytes:
         from agents import protocol
 
+        if self.args.nodes_per_rack:
+            return gzip_body(self.packed_body(sender, first, last))
         packed = self.packed.get((first, last))
         if packed is None:
             rows = [fingerprints(s, self.args.buckets) for s in range(first, last + 1)]
@@ -100,13 +118,52 @@ class Simulation:
         sender.seq += 1
         return gzip_body(bodies[0] if len(bodies) == 1 else protocol.bulk_body(bodies))
 
+    def grads_event(self, first: int, last: int) -> Any:
+        from agents import protocol
+
+        grads = self.grads.get((first, last))
+        if grads is None:
+            rows = [fingerprints(s, self.args.buckets) for s in range(first, last + 1)]
+            grads = self.grads[first, last] = protocol.Grads.pack(first, rows, ts=time.time())
+        return grads
+
+    def packed_body(self, sender: Sender, first: int, last: int) -> bytes:
+        """A rack's batches as its relays send them: one `protocol.Packed` body, the agreed `grads` event
+        once for all of them (what `agents.agreement.pack` makes of batches that hold the same event)."""
+        from agents import protocol
+
+        packed = protocol.Packed(
+            v=protocol.PACKED_VERSION,
+            runs=[protocol.RunInfo(**self.run)],
+            batches=[
+                protocol.PackedBatch(run=0, rank=rank, session=session, seq=sender.seq)
+                for rank, session in zip(sender.ranks, sender.sessions)
+            ],
+            agreed=[protocol.Agreed(event=self.grads_event(first, last), of=[(0, len(sender.ranks) - 1)])],
+        )
+        sender.seq += 1
+        return protocol.encode(packed)
+
+    def check_packing(self) -> None:
+        """`packed_body` is what the relays' own packing gives for the same batches."""
+        from agents import agreement, protocol
+
+        sender = Sender(self.senders[0].ranks, self.senders[0].sessions)
+        grads = self.grads_event(0, 0)
+        batches = [
+            protocol.Batch(v=1, run=protocol.RunInfo(**self.run), rank=rank, session=session, seq=0, events=[grads])
+            for rank, session in zip(sender.ranks, sender.sessions)
+        ]
+        if self.packed_body(sender, 0, 0) != agreement.pack(batches):
+            raise AssertionError("the simulated rack body differs from agents.agreement.pack's")
+
     async def post(self, body: bytes) -> tuple[int, dict, bytes]:
         conn = await self.pool.get()
         try:
             if conn is None:
                 conn = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), HTTP_TIMEOUT)
             reader, writer = conn
-            path = "/api/v1/ingest" if self.args.ranks_per_request == 1 else "/api/v1/ingest/bulk"
+            path = "/api/v1/ingest" if len(self.senders[0].ranks) == 1 else "/api/v1/ingest/bulk"
             writer.write(
                 (
                     f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
@@ -127,12 +184,14 @@ class Simulation:
         """The transport's loop: at each flush, queue the new steps; send the backlog, oldest first."""
         while True:
             now = time.time()
-            if now >= until:
+            if now >= until + self.args.drain:
                 return
-            last = self.step_now(now)
+            last = min(self.step_now(now), self.step_now(until))
             if last > sender.sent_through:
                 sender.backlog.append((self.body(sender, sender.sent_through + 1, last), sender.sent_through + 1, last))
                 sender.sent_through = last
+            if now >= until and not sender.backlog:
+                return  # the job ended and everything it made was accepted
             while sender.backlog and time.time() >= sender.not_before:
                 body, first, last_step = sender.backlog[0]
                 status, headers, payload = await self.post(body)
@@ -184,16 +243,45 @@ class Simulation:
         refused = sum(t.refused.values())
         intervals = sorted(s.interval for s in self.senders)
         q = statistics.quantiles(late, n=100) if len(late) >= 2 else [float("nan")] * 99
-        form = "direct" if self.args.ranks_per_request == 1 else f"{self.args.ranks_per_request} ranks/request"
+        self.figures = {
+            "accepted": t.rank_steps / seconds,
+            "share": t.rank_steps / max(made, 1),
+            "p50": q[49],
+            "p99": q[98],
+        }
+        form = form_of(self.args)
         return (
             f"{self.ranks:,} ranks, {form}",
             f"{t.rank_steps / seconds:,.0f}",
-            f"rank-steps/s accepted of {made / seconds:,.0f} made; {(t.ok + refused) / seconds:,.0f} requests/s;"
+            f"rank-steps/s accepted of {made / seconds:,.0f} made ({t.rank_steps / max(made, 1):.1%} of them accepted"
+            f" within {self.args.drain:g} s of the job's end); {(t.ok + refused) / seconds:,.0f} requests/s;"
             f" retried {refused / max(t.ok + refused, 1):.1%} ({', '.join(f'{k}: {v}' for k, v in sorted(t.refused.items(), key=str)) or 'none'});"
             f" flush interval at end {intervals[0]:g}-{intervals[-1]:g} s (median {statistics.median(intervals):g});"
             f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
             f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete)",
         )
+
+
+def summary(ranks: int, figures: list[dict[str, float]]) -> tuple[str, str, str]:
+    """Median (min-max) over the repeats of one job size."""
+
+    def spread(key: str, fmt: str) -> str:
+        values = [f[key] for f in figures]
+        return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+    return (
+        f"{ranks:,} ranks, median of {len(figures)}",
+        spread("accepted", ",.0f"),
+        f"rank-steps/s accepted, median (min-max); share of the steps made {spread('share', '.1%')};"
+        f" step fully accepted after its end: p50 {spread('p50', '.2f')} s, p99 {spread('p99', '.2f')} s",
+    )
+
+
+def form_of(args: argparse.Namespace) -> str:
+    """How the simulated ranks reach the server, in words."""
+    if args.nodes_per_rack:
+        return f"relay tree ({args.ranks_per_request} ranks per node, {args.nodes_per_rack} nodes per rack, packed)"
+    return "direct" if args.ranks_per_request == 1 else f"{args.ranks_per_request} ranks/request"
 
 
 async def _response(reader) -> tuple[int, dict, bytes]:
@@ -212,7 +300,19 @@ def main(argv: list[str] | None = None) -> int:
         "--step-time", type=float, default=0.25, help="seconds per training step (2 steps per 0.5 s flush)"
     )
     parser.add_argument("--ranks-per-request", type=int, default=1, help="8: node relays")
+    parser.add_argument(
+        "--nodes-per-rack", type=int, default=0, help="32: a rack relay above the node relays, packed bodies (0: none)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each job size (a summary row when more than one)"
+    )
     parser.add_argument("--buckets", type=int, default=16)
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=15.0,
+        help="seconds the agents go on sending what is not accepted yet once the job stops making steps",
+    )
     parser.add_argument("--ingest", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument(
         "--connections",
@@ -221,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         help="client connections the agents share (0: one each, as real agents have: the queue forms in the server)",
     )
     args = parser.parse_args(argv)
+    if args.ranks_per_request * max(args.nodes_per_rack, 1) > 256:
+        parser.error("a request's batches must fit one bulk request (protocol.MAX_BATCHES_PER_REQUEST = 256)")
 
     env = bench_env()
     fresh_database(env)
@@ -233,10 +335,17 @@ def main(argv: list[str] | None = None) -> int:
     loads = [os.getloadavg()[0]]
     try:
         for ranks in [int(r) for r in args.ranks.split(",")]:
-            simulation = Simulation(args, servers.url, token, ranks)
-            asyncio.run(simulation.run_for(args.seconds))
-            rows.append(simulation.report(args.seconds))
-            loads.append(os.getloadavg()[0])
+            figures = []
+            for _ in range(args.repeats):
+                simulation = Simulation(args, servers.url, token, ranks)
+                if args.nodes_per_rack:
+                    simulation.check_packing()
+                asyncio.run(simulation.run_for(args.seconds))
+                rows.append(simulation.report(args.seconds))
+                figures.append(simulation.figures)
+                loads.append(os.getloadavg()[0])
+            if args.repeats > 1:
+                rows.append(summary(ranks, figures))
     finally:
         servers.stop()
     rows.append(
@@ -248,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     conns = f"{args.connections} client connections" if args.connections else "one client connection per agent"
     report(
-        f"ingest_simulation ({args.ranks_per_request} rank(s) per request)",
+        f"ingest_simulation ({args.ranks_per_request} rank(s) per request)"
+        if not args.nodes_per_rack
+        else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack})",
         argv,
         f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
         f" {conns}, {args.buckets} buckets",
