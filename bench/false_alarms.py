@@ -12,6 +12,10 @@ Job shapes (all under demo/per_rank_env.py, so ranks can be given their own sett
               all_reduce), plus --elementwise-check
   same-isa    demo/scenarios.py --elementwise-check with every rank on ATEN_CPU_CAPABILITY=avx2 and one
               shared cache dir: a shared cache with one codegen target is fine
+  hf-trainer  demo/hf_trainer_job.py: the Hugging Face Trainer, TrainingArguments(torch_compile=True),
+              a tiny GPT-2 (Accelerate compiles the DDP-wrapped model)
+  lightning   demo/lightning_job.py: Lightning, Trainer(strategy="ddp") fitting a compiled LightningModule
+  accelerate  demo/accelerate_job.py: an Accelerate loop, Accelerator(dynamo_backend="inductor")
 Cache modes, alternating: cold-shared (a fresh dir all ranks share), warm-shared (the dir of the
 last cold-shared run of the shape), cold-private (a fresh dir per rank), warm-private (the per-rank
 dirs of the last cold-private run of the shape).
@@ -19,6 +23,7 @@ dirs of the last cold-private run of the shape).
     python -m bench false_alarms               # 30 runs
     python -m bench false_alarms --runs 10 --steps 4
     python -m bench false_alarms --runs 2 --shapes same-isa
+    python -m bench false_alarms --runs 3 --shapes hf-trainer,lightning,accelerate --no-control --no-fixtures
 
 Then the real GPU recordings (tests/fixtures/realism_*.tgz: demo/realism_job.py on an H200, torch 2.11,
 real Triton kernels; tests/fixtures/make_realism_fixtures.sh): every clean spool (torch.compile(DDP(model)),
@@ -101,13 +106,21 @@ SHAPES = {
         ["demo/scenarios.py", "--elementwise-check"],
         {str(r): {"ATEN_CPU_CAPABILITY": "avx2"} for r in range(RANKS)},
     ),
+    "hf-trainer": (["demo/hf_trainer_job.py"], {}),
+    "lightning": (["demo/lightning_job.py"], {}),
+    "accelerate": (["demo/accelerate_job.py"], {}),
 }
+TRAINERS = ("hf-trainer", "lightning", "accelerate")
 SCHEDULE = [
     (shape, mode)
     for shape in ("demo", "scenarios")
     for mode in ("cold-shared", "warm-shared", "cold-private", "warm-private")
 ]
 SCHEDULE += [("same-isa", "cold-shared"), ("same-isa", "warm-shared")]
+# the trainers last, a cache mode at a time: `--shapes` of the three and `--runs 3` runs each once, cold
+SCHEDULE += [
+    (shape, mode) for mode in ("cold-shared", "warm-shared", "cold-private", "warm-private") for shape in TRAINERS
+]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

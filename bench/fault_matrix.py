@@ -13,6 +13,15 @@ failure)") is printed beside it.
     python -m bench fault_matrix                                  # all 15 jobs, ~15 min
     python -m bench fault_matrix --faults sigkill,exception --ranks 2
 
+The trainers teams use, under the zero-code agent (`TRAINER_FAULTS`; not in the default set): one
+rank's fault in a Hugging Face Trainer job (`demo/hf_trainer_job.py`, TrainingArguments(torch_compile=True)),
+a Lightning job (`demo/lightning_job.py`, strategy="ddp") and an Accelerate loop (`demo/accelerate_job.py`),
+each `lr` (ten times the learning rate: its weights drift while the averaged gradients agree) or
+`shape` (a row more in one batch: it alone recompiles); the faulty rank prints FAULT_AT at its first
+update (lr) or as its odd batch is made (shape). Same target: one incident rooted at that rank.
+
+    python -m bench fault_matrix --faults hf_lr,hf_shape,lightning_lr,lightning_shape,accelerate_lr,accelerate_shape --ranks 2
+
 Then the faults recorded on an H200 (tests/fixtures/realism_races.tgz, `make_realism_fixtures.sh
 races`; the expected roots are `bench.false_alarms.CONTROLS`): the same error on every rank, a rank's
 loss turning inf (NaN on every rank), one rank under bf16 autocast, a recompile whose gradient
@@ -49,6 +58,16 @@ from dashboard.devstack.processes import worker_command
 
 RANKS = 3
 FAULTS = ("sigkill", "exception", "exit137", "loader_hang", "slow_compile")
+# fault name -> (the trainer job, its --fault): the demo's Inductor backend, 6 steps, the fault at step 2
+TRAINER_FAULTS = {
+    f"{name}_{fault}": (script, fault)
+    for name, script in (
+        ("hf", "demo/hf_trainer_job.py"),
+        ("lightning", "demo/lightning_job.py"),
+        ("accelerate", "demo/accelerate_job.py"),
+    )
+    for fault in ("lr", "shape")
+}
 TARGET_S = 20.0
 FAULT_AT = re.compile(r"FAULT_AT (\d+\.\d+) rank (\d+)")
 TORCHRUN_ROOT = re.compile(r"Root Cause \(first observed failure\):\s*\[0\]:.*?rank\s*:\s*(\d+)", re.DOTALL)
@@ -128,9 +147,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_job(env: dict, fault: str, rank: int, spool: Path, job_args: tuple[str, ...] = ()) -> tuple[int, str]:
-    cmd = torchrun(
-        RANKS, "demo/faulty_job.py", "--fault", fault, "--fault-rank", str(rank), *job_args, port=free_port()
-    )
+    script, fault = TRAINER_FAULTS.get(fault, ("demo/faulty_job.py", fault))
+    cmd = torchrun(RANKS, script, "--fault", fault, "--fault-rank", str(rank), *job_args, port=free_port())
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(env, LOCKSTEP_SPOOL_DIR=str(spool)), capture_output=True, timeout=400)
     return proc.returncode, proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
 

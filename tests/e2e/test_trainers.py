@@ -39,7 +39,7 @@ def test_clean_trainer_runs_raise_no_alert(stack, tmp_path):
 @pytest.mark.parametrize(
     ("script", "fault", "steps", "root"),
     [
-        ("demo/hf_trainer_job.py", "lr", 2, "param_divergence"),  # seen in the weights after the last step
+        ("demo/hf_trainer_job.py", "lr", 2, "param_divergence"),  # seen in the weights after step 0
         ("demo/lightning_job.py", "shape", 3, "recompile_divergence"),
         ("demo/accelerate_job.py", "shape", 3, "recompile_divergence"),
     ],
