@@ -56,7 +56,13 @@ class YoungGeneration:
         if left > 0:
             asyncio.get_running_loop().call_later(left, self._check)
         else:
-            self.loaded = False
-            _young(IDLE_YOUNG)
+            self.idle()
             if self.on_idle is not None:
                 self.on_idle()
+
+    def idle(self) -> None:
+        """Python's young generation again. The timer calls it; so does a caller whose loop runs only
+        while it is called (a test client's), where the timer would never fire and the large young
+        generation would stay for the rest of the process."""
+        self.loaded = False
+        _young(IDLE_YOUNG)
