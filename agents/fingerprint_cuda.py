@@ -12,9 +12,9 @@ order, when the words are read: run to run and rank to rank the same bits give t
 
 Chunks are `ITERS` rows of `COLS` words of one tensor (the row/column weights of the fingerprint's
 definition, `agents/fingerprinting.py`), so a big tensor spreads over many programs and a small one
-costs one. Tables that depend only on the tensors' sizes are built once per layout; the table of
-addresses once per set of addresses (the caching allocator hands a training loop the same
-addresses step after step), each a fresh pinned copy, so no copy in flight is ever overwritten.
+costs one. Everything but the tensors (tables, addresses, buffers) is built once per set of tensors
+and reused while the caching allocator hands the loop the same addresses, as it does step after
+step: a step then costs a key of its tensors, two launches, and the copy.
 
 Only float32, bfloat16 and float16 tensors whose bytes are contiguous, 4-byte aligned and a whole
 number of words take this path (gradients and weights of real models are); anything else falls
@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,11 +35,10 @@ COLS = 4096
 ITERS = 16  # rows per chunk: a chunk is 256 KiB of words
 REDUCE_BLOCK = 128  # chunks folded per iteration of the reduce kernel
 STATS = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}  # how the kernel reads a word's values
-_ADDRESS_TABLES = 8
+_PLANS = 16
 _lock = threading.Lock()
 _kernels: dict[int, Any] = {}
-_layouts: dict[tuple[str, tuple[int, ...]], tuple[torch.Tensor, ...]] = {}
-_addresses: OrderedDict[tuple[str, tuple[int, ...]], torch.Tensor] = OrderedDict()
+_plans: OrderedDict[tuple[Any, ...], _Plan] = OrderedDict()
 
 
 def _build() -> Any:
@@ -163,106 +163,100 @@ def takes(tensors: list[torch.Tensor]) -> bool:
     return device.type == "cuda"
 
 
-def _layout(sizes: tuple[int, ...], kinds: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Per layout, on the device: words per tensor, value kind per tensor, each chunk's tensor and
-    first row, and where each tensor's chunks start (T + 1 entries)."""
-    key = (str(device), sizes + kinds)
+@dataclass
+class _Plan:
+    """What a step of one group needs on the device besides its tensors, built once for a set of
+    tensors (their addresses, sizes and dtypes) and reused while the caching allocator hands the
+    group the same ones: its tables, its address table, and its output buffers. Reusing the buffers
+    is safe on one stream: the next step's kernels are queued after this step's copy to the host."""
+
+    tables: tuple[torch.Tensor, ...]  # words and value kind per tensor, chunk -> tensor and row, chunk starts
+    addresses: torch.Tensor
+    lanes: torch.Tensor
+    sq: torch.Tensor
+    nf: torch.Tensor
+    out: torch.Tensor
+
+
+def _plan(tensors: list[torch.Tensor], stats: bool, key: tuple[Any, ...]) -> _Plan:
     with _lock:
-        cached = _layouts.get(key)
-    if cached is not None:
-        return cached
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+            return plan
+    plan = _new_plan(tensors, stats)
+    with _lock:
+        _plans[key] = plan
+        while len(_plans) > _PLANS:
+            _plans.popitem(last=False)
+    return plan
+
+
+def _new_plan(tensors: list[torch.Tensor], stats: bool) -> _Plan:
+    device = tensors[0].device
     chunk_tensor: list[int] = []
     chunk_row: list[int] = []
     starts = [0]
+    sizes = [t.numel() * t.element_size() // 4 for t in tensors]
     for t, n in enumerate(sizes):
-        rows = max(1, -(-n // COLS))
-        for r in range(0, rows, ITERS):
+        for r in range(0, max(1, -(-n // COLS)), ITERS):
             chunk_tensor.append(t)
             chunk_row.append(r)
         starts.append(len(chunk_tensor))
-    cached = (
-        torch.tensor(sizes, dtype=torch.int64, device=device),
-        torch.tensor(kinds, dtype=torch.int32, device=device),
-        torch.tensor(chunk_tensor, dtype=torch.int32, device=device),
-        torch.tensor(chunk_row, dtype=torch.int64, device=device),
-        torch.tensor(starts, dtype=torch.int64, device=device),
+    addresses = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    chunks = len(chunk_tensor)
+    return _Plan(
+        (
+            torch.tensor(sizes, dtype=torch.int64, device=device),
+            torch.tensor([STATS[t.dtype] for t in tensors], dtype=torch.int32, device=device),
+            torch.tensor(chunk_tensor, dtype=torch.int32, device=device),
+            torch.tensor(chunk_row, dtype=torch.int64, device=device),
+            torch.tensor(starts, dtype=torch.int64, device=device),
+        ),
+        addresses.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else addresses,
+        torch.empty(chunks, 2, dtype=torch.int64, device=device),
+        torch.empty(chunks if stats else 1, dtype=torch.float64, device=device),
+        torch.empty(chunks if stats else 1, dtype=torch.int32, device=device),
+        torch.empty((4 if stats else 2) * len(tensors), dtype=torch.int64, device=device),
     )
-    with _lock:
-        if len(_layouts) > 64:
-            _layouts.clear()
-        _layouts[key] = cached
-    return cached
 
 
-def _address_table(addrs: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The tensors' addresses on the device, uploaded once per set of addresses."""
-    key = (str(device), addrs)
+def plan_key(tensors: list[torch.Tensor], stats: bool) -> tuple[Any, ...]:
+    """What a plan is valid for: the tensors' addresses, sizes, dtypes and layouts, the statistics
+    and the stream the step runs on (buffers are reused in that stream's order only)."""
+    stream = torch.cuda.current_stream(tensors[0].device).cuda_stream if tensors[0].is_cuda else 0
+    return (stats, stream, *[(t.data_ptr(), t.numel(), t.dtype, t.is_contiguous()) for t in tensors])
+
+
+def known(key: tuple[Any, ...]) -> bool:
+    """A plan exists for this key: its tensors passed `takes` when it was made."""
     with _lock:
-        table = _addresses.get(key)
-        if table is not None:
-            _addresses.move_to_end(key)
-            return table
-    table = torch.tensor(addrs, dtype=torch.int64)
-    if device.type == "cuda":
-        table = table.pin_memory().to(device, non_blocking=True)
-    with _lock:
-        _addresses[key] = table
-        while len(_addresses) > _ADDRESS_TABLES:
-            _addresses.popitem(last=False)
-    return table
+        return key in _plans
 
 
 def group_words(
-    tensors: list[torch.Tensor], colw: torch.Tensor, row_mults: tuple[int, int], stats: bool
+    tensors: list[torch.Tensor], colw: torch.Tensor, row_mults: tuple[int, int], stats: bool, key: tuple[Any, ...]
 ) -> torch.Tensor:
     """int64 [4T] on the device (or [2T] without `stats`): each tensor's two lane sums, then the
     float64 bits of each tensor's sum of squares, then 1 for each tensor holding a non-finite
-    value. The tensors must pass `takes`; the caller keeps them alive until the words are read."""
+    value. The tensors must pass `takes`; `key` is their `plan_key`. The result is a buffer the
+    plan reuses: copy it (in stream order) before the next call of the same plan."""
     kernels = _build()
     if kernels is None:
         raise RuntimeError("Triton is unavailable")
     chunk_kernel, reduce_kernel = kernels
-    device = tensors[0].device
-    sizes = tuple(t.numel() * t.element_size() // 4 for t in tensors)
-    kinds = tuple(STATS[t.dtype] for t in tensors)
-    nwords, kind, chunk_tensor, chunk_row, starts = _layout(sizes, kinds, device)
-    addrs = _address_table(tuple(t.data_ptr() for t in tensors), device)
-    chunks = chunk_tensor.numel()
-    lanes = torch.empty(chunks, 2, dtype=torch.int64, device=device)
-    sq = torch.empty(chunks if stats else 1, dtype=torch.float64, device=device)
-    nf = torch.empty(chunks if stats else 1, dtype=torch.int32, device=device)
-    out = torch.empty((4 if stats else 2) * len(tensors), dtype=torch.int64, device=device)
+    plan = _plan(tensors, stats, key)
+    nwords, kind, chunk_tensor, chunk_row, starts = plan.tables
     r0, r1 = row_mults
-    chunk_kernel[(chunks,)](
-        addrs,
-        nwords,
-        kind,
-        chunk_tensor,
-        chunk_row,
-        colw,
-        lanes,
-        sq,
-        nf,
-        R0=r0,
-        R1=r1,
-        BLOCK=COLS,
-        ITERS=ITERS,
-        STATS=stats,
-        num_warps=8,
+    chunk_kernel[(chunk_tensor.numel(),)](
+        plan.addresses, nwords, kind, chunk_tensor, chunk_row, colw, plan.lanes, plan.sq, plan.nf,
+        R0=r0, R1=r1, BLOCK=COLS, ITERS=ITERS, STATS=stats, num_warps=8,
     )
     reduce_kernel[(len(tensors),)](
-        starts,
-        lanes,
-        sq,
-        nf,
-        out,
-        out.view(torch.float64),
-        len(tensors),
-        BLOCK=REDUCE_BLOCK,
-        STATS=stats,
-        num_warps=4,
+        starts, plan.lanes, plan.sq, plan.nf, plan.out, plan.out.view(torch.float64), len(tensors),
+        BLOCK=REDUCE_BLOCK, STATS=stats, num_warps=4,
     )
-    return out
+    return plan.out
 
 
 def statistics(words: list[int], count: int) -> list[int]:

@@ -592,13 +592,16 @@ def device_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]],
     every present tensor in two launches and one copy (`fingerprint_cuda`). None: use the general
     path (other devices or dtypes, Triton missing, or its check failed)."""
     present = [t for t in tensors if t is not None]
-    if os.environ.get("LOCKSTEP_FP_TRITON", "1") == "0" or not fingerprint_cuda.takes(present):
+    if not present or not present[0].is_cuda or os.environ.get("LOCKSTEP_FP_TRITON", "1") == "0":
+        return None
+    key = fingerprint_cuda.plan_key(present, stats)
+    if not fingerprint_cuda.known(key) and not fingerprint_cuda.takes(present):
         return None
     device = present[0].device
     if not _verify_group(device):
         return None
     try:
-        words = _group_words(present, stats)
+        words = _group_words(present, stats, key)
     except Exception:
         _verified[("group", device.type)] = False
         return None
@@ -613,10 +616,14 @@ def device_pending(tensors: list[torch.Tensor | None], buckets: list[list[int]],
     )
 
 
-def _group_words(present: list[torch.Tensor], stats: bool) -> torch.Tensor:
+def _group_words(present: list[torch.Tensor], stats: bool, key: tuple[Any, ...] | None = None) -> torch.Tensor:
     device = present[0].device
     return fingerprint_cuda.group_words(
-        present, _column_weights(device), (_s32(_LANES[0][2]), _s32(_LANES[1][2])), stats
+        present,
+        _column_weights(device),
+        (_s32(_LANES[0][2]), _s32(_LANES[1][2])),
+        stats,
+        key or fingerprint_cuda.plan_key(present, stats),
     )
 
 

@@ -44,6 +44,8 @@ from agents import protocol
 from agents.fingerprinting import Pending, balanced_buckets, bucket_fingerprints, device_pending, host_pending
 
 RING_STEPS = 128
+# the sender thread reads landed fingerprints at every flush; the step itself only past this many waiting
+DRAIN_IN_STEP_AT = 1024
 RECENT_STEPS = 16  # an optimizer that has not stepped for this many steps is no longer held for the final weights
 Groups = dict[str, tuple[list[str], list[torch.Tensor]]]  # group -> (names, parameters)
 GroupKey = tuple[tuple[int, ...], tuple[int, ...]]  # ids of the optimizer's parameters and of the DDP modules
@@ -392,7 +394,8 @@ class GradTracker:
         self._emit(protocol.Step(ts=time.time(), step=step, step_time=step_time))
         if step % self._every == 0:
             self._fingerprint(optimizer, step)
-        self.drain(block=False)
+        if len(self._inflight) >= DRAIN_IN_STEP_AT:  # the sender fell behind: bound what waits
+            self.drain(block=False)
 
     def _groups(self, optimizer: torch.optim.Optimizer) -> Groups:
         """Comparison groups of the optimizer's parameters; computed again only when its parameters

@@ -288,3 +288,21 @@ def test_group_kernels_take_only_whole_words_of_known_dtypes_on_one_gpu():
     assert not takes([])
     assert not takes([torch.zeros(4)])  # the CPU has its native pass
     assert device_pending([torch.zeros(4), None], [[0, 1]], stats=True) is None
+
+
+def test_the_gpu_group_kernels_give_the_cpu_values():
+    """tests/fixtures/fingerprint_probe_group.json: `agents.probe --group` on an H100 (torch 2.11,
+    Triton): the two-launch kernels of agents/fingerprint_cuda.py took the tensors (path "group") and
+    gave the fingerprints this machine computes on the CPU, and counted the tensors whose bits hold a
+    NaN or an infinity."""
+    import json
+    import os
+
+    from agents.probe import group, group_tensors
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "fingerprint_probe_group.json")
+    with open(path) as f:
+        cuda = json.load(f)["cuda"]
+    assert cuda["device"] == "cuda" and cuda["group"]["path"] == "group"
+    assert cuda["group"]["fps"] == group("cpu")["fps"]
+    assert cuda["group"]["nonfinite"] == sum(not bool(t.float().isfinite().all()) for t in group_tensors())
