@@ -249,12 +249,33 @@ def group_words(
     nwords, kind, chunk_tensor, chunk_row, starts = plan.tables
     r0, r1 = row_mults
     chunk_kernel[(chunk_tensor.numel(),)](
-        plan.addresses, nwords, kind, chunk_tensor, chunk_row, colw, plan.lanes, plan.sq, plan.nf,
-        R0=r0, R1=r1, BLOCK=COLS, ITERS=ITERS, STATS=stats, num_warps=8,
+        plan.addresses,
+        nwords,
+        kind,
+        chunk_tensor,
+        chunk_row,
+        colw,
+        plan.lanes,
+        plan.sq,
+        plan.nf,
+        R0=r0,
+        R1=r1,
+        BLOCK=COLS,
+        ITERS=ITERS,
+        STATS=stats,
+        num_warps=8,
     )
     reduce_kernel[(len(tensors),)](
-        starts, plan.lanes, plan.sq, plan.nf, plan.out, plan.out.view(torch.float64), len(tensors),
-        BLOCK=REDUCE_BLOCK, STATS=stats, num_warps=4,
+        starts,
+        plan.lanes,
+        plan.sq,
+        plan.nf,
+        plan.out,
+        plan.out.view(torch.float64),
+        len(tensors),
+        BLOCK=REDUCE_BLOCK,
+        STATS=stats,
+        num_warps=4,
     )
     return plan.out
 
