@@ -16,6 +16,10 @@ Job shapes (all under demo/per_rank_env.py, so ranks can be given their own sett
               a tiny GPT-2 (Accelerate compiles the DDP-wrapped model)
   lightning   demo/lightning_job.py: Lightning, Trainer(strategy="ddp") fitting a compiled LightningModule
   accelerate  demo/accelerate_job.py: an Accelerate loop, Accelerator(dynamo_backend="inductor")
+  handmade    demo/handmade_dp_job.py: replicas averaged by a hand-written all-reduce (no DDP class),
+              beside a head each rank keeps to itself
+  handmade-compiled-step  the same with the optimizer step under torch.compile
+  independent demo/handmade_dp_job.py --independent: no averaging, a seed per rank (nothing to compare)
 Cache modes, alternating: cold-shared (a fresh dir all ranks share), warm-shared (the dir of the
 last cold-shared run of the shape), cold-private (a fresh dir per rank), warm-private (the per-rank
 dirs of the last cold-private run of the shape).
@@ -109,6 +113,9 @@ SHAPES = {
     "hf-trainer": (["demo/hf_trainer_job.py"], {}),
     "lightning": (["demo/lightning_job.py"], {}),
     "accelerate": (["demo/accelerate_job.py"], {}),
+    "handmade": (["demo/handmade_dp_job.py"], {}),
+    "handmade-compiled-step": (["demo/handmade_dp_job.py", "--compiled-step"], {}),
+    "independent": (["demo/handmade_dp_job.py", "--independent"], {}),
 }
 TRAINERS = ("hf-trainer", "lightning", "accelerate")
 SCHEDULE = [
@@ -121,6 +128,10 @@ SCHEDULE += [("same-isa", "cold-shared"), ("same-isa", "warm-shared")]
 SCHEDULE += [
     (shape, mode) for mode in ("cold-shared", "warm-shared", "cold-private", "warm-private") for shape in TRAINERS
 ]
+# replicas without DDP's class (a hand-written all-reduce, its optimizer step compiled) and ranks that
+# share nothing: `--shapes` of the three and `--runs 3` runs each once, cold
+HANDMADE = ("handmade", "handmade-compiled-step", "independent")
+SCHEDULE += [(shape, mode) for mode in ("cold-shared", "cold-private") for shape in HANDMADE]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -412,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep:
         print(f"kept: {work}")
     record(
-        "false_alarms",
+        "false_alarms" if args.shapes == ",".join(SHAPES) else f"false_alarms ({args.shapes})",
         markdown(("shape", "cache", "runs", "alerts raised"), table),
         rerun("false_alarms", argv),
         f"F1: clean {RANKS}-rank gloo jobs with torch.compile and the agent, {args.steps} steps each, and {recorded} clean "

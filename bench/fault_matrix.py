@@ -22,6 +22,13 @@ update (lr) or as its odd batch is made (shape). Same target: one incident roote
 
     python -m bench fault_matrix --faults hf_lr,hf_shape,lightning_lr,lightning_shape,accelerate_lr,accelerate_shape --ranks 2
 
+Jobs of their own (`JOB_FAULTS`; not in the default set): a hand-written all-reduce with the failing
+rank's replica seeded apart (`demo/handmade_dp_job.py`), two ranks where one recompiles alone at step 2
+(`demo/scenarios.py --recompile-rank`: no majority, the rank that changed is the root), and a mistyped
+argument that makes every rank exit 2 (one incident naming every rank).
+
+    python -m bench fault_matrix --faults seeded_apart,two_ranks_recompile,same_exit
+
 Then the faults recorded on an H200 (tests/fixtures/realism_races.tgz, `make_realism_fixtures.sh
 races`; the expected roots are `bench.false_alarms.CONTROLS`): the same error on every rank, a rank's
 loss turning inf (NaN on every rank), one rank under bf16 autocast, a recompile whose gradient
@@ -46,7 +53,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,6 +75,20 @@ TRAINER_FAULTS = {
     )
     for fault in ("lr", "shape")
 }
+# Jobs of their own (not in the default set): fault name -> (ranks, the job and its arguments for
+# the failing rank, the ranks the one incident's root must name)
+JOB_FAULTS: dict[str, tuple[int, Callable[[int], list[str]], Callable[[int], list[int]]]] = {
+    # a hand-written all-reduce (no DDP class), the failing rank's replica initialised from another seed
+    "seeded_apart": (3, lambda r: ["demo/handmade_dp_job.py", "--seed-rank", str(r)], lambda r: [r]),
+    # two ranks, no majority: the failing rank recompiles alone at step 2, the other keeps its graph
+    "two_ranks_recompile": (
+        2,
+        lambda r: ["demo/scenarios.py", "--recompile-rank", str(r), "--recompile-every", "2", "--steps", "6"],
+        lambda r: [r],
+    ),
+    # a mistyped argument: argparse exits 2 on every rank, one incident naming them all
+    "same_exit": (RANKS, lambda r: ["demo/ddp_job.py", "--lrr", "3"], lambda r: list(range(RANKS))),
+}
 TARGET_S = 20.0
 FAULT_AT = re.compile(r"FAULT_AT (\d+\.\d+) rank (\d+)")
 TORCHRUN_ROOT = re.compile(r"Root Cause \(first observed failure\):\s*\[0\]:.*?rank\s*:\s*(\d+)", re.DOTALL)
@@ -83,10 +104,12 @@ class Outcome:
     to_page_s: float | None
     torchrun_root: int | None
     rc: int
+    expected: list[int] | None = None  # the ranks the root must name (None: the failing rank)
 
     @property
     def root_right(self) -> bool:
-        return len(self.incidents) == 1 and (self.incidents[0]["root"] or {}).get("ranks") == [self.rank]
+        want = self.expected if self.expected is not None else [self.rank]
+        return len(self.incidents) == 1 and (self.incidents[0]["root"] or {}).get("ranks") == want
 
     def row(self) -> str:
         roots = "; ".join(f"{(i['root'] or {}).get('kind')} {(i['root'] or {}).get('ranks')}" for i in self.incidents)
@@ -147,8 +170,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_job(env: dict, fault: str, rank: int, spool: Path, job_args: tuple[str, ...] = ()) -> tuple[int, str]:
-    script, fault = TRAINER_FAULTS.get(fault, ("demo/faulty_job.py", fault))
-    cmd = torchrun(RANKS, script, "--fault", fault, "--fault-rank", str(rank), *job_args, port=free_port())
+    if fault in JOB_FAULTS:
+        ranks, job, _ = JOB_FAULTS[fault]
+        cmd = torchrun(ranks, *job(rank), *job_args, port=free_port())
+    else:
+        script, fault = TRAINER_FAULTS.get(fault, ("demo/faulty_job.py", fault))
+        cmd = torchrun(RANKS, script, "--fault", fault, "--fault-rank", str(rank), *job_args, port=free_port())
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(env, LOCKSTEP_SPOOL_DIR=str(spool)), capture_output=True, timeout=400)
     return proc.returncode, proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
 
@@ -301,6 +328,17 @@ def record_recorded(rows: list[str], argv: list[str] | None) -> None:
     )
 
 
+def _failing_ranks(fault: str, ranks: str) -> list[int]:
+    """The failing ranks to run: those asked for that the fault's job has; once for a fault of every rank."""
+    asked = [int(r) for r in ranks.split(",")]
+    if fault not in JOB_FAULTS:
+        return asked
+    world, _, expected = JOB_FAULTS[fault]
+    if len(expected(0)) == world:
+        return asked[:1]
+    return [r for r in asked if r < world]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     outcomes: list[Outcome] = []
@@ -309,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.recorded:
             recorded_rows = recorded(stack, args.observe)
         for fault in filter(None, args.faults.split(",")):
-            for rank in (int(r) for r in args.ranks.split(",")):
+            for rank in _failing_ranks(fault, args.ranks):
                 key = f"fm-{fault}-{rank}-{uuid.uuid4().hex[:4]}"
                 started = time.time()
                 rc, out = run_job(stack.job_env(key), fault, rank, stack.work / f"spool-{key}")
@@ -318,7 +356,14 @@ def main(argv: list[str] | None = None) -> int:
                 found, to_page = observe(key, fault_at, args.observe)
                 root = TORCHRUN_ROOT.search(out)
                 outcome = Outcome(
-                    fault, rank, found, *stack.receiver.pages_of(key), to_page, int(root.group(1)) if root else None, rc
+                    fault,
+                    rank,
+                    found,
+                    *stack.receiver.pages_of(key),
+                    to_page,
+                    int(root.group(1)) if root else None,
+                    rc,
+                    JOB_FAULTS[fault][2](rank) if fault in JOB_FAULTS else None,
                 )
                 outcomes.append(outcome)
                 print(outcome.row(), flush=True)
@@ -337,11 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{met} of {len(outcomes)} faults: one incident rooted at the failing rank within {TARGET_S:.0f} s")
     from bench.results import record
 
+    faults = [f for f in args.faults.split(",") if f]
     record(
-        "fault_matrix",
+        "fault_matrix" if faults == list(FAULTS) else f"fault_matrix ({', '.join(faults)})",
         table,
         "python -m bench fault_matrix " + " ".join(argv or []),
         note=f"{met} of {len(outcomes)} faults met the target (one incident, the failing rank as root, "
-        f"<= {TARGET_S:.0f} s from fault to page). 3-rank gloo CPU jobs, torch 2.13, default settings.",
+        f"<= {TARGET_S:.0f} s from fault to page). gloo CPU jobs of 3 ranks (two_ranks_recompile: 2), torch 2.13, default settings.",
     )
     return 0 if met == len(outcomes) and recorded_met else 1

@@ -6,7 +6,10 @@ step, so the MLP's parameters are replicas the agent cannot learn about from a D
 it, each rank trains a head of its own on its own data with a second optimizer and never averages
 it: an ensemble member, never to be compared. `--seed-rank R` initialises rank R's MLP from another
 seed: its weights differ from every other rank's from the first step on (the fault a broadcast of
-the initial weights prevents), while the averaged gradients still agree.
+the initial weights prevents), while the averaged gradients still agree. `--independent`: no rank
+averages anything and each starts from its own seed (independent models, an ensemble: nothing is
+compared, nothing is raised); `--compiled-step`: the optimizer step runs under `torch.compile`, as
+PyTorch documents it (the agent cannot fingerprint inside it, and says so once).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--seed-rank", type=int, default=None, help="rank whose replicated model starts from another seed")
+    p.add_argument("--independent", action="store_true", help="no averaging, a seed per rank: independent models")
+    p.add_argument("--compiled-step", action="store_true", help="the optimizer step under torch.compile")
     p.add_argument("--device", default="cpu", help="where every rank trains (cuda: all ranks on cuda:0, over gloo)")
     return p.parse_args()
 
@@ -43,8 +48,8 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device(args.device)
     module = make_model()  # seeded: the same weights on every rank
-    if rank == args.seed_rank:
-        torch.manual_seed(1234)
+    if rank == args.seed_rank or args.independent:
+        torch.manual_seed(1234 + rank)
         for p in module.parameters():
             nn.init.normal_(p, std=0.1)
     model = compile_module(module.to(device))
@@ -52,6 +57,7 @@ def main() -> None:
     head = nn.Linear(4, 1).to(device)  # this rank's own
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     head_opt = torch.optim.SGD(head.parameters(), lr=0.05)
+    step_fn = torch.compile(opt.step) if args.compiled_step else opt.step
     for step in range(args.steps):
         x, y = (t.to(device) for t in batch_for(rank, step, 16))
         opt.zero_grad(set_to_none=True)
@@ -59,8 +65,9 @@ def main() -> None:
         out = model(x)
         loss = nn.functional.mse_loss(out, y) + head(out.detach()).pow(2).mean()
         loss.backward()
-        average_gradients(model, world_size)
-        opt.step()
+        if not args.independent:
+            average_gradients(model, world_size)
+        step_fn()
         head_opt.step()
     end_distributed()
 
