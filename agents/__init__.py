@@ -119,7 +119,10 @@ class Agent:
         landed (read here, off the training step: turning words into events is the agent's largest
         Python cost per step), ranks of this node that vanished, and what the agent could not
         capture (a compiled optimizer step)."""
-        self.grads.drain(block=False)
+        try:
+            self.grads.drain(block=False)
+        except Exception:  # a fingerprint that cannot be read must not stop the watch of the peers
+            pass
         gone = self._peers.gone() if self._peers else []
         return [*gone, *self.grads.notices()]
 
