@@ -123,6 +123,19 @@
     if (row.holding) li.append(span("holding-tag", "holding the others up"));
     return li;
   }
+  // A rank the ranks table (GET .../now) shows as no longer running reads as ended in the strip at
+  // once, as the progress push would say it (notify.ended_in_strip): its last phase must not linger
+  // until the next push (a crashed rank must not read as still compiling).
+  function endedInStrip(ranks) {
+    if (!strip || over) return;
+    for (const r of ranks) {
+      if (r.status === "running") continue;
+      const li = strip.querySelector(`li.rank-now[data-rank="${r.rank}"]`);
+      if (li && !li.classList.contains("ended")) {
+        li.replaceWith(stripRow({ rank: r.rank, phase: "ended", ended: r.status, step: r.last_step }));
+      }
+    }
+  }
   function renderStrip(rows) {
     if (!strip || !rows || over) return;  // an ended run's strip says so (renderNow), not its last phases
     const items = rows.map(stripRow);
@@ -250,6 +263,7 @@
     if (rankRows && now.ranks.length) rankRows.replaceChildren(...now.ranks.map(rankRow));
     const wasOver = over;
     over = now.over;
+    endedInStrip(now.ranks);
     if (over && strip) stripEnded(now.ended);
     else if (wasOver && strip) stripEnded("No progress sample yet.");  // reporting again: live phases follow
     if (strip) strip.dataset.over = String(over);
