@@ -5,6 +5,8 @@ own scheme, host and port (was: the host name alone, so a page on another port w
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
@@ -16,6 +18,15 @@ from dashboard.tenancy.models import Project, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HOST = "127.0.0.1:8000"  # the Host header of every handshake here
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer(settings: Any) -> None:
+    """What is checked here is the door (who may open a feed), not delivery: the consumer joins its
+    groups on channels' in-memory layer. With Redis's layer in this process, one suite run of four hung
+    in `asyncio.run`'s clean-up of the handshake's loop, cancelling the layer's blocking read; the
+    websocket tests against the started stack (tests/e2e/test_websocket_access.py) keep Redis's."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
 @pytest.fixture
