@@ -20,15 +20,13 @@ import torch
 from torch.utils.data import Dataset
 
 from demo.ddp_job import end_distributed
-from demo.trainer_parts import fault_args, fault_of
+from demo.trainer_parts import fault_of, job_parser
 
 SEQ, VOCAB = 16, 64
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    fault_args(p)
-    p.add_argument("--batch", type=int, default=4, help="rows per rank and step")
+    p = job_parser(__doc__, batch=4)
     p.add_argument("--lr", type=float, default=1e-3)
     return p.parse_args()
 

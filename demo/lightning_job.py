@@ -23,13 +23,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from demo.ddp_job import end_distributed
-from demo.trainer_parts import fault_args, fault_of, regression_data, tiny_net
+from demo.trainer_parts import fault_of, job_parser, regression_data, tiny_net
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    fault_args(p)
-    p.add_argument("--batch", type=int, default=8, help="rows per rank and step")
+    p = job_parser(__doc__, batch=8)
     return p.parse_args()
 
 

@@ -34,6 +34,14 @@ def fault_args(p: argparse.ArgumentParser, steps: int = 6) -> None:
     p.add_argument("--fault-step", type=int, default=2)
 
 
+def job_parser(doc: str | None, batch: int) -> argparse.ArgumentParser:
+    """A trainer job's options: the fault options and --batch (rows per rank and step)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fault_args(p)
+    p.add_argument("--batch", type=int, default=batch, help="rows per rank and step")
+    return p
+
+
 class TinyNet(nn.Module):
     """A residual MLP block: a forward of its own, so Dynamo traces it under any wrapper."""
 
