@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import F
 
 from dashboard.delivery import mirror, notifications
-from dashboard.detection import incidents, lifecycle, silences
+from dashboard.detection import incidents, lifecycle, runs, silences
 from dashboard.detection.models import Alert, Incident
 from dashboard.tenancy.models import Run
 
@@ -132,27 +132,28 @@ def pending_incidents(limit: int = 500) -> list[int]:
 
 
 def ended_in_strip(strip: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The strip's rows of ranks that are no longer running (their status: a rank_end's, or lost) say
-    so, after the live ones: a progress sample outlives its rank by LOCKSTEP_SILENT_AFTER, and a crashed
-    rank must not read as still compiling."""
-    over = {r["rank"]: r for r in ranks if r["status"] != "running"}
-    live = [row for row in strip if row["rank"] not in over]
+    """The live rows, then every rank that is no longer running (its status: a rank_end's, or lost),
+    failed ones first, up to `runs.STRIP_RANKS`. An ended rank is shown from its rank row, not from a
+    progress sample: a sample outlives its rank by LOCKSTEP_SILENT_AFTER (a crashed rank must not read
+    as still compiling), and one older than that is gone (the crashed rank must not vanish either)."""
+    over = sorted((r for r in ranks if r["status"] != "running"), key=lambda r: (r["status"] == "ok", r["rank"]))
+    gone = {r["rank"] for r in over}
+    live = [row for row in strip if row["rank"] not in gone]
     ended = [
         {
-            **row,
+            "rank": r["rank"],
             "phase": "ended",
-            "ended": over[row["rank"]]["status"],
-            "step": over[row["rank"]]["last_step"],
+            "ended": r["status"],
+            "step": r["last_step"],
             "for_s": None,
             "since_step_s": None,
             "op": "",
             "where": "",
             "holding": False,
         }
-        for row in strip
-        if row["rank"] in over
+        for r in over
     ]
-    return live + ended
+    return (live + ended)[: runs.STRIP_RANKS]
 
 
 async def _send(messages: list[tuple[str, dict[str, Any]]]) -> None:

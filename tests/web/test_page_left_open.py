@@ -9,6 +9,7 @@ from unittest import mock
 import pytest
 
 from dashboard.delivery import notify, tasks
+from dashboard.detection import runs
 from dashboard.tenancy.models import Run
 from tests.conftest import make_batch
 
@@ -73,6 +74,8 @@ def test_progress_shows_ended_ranks_as_ended_and_an_ended_run_without_a_strip():
         {"rank": 0, "last_step": 5, "status": "running"},
         {"rank": 1, "last_step": 3, "status": "error"},
         {"rank": 2, "last_step": 4, "status": "lost"},
+        {"rank": 3, "last_step": 2, "status": "ok"},
+        {"rank": 4, "last_step": 1, "status": "error"},  # its last sample is gone (older than SILENT_AFTER)
     ]
     row = {"for_s": 14.0, "since_step_s": 20.0, "op": "/tmp/torchinductor/x.py", "where": "w", "holding": True}
     strip = [{**row, "rank": r, "phase": "compiling", "step": 0} for r in (1, 0, 2)]
@@ -81,14 +84,18 @@ def test_progress_shows_ended_ranks_as_ended_and_an_ended_run_without_a_strip():
         (0, "compiling", None, 0, True),
         (1, "ended", "error", 3, False),
         (2, "ended", "lost", 4, False),
+        (4, "ended", "error", 1, False),
+        (3, "ended", "ok", 2, False),
     ]
+    many = [{"rank": r, "last_step": 1, "status": "ok"} for r in range(100)]
+    assert len(notify.ended_in_strip(strip, many)) == runs.STRIP_RANKS
     run = Run(id=7, key="k", world_size=3, project_id=1)
     with mock.patch.object(notify, "_send", mock.Mock()) as send, mock.patch.object(notify.asyncio, "run"):
         notify.push_progress(run, ranks, strip)
         notify.push_progress(run, [{**r, "status": "ok"} for r in ranks], strip)
     live, ended = (call.args[0] for call in send.call_args_list)  # (run group, project group) each
-    assert [r["phase"] for r in live[0][1]["message"]["strip"]] == ["compiling", "ended", "ended"]
-    assert "strip" not in ended[0][1]["message"] and ended[0][1]["message"]["ranks_ended"] == 3
+    assert [r["phase"] for r in live[0][1]["message"]["strip"]] == ["compiling"] + ["ended"] * 4
+    assert "strip" not in ended[0][1]["message"] and ended[0][1]["message"]["ranks_ended"] == 5
 
 
 def test_the_sweep_pushes_a_run_whose_last_rank_just_ended(post, running_run):

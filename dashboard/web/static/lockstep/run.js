@@ -125,14 +125,20 @@
   }
   // A rank the ranks table (GET .../now) shows as no longer running reads as ended in the strip at
   // once, as the progress push would say it (notify.ended_in_strip): its last phase must not linger
-  // until the next push (a crashed rank must not read as still compiling).
-  function endedInStrip(ranks) {
+  // until the next push (a crashed rank must not read as still compiling), and a push computed before
+  // the read must not bring that phase back, nor drop the rank (its last sample may have aged out).
+  const STRIP_RANKS = 64;
+  let endedRanks = [];
+  function endedInStrip() {
     if (!strip || over) return;
-    for (const r of ranks) {
-      if (r.status === "running") continue;
+    for (const r of endedRanks) {
       const li = strip.querySelector(`li.rank-now[data-rank="${r.rank}"]`);
-      if (li && !li.classList.contains("ended")) {
-        li.replaceWith(stripRow({ rank: r.rank, phase: "ended", ended: r.status, step: r.last_step }));
+      if (li && li.classList.contains("ended")) continue;
+      const row = stripRow({ rank: r.rank, phase: "ended", ended: r.status, step: r.last_step });
+      if (li) li.replaceWith(row);
+      else if (strip.querySelectorAll("li.rank-now").length < STRIP_RANKS) {
+        strip.querySelector("li.none")?.remove();
+        strip.append(row);
       }
     }
   }
@@ -141,6 +147,7 @@
     const items = rows.map(stripRow);
     if (!items.length) return;
     strip.replaceChildren(...items);
+    endedInStrip();
   }
   function stripEnded(text) {
     const li = document.createElement("li");
@@ -263,7 +270,8 @@
     if (rankRows && now.ranks.length) rankRows.replaceChildren(...now.ranks.map(rankRow));
     const wasOver = over;
     over = now.over;
-    endedInStrip(now.ranks);
+    endedRanks = now.ranks.filter((r) => r.status !== "running");
+    endedInStrip();
     if (over && strip) stripEnded(now.ended);
     else if (wasOver && strip) stripEnded("No progress sample yet.");  // reporting again: live phases follow
     if (strip) strip.dataset.over = String(over);
