@@ -27,9 +27,8 @@ LONG_TERM = {
         "ledger_compileslot",
         "detection_alert",
         "evidence_blob",
-        "evidence_ingestbatch",
     ),
-    "O(ranks)": ("tenancy_rank", "ledger_gradwatermark", "tenancy_run"),
+    "O(ranks)": ("tenancy_rank", "ledger_gradwatermark", "tenancy_run", "evidence_ingestsession"),
 }
 
 

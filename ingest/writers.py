@@ -226,10 +226,10 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
             apart[exc.job] = exc.refusal
         except _Resent as resent:
             w = resent.written
-            claimed = writes.claimed_digest(w.run, w.p.batch.session, w.p.batch.seq)
-            if claimed == w.p.digest:
+            claimed = writes.claim_of(w.run, w.p.batch.session, w.p.batch.seq, w.p.digest)
+            if claimed == "same":
                 duplicates.add((w.job, w.index))
-            elif claimed is None:  # claimed by a group that then rolled back: nothing holds it now
+            elif claimed == "none":  # claimed by a group that then rolled back: nothing holds it now
                 apart[w.job] = Refusal(503, "batch claimed by a concurrent request that failed; retry")
             else:
                 apart[w.job] = _conflict(jobs[w.job], w.index, w.p.batch)
@@ -366,12 +366,15 @@ def _new_run(project: Project, info: protocol.RunInfo) -> Run:
 
 def _claim_all(written: list[_Written]) -> None:
     """Claim every batch's (session, seq) and record its facts: one statement per run, for batches of
-    distinct ranks (a rank's n-th batch in one group, rare for n > 1, goes into the n-th statement)."""
-    nth: Counter[tuple[int, int]] = Counter()
+    distinct ranks and sessions (a rank's or session's n-th batch in one group, rare for n > 1, goes
+    into the n-th statement: a statement updates each rank's and each session's row once)."""
+    nth: Counter[tuple[int, int | str]] = Counter()
     waves: dict[tuple[int, int], list[_Written]] = {}
     for w in written:
-        n = nth[w.run.id, w.p.batch.rank]
-        nth[w.run.id, w.p.batch.rank] += 1
+        keys = ((w.run.id, w.p.batch.rank), (w.run.id, w.p.batch.session))
+        n = max(nth[key] for key in keys)
+        for key in keys:
+            nth[key] = n + 1
         waves.setdefault((w.run.id, n), []).append(w)
     for wave in waves.values():
         _claim(wave)

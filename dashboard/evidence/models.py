@@ -1,4 +1,4 @@
-"""Raw evidence, as the agents reported it: idempotency of batches, raw per-rank events, graph
+"""Raw evidence, as the agents reported it: the batches accepted per agent session, raw per-rank events, graph
 texts, Flight Recorder dumps. Ingest admits it, detection and the pages read it; only this app
 writes it (`writes.py`, `blobs.py`, `flight.py`, `retention.py`).
 
@@ -12,38 +12,52 @@ deletes of a run through the ORM.
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.utils import timezone
 
 from dashboard.tenancy.models import Project, Run
 
 
-class IngestBatch(models.Model):
-    """(session, seq) seen in a run: makes a resent batch a no-op, and a different body under it a 409.
-    Scoped by run, so per project (run keys are per project): another project's agent that learns a
-    session id can neither take its seqs nor have its batches dropped as duplicates."""
+class Int8MultiRangeField(models.Field):  # type: ignore[type-arg]
+    """PostgreSQL's int8multirange: a set of integers as its runs (one range while they are contiguous)."""
 
+    def db_type(self, connection: object) -> str:
+        return "int8multirange"
+
+
+RECENT_SEQS = 16  # seqs of a session whose digests are kept: a resend of one with other content is a 409
+
+
+class IngestSession(models.Model):
+    """The batches a run accepted from one agent session: their seqs, and the digests of the latest
+    RECENT_SEQS. A resent batch is a no-op (its seq is in `seqs`), and another body under one of the
+    latest seqs a 409; under an older seq it is taken for a resend (an agent sends a session's batches
+    in seq order and resends only the oldest unanswered one, so only a second writer under the same
+    session id meets this, and that one is caught while it overlaps the latest seqs). Scoped by run,
+    so per project (run keys are per project): another project's agent that learns a session id can
+    neither take its seqs nor have its batches dropped as duplicates.
+
+    One row per session, updated in place, not one per batch: every batch of a 100,000-rank job
+    inserted a row and an entry in a unique index keyed by a random session id (about 280 bytes per
+    rank-step, 95% of what ingest stored, and index pages touched at random). No column the update
+    changes is indexed and pages keep half their room free (fillfactor 50), so the update is HOT."""
+
+    # no database constraint: PostgreSQL would check it at every claim (a deferred trigger and a
+    # key-share lock of the run row); deleting a run still deletes its sessions (Django's cascade)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False, db_constraint=False)
     session = models.CharField(max_length=64)
-    seq = models.BigIntegerField()
-    digest = models.CharField(max_length=64)
-    # no database constraint: PostgreSQL checked it for every inserted batch at commit (a deferred
-    # trigger and a key-share lock of the run row each, 13 us of 70 per batch); deleting a run still
-    # deletes its batches (Django's cascade), and ingest takes the run from the database first
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False, db_constraint=False)  # batch_run
     rank = models.PositiveIntegerField()
-    events = models.PositiveIntegerField()
-    received_at = models.DateTimeField(auto_now_add=True)
+    seqs = Int8MultiRangeField()
+    high = models.BigIntegerField()  # the highest seq accepted
+    # slot seq % RECENT_SEQS: the first 64 bits of the digest of seq, for seqs above high - RECENT_SEQS
+    recent = ArrayField(models.BigIntegerField(null=True), size=RECENT_SEQS)
+    batches = models.PositiveIntegerField()
+    events = models.BigIntegerField()
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()  # retention deletes sessions idle past it (a scan: no index, to keep updates HOT)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["session", "seq", "run"], name="batch_once_per_run")]
-        # Every batch inserts a row, so every index costs each batch; the table only grows at its end,
-        # in arrival order, so BRIN (a summary per range of pages, not an entry per row) finds what
-        # retention deletes by age and what a deleted run cascades to.
-        indexes = [
-            BrinIndex(fields=["received_at"], name="batch_received", autosummarize=True),
-            BrinIndex(fields=["run"], name="batch_run", autosummarize=True),
-        ]
+        constraints = [models.UniqueConstraint(fields=["run", "session"], name="session_once_per_run")]
 
 
 class RawEvent(models.Model):

@@ -2,8 +2,9 @@
 
 Dropping a partition is O(1) and leaves no dead tuples, unlike DELETE. What stays is O(slots):
 runs, ranks, and the settled slots (consensus + dissenters, dashboard.ledger.models) that detection
-keeps once raw per-rank rows are gone. The (session, seq) dedupe records expire with the raw
-rows: an agent never resends a batch that old (its spool is drained long before); so do the kept
+keeps once raw per-rank rows are gone. An agent session's claims (`IngestSession`) expire once the
+session sent nothing for as long: an agent never resends a batch that old (its spool is drained
+long before); so do the kept
 waits in a collective, a summary of raw progress samples the compile bill reads with the raw compiles.
 """
 
@@ -18,7 +19,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard.evidence import blobs, partitions
-from dashboard.evidence.models import CollectiveWait, IngestBatch
+from dashboard.evidence.models import CollectiveWait, IngestSession
 
 PREPARE_DAYS = 7  # partitions made ahead, so ingest finds them ready
 
@@ -28,7 +29,7 @@ class Pruned:
     """What one prune removed (`manage.py prune_raw` prints it)."""
 
     partitions: list[str] = field(default_factory=list)
-    batches: int = 0
+    sessions: int = 0
     waits: int = 0
     blobs: int = 0
 
@@ -43,7 +44,7 @@ def prune(days: float | None = None, now: datetime | None = None) -> Pruned:
         for name, day in partitions.existing(table):
             if _end_of(day) <= cutoff and partitions.drop(name):
                 pruned.partitions.append(name)
-    pruned.batches = _expire(IngestBatch.objects.filter(received_at__lt=cutoff))
+    pruned.sessions = _expire(IngestSession.objects.filter(last_at__lt=cutoff))
     pruned.waits = _expire(CollectiveWait.objects.filter(received__lt=cutoff))
     pruned.blobs = blobs.prune(now, timedelta(days=days))
     partitions.ensure_around(now, ahead=PREPARE_DAYS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from django.db import connection
@@ -28,33 +28,76 @@ from dashboard.evidence.binary_copy import (
     when,
 )
 from dashboard.evidence.models import (
+    RECENT_SEQS,
     CollectiveWait,
     CompileEvent,
     EventLog,
     GradReport,
     GraphBreakEvent,
-    IngestBatch,
+    IngestSession,
     StepReport,
 )
 from dashboard.tenancy.models import Run
 
-BATCH = IngestBatch._meta.db_table
+Claim = Literal["same", "other", "none"]
+
+SESSIONS = IngestSession._meta.db_table
+K = RECENT_SEQS
+
+
+def _digest_bits(expr: str) -> str:
+    """SQL: the first 64 bits of a hex digest, as a bigint (what `IngestSession.recent` keeps)."""
+    return f"('x' || substr({expr}, 1, 16))::bit(64)::bigint"
 
 
 def claim_cte(batches: str, run: str = "%(run)s") -> str:
-    """`claim AS (...)`: insert each row of CTE `batches` (session, seq, digest, rank, events) as the
-    run's batch unless its (session, seq) was claimed before; returns the ranks it claimed."""
+    """`claim AS (...)`: claim each row of CTE `batches` (session, seq, digest, rank, events; one row per
+    session) as its session's next batch in the run, unless the session already holds its seq;
+    returns the ranks it claimed. A session's first batch inserts its row, the later ones update it."""
+    slot = f"EXCLUDED.high %% {K}"  # doubled: the statement takes parameters
     return f"""claim AS (
-              INSERT INTO {BATCH} (session, seq, digest, run_id, rank, events, received_at)
-              SELECT session, seq, digest, {run}::bigint, rank, events, now() FROM {batches}
-              ON CONFLICT (session, seq, run_id) DO NOTHING RETURNING rank
+              INSERT INTO {SESSIONS} AS s (run_id, session, rank, seqs, high, recent, batches, events, first_at, last_at)
+              SELECT {run}::bigint, session, rank, int8multirange(int8range(seq, seq, '[]')), seq,
+                     array_fill(NULL::bigint, ARRAY[(seq %% {K})::int]) || {_digest_bits("digest")}
+                       || array_fill(NULL::bigint, ARRAY[{K - 1} - (seq %% {K})::int]),
+                     1, events, now(), now()
+              FROM {batches}
+              ON CONFLICT (run_id, session) DO UPDATE SET
+                seqs = s.seqs + EXCLUDED.seqs,
+                high = greatest(s.high, EXCLUDED.high),
+                recent = CASE WHEN EXCLUDED.high > greatest(s.high, EXCLUDED.high) - {K}
+                              THEN s.recent[1:{slot}] || EXCLUDED.recent[{slot} + 1] || s.recent[{slot} + 2:{K}]
+                              ELSE s.recent END,
+                rank = EXCLUDED.rank,
+                batches = s.batches + 1,
+                events = s.events + EXCLUDED.events,
+                last_at = EXCLUDED.last_at
+              WHERE NOT s.seqs @> EXCLUDED.high
+              RETURNING rank
             )"""
 
 
-def claimed_digest(run: Run, session: str, seq: int) -> str | None:
-    """The digest a claimed batch was received with (a resend matches it, a conflict does not);
-    None when no committed claim holds it."""
-    return IngestBatch.objects.values_list("digest", flat=True).filter(session=session, seq=seq, run=run).first()
+def claim_of(run: Run, session: str, seq: int, digest: str) -> Claim:
+    """What a committed claim says of (session, seq) sent with `digest`: "same" (a resend: the digest
+    it was claimed with, or a seq older than the session's latest RECENT_SEQS, whose digest is no
+    longer kept), "other" (another body claimed it: a conflict) or "none" (nothing holds it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT seqs @> %(seq)s::bigint, %(seq)s::bigint > high - {K}, recent[%(seq)s::bigint %% {K} + 1]"
+            f" FROM {SESSIONS} WHERE run_id = %(run)s AND session = %(session)s",
+            {"seq": seq, "run": run.id, "session": session},
+        )
+        row = cursor.fetchone()
+    if row is None or not row[0]:
+        return "none"
+    _, kept, bits = row
+    return "other" if kept and bits != digest_bits(digest) else "same"
+
+
+def digest_bits(digest: str) -> int:
+    """The first 64 bits of a hex digest as PostgreSQL's signed bigint holds them."""
+    value = int(digest[:16], 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def write_grads(reports: list[tuple[int, int, GradEvents]], now: datetime) -> None:

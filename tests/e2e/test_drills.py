@@ -15,8 +15,9 @@ from collections import Counter
 
 import pytest
 
-from dashboard.evidence.models import GradReport, IngestBatch, StepReport
+from dashboard.evidence.models import GradReport, StepReport
 from dashboard.tenancy.models import Rank
+from tests import claims
 from tests.conftest import per_rank
 from tests.e2e.jobs import finish, project_with_token, running, torchrun
 from tests.stack import Proc, free_port, spawn, uvicorn
@@ -110,8 +111,6 @@ def _record_step_times(key: str, outage: tuple[float, float], record_property) -
 
 def _seqs(key: str) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
-    for session, seq in (
-        IngestBatch.objects.filter(run__key=key).order_by("session", "seq").values_list("session", "seq")
-    ):
+    for session, seq in claims.pairs(run__key=key):
         out.setdefault(session, []).append(seq)
     return out

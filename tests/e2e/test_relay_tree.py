@@ -17,7 +17,8 @@ import pytest
 from agents import protocol
 from agents import relay as relay_module
 from agents.transport import encode_body, post
-from dashboard.evidence.models import GradReport, IngestBatch
+from dashboard.evidence.models import GradReport
+from tests import claims
 from tests.conftest import per_rank
 from tests.e2e.jobs import project_with_token
 from tests.e2e.test_relay import post_together
@@ -92,5 +93,5 @@ def test_two_nodes_through_a_rack_relay(stack):
         again = post_together(node_a, token, [fresh[0], bad, fresh[1]])
         assert [o.kind for o in again] == ["ok", "quarantine", "ok"], [o.detail for o in again]
         assert "HTTP 400" in again[1].detail and "world_size" in again[1].detail
-    assert IngestBatch.objects.filter(run__key=key).count() == 10
+    assert claims.count(run__key=key) == 10
     assert sorted({rank for rank, _, _ in per_rank(GradReport.objects.filter(run__key=key))}) == list(range(8))

@@ -1,4 +1,4 @@
-"""Raw tables are partitioned by day; retention drops whole partitions and expired batch records."""
+"""Raw tables are partitioned by day; retention drops whole partitions and idle agent sessions' claims."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from dashboard.evidence import partitions, retention
-from dashboard.evidence.models import CollectiveWait, GradReport, IngestBatch
+from dashboard.evidence.models import CollectiveWait, GradReport, IngestSession
 from dashboard.tenancy.models import Run
 from tests.conftest import make_batch
 
@@ -39,7 +39,7 @@ def test_prune_drops_old_partitions_and_keeps_recent_rows(post):
         ts=timezone.now(),
         received=timezone.now() - timedelta(days=30),
     )
-    IngestBatch.objects.update(received_at=timezone.now() - timedelta(days=30))
+    IngestSession.objects.update(last_at=timezone.now() - timedelta(days=30))
     for step, age in ((250, 30), (750, 0)):
         CollectiveWait.objects.create(
             run=run, rank=1, step=step, seconds=6.0, received=timezone.now() - timedelta(days=age)
@@ -51,7 +51,7 @@ def test_prune_drops_old_partitions_and_keeps_recent_rows(post):
     assert f"evidence_gradreport_p{old_day:%Y%m%d}" in pruned.partitions
     assert len(pruned.partitions) == len(partitions.RAW_TABLES)  # one old day per raw table
     assert list(GradReport.objects.values_list("ranks", flat=True)) == [[0]]
-    assert pruned.batches == 1 and not IngestBatch.objects.exists()
+    assert pruned.sessions == 1 and not IngestSession.objects.exists()
     assert pruned.waits == 1 and list(CollectiveWait.objects.values_list("step", flat=True)) == [750]
     ahead = {day for _, day in partitions.existing("evidence_gradreport")}
     assert timezone.now().date() + timedelta(days=retention.PREPARE_DAYS) in ahead

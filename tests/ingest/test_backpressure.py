@@ -20,7 +20,7 @@ from django.db import connection
 from agents import protocol
 from agents.config import resolve
 from agents.transport import Transport
-from dashboard.evidence.models import IngestBatch, StepReport
+from dashboard.evidence.models import IngestSession, StepReport
 from ingest import backpressure
 from tests.conftest import make_batch
 from tests.e2e.jobs import project_with_token
@@ -47,11 +47,11 @@ def quick_flush(monkeypatch):
 
 
 class Stall:
-    """PostgreSQL refusing batch records while held: every batch claim waits on the lock."""
+    """PostgreSQL refusing batch claims while held: every batch claim waits on the lock."""
 
     def __init__(self) -> None:
         self.conn = psycopg.connect(database_url(connection.settings_dict))
-        self.conn.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
+        self.conn.execute(f"LOCK TABLE {IngestSession._meta.db_table} IN EXCLUSIVE MODE")
 
     def release(self) -> None:
         self.conn.commit()

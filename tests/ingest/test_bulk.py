@@ -9,9 +9,10 @@ import msgspec
 import pytest
 
 from agents import protocol
-from dashboard.evidence.models import GradReport, IngestBatch, StepReport
+from dashboard.evidence.models import GradReport, StepReport
 from dashboard.ledger.models import GradSlot
 from dashboard.tenancy.models import Rank, Run
+from tests import claims
 from tests.conftest import make_batch, per_rank, post_bulk
 from tests.ingest.test_blobs import HASH, compile_event
 
@@ -40,7 +41,7 @@ def grads(rank: int, steps: int) -> dict:
 
 
 def stored() -> tuple[int, int, int, int]:
-    return IngestBatch.objects.count(), GradReport.objects.count(), Rank.objects.count(), StepReport.objects.count()
+    return claims.count(), GradReport.objects.count(), Rank.objects.count(), StepReport.objects.count()
 
 
 def test_every_rank_of_a_node_in_one_request(bulk):
@@ -78,7 +79,7 @@ def test_a_batch_twice_in_one_request_is_stored_once_and_answered_as_a_duplicate
     response = bulk([batch, batch, make_batch(rank=1)])
     assert response.status_code == 200, response.content
     assert [(r["accepted"], r["duplicate"]) for r in response.json()["results"]] == [(1, False), (0, True), (1, False)]
-    assert IngestBatch.objects.count() == 2
+    assert claims.count() == 2
     assert per_rank(GradReport.objects) == [(0, 0, [1, 2, 3]), (1, 0, [1, 2, 3])]
 
 

@@ -21,11 +21,12 @@ from django.db import connection
 from django.test import Client
 
 from agents import protocol
-from dashboard.evidence.models import GradReport, IngestBatch
+from dashboard.evidence.models import GradReport, IngestSession
 from dashboard.web.edge import BodyEdge
 from ingest import admission, backpressure, bodies, collector, door, groupcommit, ratelimit, validation, writers
 from ingest.door import Door
 from ingest.refusals import Refusal
+from tests import claims
 from tests.conftest import make_batch, per_rank
 from tests.stack import database_url
 
@@ -121,7 +122,7 @@ def test_a_group_counts_its_batches_once_and_refuses_those_past_the_limit_in_arr
     assert counted == [(project.id, 6)]  # one Redis round trip for the group's six batches
     assert [a[0].accepted for a in answers[:2]] == [1, 1]
     assert all(isinstance(a, Refusal) and a.status == 429 for a in answers[2:])  # batches 4-6 of a window of 4
-    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1, 2]
+    assert claims.ranks() == [0, 1, 2]
 
 
 @pytest.mark.django_db
@@ -132,7 +133,7 @@ def test_redis_down_refuses_the_whole_group_unstored(project, settings, monkeypa
     monkeypatch.setattr(ratelimit, "count", down)
     answers = groupcommit.write([job(project, rank=0), job(project, rank=1)])
     assert all(isinstance(a, ratelimit.BrokerDown) for a in answers)
-    assert admission.refusal(answers[0])[0] == 503 and not IngestBatch.objects.exists()
+    assert admission.refusal(answers[0])[0] == 503 and not IngestSession.objects.exists()
 
 
 @pytest.fixture
@@ -158,7 +159,7 @@ def groups(monkeypatch) -> list[int]:
 def lock():
     """Another session holding the batch table: a group's claim waits until the test calls `lock.commit()`."""
     locker = psycopg.connect(database_url(connection.settings_dict))
-    locker.execute(f"LOCK TABLE {IngestBatch._meta.db_table} IN EXCLUSIVE MODE")
+    locker.execute(f"LOCK TABLE {IngestSession._meta.db_table} IN EXCLUSIVE MODE")
     yield locker
     locker.close()
 
@@ -183,7 +184,7 @@ def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, toke
         body = make_batch(rank=rank, world_size=8, events=[{"t": "grad", "step": 0, "fps": [5]}])
         status = (await acall(app, json.dumps(body).encode(), headers_for(token)))[0]
         seen = observer.execute(
-            f"SELECT count(*) FROM {IngestBatch._meta.db_table} WHERE rank = %s", [rank]
+            f"SELECT count(*) FROM {IngestSession._meta.db_table} WHERE rank = %s", [rank]
         ).fetchone()[0]
         committed_before_answer.append(seen == 1)
         return status
@@ -314,7 +315,7 @@ def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, token, 
     held, queued, (status, headers, content) = async_to_sync(scenario)()
     assert (held, queued) == (200, 200)
     assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded" in json.loads(content)["error"]
-    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
+    assert claims.ranks() == [0, 1]
 
 
 @on_loop
@@ -334,7 +335,7 @@ def test_a_writer_connection_broken_since_the_last_group_costs_no_503(app, token
     assert ended >= 1
     status, _, content = call(app, json.dumps(make_batch(rank=1)).encode(), headers_for(token))
     assert status == 200 and json.loads(content)["duplicate"] is False
-    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
+    assert claims.ranks() == [0, 1]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -348,7 +349,7 @@ def test_the_writer_keeps_its_pooled_connection_while_groups_follow_and_gives_it
     assert released == []
     assert not isinstance(groupcommit._write_on_thread([job(project, rank=1)], keep=False)[0], Exception)
     assert released == [True]
-    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 1]
+    assert claims.ranks() == [0, 1]
 
 
 def test_a_stalled_body_read_times_out_and_a_cancel_from_elsewhere_stays_a_cancel(settings):
@@ -410,7 +411,7 @@ def test_accepts_and_stores_then_resend_is_duplicate(app, token):
     assert GradReport.objects.count() == 2
     status, _, content = call(app, gzip.compress(body), headers_for(token, **{"Content-Encoding": "gzip"}), chunks=3)
     assert status == 200 and json.loads(content)["duplicate"] is True
-    assert GradReport.objects.count() == 2 and IngestBatch.objects.count() == 1
+    assert GradReport.objects.count() == 2 and claims.count() == 1
 
 
 @on_loop
@@ -419,7 +420,7 @@ def test_bulk_is_served_by_the_door_too(app, token):
     status, _, content = call(app, body, headers_for(token), path="/api/v1/ingest/bulk")
     assert status == 200, content
     assert [r["accepted"] for r in json.loads(content)["results"]] == [1, 1]
-    assert [rank for rank, _, _ in per_rank(GradReport.objects)] == [0, 1] and IngestBatch.objects.count() == 2
+    assert [rank for rank, _, _ in per_rank(GradReport.objects)] == [0, 1] and claims.count() == 2
     status, _, content = call(app, protocol.bulk_body([b"{}"]), headers_for(token), path="/api/v1/ingest/bulk")
     assert status == 400 and json.loads(content)["path"].startswith("batches[0].")
 
@@ -462,7 +463,7 @@ def test_a_host_outside_allowed_hosts_is_a_400_and_other_methods_a_405(app, toke
     assert Client().get("/api/v1/schema", HTTP_HOST="evil.example").status_code == 400  # as Django answers
     status, headers, _ = call(app, b"", headers_for(token), method="GET")
     assert status == 405 and headers["allow"] == "POST"
-    assert not IngestBatch.objects.exists()
+    assert not IngestSession.objects.exists()
 
 
 @on_loop
@@ -544,7 +545,7 @@ def test_a_body_that_stalls_is_a_408_after_the_read_timeout(app, token, settings
         app, headers_for(token, **{"Content-Length": "5000"}), first=b'{"v": 1', path=path
     )
     assert status == 408 and "0.3 s" in answer["error"]
-    assert not IngestBatch.objects.exists()
+    assert not IngestSession.objects.exists()
 
 
 @on_loop
@@ -616,4 +617,4 @@ def test_while_the_oldest_queued_request_is_past_shedding_a_new_one_is_refused_a
     held, waiting, (status, headers, _), still_held = async_to_sync(scenario)()
     assert status == 503 and int(headers["retry-after"]) >= 1 and still_held  # answered without waiting for the group
     assert (held, waiting) == (200, 503)
-    assert list(IngestBatch.objects.values_list("rank", flat=True)) == [0]
+    assert claims.ranks() == [0]

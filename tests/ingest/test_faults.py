@@ -24,8 +24,9 @@ from django.conf import settings as django_settings
 from django.db import OperationalError, connection
 
 from dashboard.devstack import embedded
-from dashboard.evidence.models import GradReport, IngestBatch
+from dashboard.evidence.models import GradReport, IngestSession
 from ingest import ratelimit, retries, writers
+from tests import claims
 from tests.conftest import make_batch, per_rank
 from tests.stack import ROOT, Stack, forget_broker_keys, free_port, spawn, uvicorn
 
@@ -37,7 +38,7 @@ def test_rate_limit_is_429_with_retry_after_and_stores_nothing(post, settings):
     limited = [a for a in answers if a.status_code == 429]
     assert limited, [a.status_code for a in answers]
     assert limited[0]["Retry-After"] == "1" and "batches/s" in limited[0].json()["error"]
-    assert IngestBatch.objects.count() == 3 - len(limited)
+    assert claims.count() == 3 - len(limited)
 
 
 @pytest.mark.django_db
@@ -51,11 +52,11 @@ def test_redis_down_is_503_with_retry_after_and_stores_nothing(post, settings, m
     assert [a.status_code for a in answers] == [503, 503, 503]
     assert answers[0]["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER) and "broker" in answers[0].json()["error"]
     assert time.monotonic() - started < 5  # no retry backoff per request
-    assert IngestBatch.objects.count() == 0
+    assert claims.count() == 0
     monkeypatch.undo()  # Redis is back: the resent batch is accepted once
     settings.REDIS_URL = redis_url
     assert post(make_batch(seq=0)).json()["duplicate"] is False
-    assert IngestBatch.objects.count() == 1
+    assert claims.count() == 1
 
 
 @pytest.mark.django_db
@@ -79,7 +80,7 @@ def test_redis_client_torn_down_mid_request_is_503_not_500(post, settings, monke
     monkeypatch.setattr(ratelimit, "_client", Torn())
     response = post(make_batch())
     assert response.status_code == 503 and response["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
-    assert IngestBatch.objects.count() == 0
+    assert claims.count() == 0
 
 
 @pytest.mark.django_db
@@ -101,7 +102,7 @@ def test_one_torn_redis_connection_is_retried_not_refused(post, monkeypatch):
     monkeypatch.setattr(ratelimit, "_client", TornOnce())
     response = post(make_batch())
     assert response.status_code == 200, response.content
-    assert torn and IngestBatch.objects.count() == 1
+    assert torn and claims.count() == 1
 
 
 @pytest.mark.django_db
@@ -129,13 +130,13 @@ def races_lost():
                 BEGIN IF nextval('lost_races') <= {n} THEN
                   RAISE EXCEPTION 'deadlock detected (provoked)' USING ERRCODE = '40P01'; END IF; RETURN NEW; END $$""")
             cur.execute(
-                f"CREATE TRIGGER lose_race BEFORE INSERT ON {IngestBatch._meta.db_table} "
+                f"CREATE TRIGGER lose_race BEFORE INSERT ON {IngestSession._meta.db_table} "
                 "FOR EACH ROW EXECUTE FUNCTION lose_race()"
             )
 
     yield lose
     with connection.cursor() as cur:
-        cur.execute(f"DROP TRIGGER IF EXISTS lose_race ON {IngestBatch._meta.db_table}")
+        cur.execute(f"DROP TRIGGER IF EXISTS lose_race ON {IngestSession._meta.db_table}")
         cur.execute("DROP FUNCTION IF EXISTS lose_race(); DROP SEQUENCE IF EXISTS lost_races")
 
 
@@ -152,7 +153,7 @@ def test_a_lost_race_is_tried_again_inside_the_request(post, races_lost):
         make_batch(events=[{"t": "grad", "step": 0, "fps": [1, 2, 3]}, {"t": "step", "step": 0, "loss": 1.0}])
     )
     assert answer.status_code == 200 and answer.json()["accepted"] == 2
-    assert _claims_tried() == 3 and IngestBatch.objects.count() == 1
+    assert _claims_tried() == 3 and claims.count() == 1
     assert [rank for rank, _, _ in per_rank(GradReport.objects)] == [0]  # the rolled-back attempts left nothing
 
 
@@ -162,7 +163,7 @@ def test_races_lost_every_time_are_a_503_and_store_nothing(post, races_lost, set
     answer = post(make_batch())
     assert answer.status_code == 503 and answer["Retry-After"] == str(settings.LOCKSTEP_RETRY_AFTER)
     assert _claims_tried() == retries.RACE_ATTEMPTS
-    assert IngestBatch.objects.count() == 0 and GradReport.objects.count() == 0
+    assert claims.count() == 0 and GradReport.objects.count() == 0
 
 
 def _post(url: str, token: str, body: dict) -> requests.Response:
@@ -255,7 +256,7 @@ def test_two_workers_then_database_outage_then_recovery(throwaway, record_proper
             "manage.py",
             "shell",
             "-c",
-            f"from dashboard.evidence.models import IngestBatch; print(IngestBatch.objects.filter(run__key='{run}').count())",
+            f"from tests import claims; print(claims.count(run__key='{run}'))",
         ],
         cwd=ROOT,
         env=stack.env,

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents import protocol
-from dashboard.evidence.models import CompileEvent, EventLog, GradReport, IngestBatch, StepReport
+from dashboard.evidence.models import CompileEvent, EventLog, GradReport, StepReport
 from dashboard.tenancy.models import Rank
+from tests import claims
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -103,7 +104,7 @@ def mutated_batches(draw):
 
 
 def stored() -> tuple[int, ...]:
-    return tuple(m.objects.count() for m in (IngestBatch, Rank, GradReport, CompileEvent, StepReport, EventLog))
+    return (claims.count(), *(m.objects.count() for m in (Rank, GradReport, CompileEvent, StepReport, EventLog)))
 
 
 def check_answer(response, before):

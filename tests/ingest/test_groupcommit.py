@@ -9,10 +9,11 @@ import pytest
 from django.db import DataError, connection
 
 from agents import protocol
-from dashboard.evidence.models import GradReport, IngestBatch
+from dashboard.evidence.models import GradReport, IngestSession
 from dashboard.tenancy.models import Project
 from ingest import backpressure, validation, writers
 from ingest.refusals import Refusal
+from tests import claims
 from tests.conftest import make_batch, per_rank
 
 
@@ -46,7 +47,7 @@ def test_a_group_answers_each_request_on_its_own(project):
     assert outcomes[3][0].duplicate is True
     assert isinstance(outcomes[4], Refusal) and (outcomes[4].status, outcomes[4].path) == (400, "run.world_size")
     assert GradReport.objects.count() == before + 2
-    assert set(IngestBatch.objects.values_list("session", flat=True)) == {
+    assert set(IngestSession.objects.values_list("session", flat=True)) == {
         "sess-run-a-0",
         "sess-run-a-2",
         "sess-run-b-1",
@@ -63,7 +64,7 @@ def test_a_bulk_request_in_a_group_is_refused_whole_with_its_path(project):
     )
     assert outcomes[0][0].accepted == 1
     assert isinstance(outcomes[1], Refusal) and outcomes[1].path == "batches[1].run.world_size"
-    assert list(IngestBatch.objects.values_list("rank", flat=True)) == [0]
+    assert claims.ranks() == [0]
 
 
 @pytest.fixture
@@ -75,12 +76,12 @@ def refuses_session():
             BEGIN IF NEW.session = 'poison-session' THEN
               RAISE EXCEPTION 'value out of range (provoked)' USING ERRCODE = '22003'; END IF; RETURN NEW; END $$""")
         cur.execute(
-            f"CREATE TRIGGER refuse_session BEFORE INSERT ON {IngestBatch._meta.db_table} "
+            f"CREATE TRIGGER refuse_session BEFORE INSERT ON {IngestSession._meta.db_table} "
             "FOR EACH ROW EXECUTE FUNCTION refuse_session()"
         )
     yield
     with connection.cursor() as cur:
-        cur.execute(f"DROP TRIGGER IF EXISTS refuse_session ON {IngestBatch._meta.db_table}")
+        cur.execute(f"DROP TRIGGER IF EXISTS refuse_session ON {IngestSession._meta.db_table}")
         cur.execute("DROP FUNCTION IF EXISTS refuse_session()")
 
 
@@ -95,14 +96,14 @@ def test_a_batch_the_database_refuses_does_not_take_its_neighbours_down(project,
     )
     assert isinstance(outcomes[1], DataError)
     assert [outcomes[0][0].accepted, outcomes[2][0].accepted] == [1, 1]
-    assert sorted(IngestBatch.objects.values_list("rank", flat=True)) == [0, 2]
+    assert claims.ranks() == [0, 2]
 
 
 @pytest.mark.django_db
 def test_the_door_answers_the_refused_batch_422_and_stores_the_rest(post, refuses_session):
     assert post(make_batch(rank=1, session="poison-session")).status_code == 422
     assert post(make_batch(rank=0)).status_code == 200
-    assert list(IngestBatch.objects.values_list("rank", flat=True)) == [0]
+    assert claims.ranks() == [0]
 
 
 def test_the_flush_interval_doubles_with_the_load_and_goes_away_when_it_falls(monkeypatch):
@@ -135,7 +136,7 @@ def test_a_resend_in_the_same_group_as_its_original_is_a_duplicate_and_the_group
     assert [o[0].duplicate for o in outcomes] == [False, False, True]
     assert [o[0].accepted for o in outcomes] == [1, 1, 0]
     assert per_rank(GradReport.objects) == [(0, 0, [1]), (1, 0, [2])]
-    assert IngestBatch.objects.count() == 2
+    assert claims.count() == 2
 
 
 @pytest.mark.django_db

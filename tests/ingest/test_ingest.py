@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from dashboard.evidence.models import CompileEvent, EventLog, GradReport, IngestBatch
+from dashboard.evidence.models import CompileEvent, EventLog, GradReport
 from dashboard.tenancy.models import Project, ProjectToken, Rank, Run
+from tests import claims
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +19,7 @@ def stored_counts() -> tuple[int, ...]:
     return (
         Run.objects.count(),
         Rank.objects.count(),
-        IngestBatch.objects.count(),
+        claims.count(),
         GradReport.objects.count(),
         CompileEvent.objects.count(),
     )
@@ -160,7 +161,7 @@ def test_a_key_another_project_took_first_is_a_separate_run(post):
     assert response.status_code == 200 and response.json()["accepted"] > 0
     runs = Run.objects.filter(key="shared-key")
     assert runs.count() == 2 and len({run.project_id for run in runs}) == 2
-    assert all(IngestBatch.objects.filter(run=run).count() == 1 for run in runs)
+    assert all(claims.count(run=run) == 1 for run in runs)
 
 
 def test_too_large_is_413(post, settings):

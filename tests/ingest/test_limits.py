@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from dashboard.evidence.models import GradReport, IngestBatch
+from dashboard.evidence.models import GradReport, IngestSession
 from ingest import admission
 from tests.conftest import make_batch
 
@@ -20,7 +20,7 @@ def test_a_param_group_that_fits_the_protocol_but_not_the_column_after_its_prefi
     too_long = post(make_batch(events=[{"t": "param", "step": 0, "group": "g" * 60, "fps": [1]}]))
     assert too_long.status_code == 400, too_long.content
     assert too_long.json()["path"] == "events[0].group" and "58" in too_long.json()["error"]
-    assert not IngestBatch.objects.exists()
+    assert not IngestSession.objects.exists()
     fits = post(make_batch(events=[{"t": "param", "step": 0, "group": "g" * 58, "fps": [1]}], session="sess-fits"))
     assert fits.status_code == 200 and GradReport.objects.get().group == "param:" + "g" * 58
 

@@ -19,8 +19,10 @@ import pytest
 from agents import agreement, protocol
 from agents.spool import list_batches
 from dashboard.detection.models import Alert, Incident
-from dashboard.evidence.models import CompileEvent, GradReport, IngestBatch
+from dashboard.evidence import writes
+from dashboard.evidence.models import CompileEvent, GradReport, IngestSession
 from dashboard.tenancy.models import Project, ProjectToken, Run
+from tests import claims
 from tests.agents.test_fixtures_ingest import FIXTURES, _settle_everything
 from tests.conftest import post_bulk
 
@@ -52,7 +54,7 @@ def test_agreeing_ranks_travel_once_and_are_stored_as_one_row_per_step(client, t
     assert [r["accepted"] for r in reply.json()["results"]] == [1] * 8
     rows = sorted((g.step, sorted(g.ranks), g.fps[0]) for g in GradReport.objects.all())
     assert rows == [(0, [0, 1, 2, 3, 4, 6, 7], 7), (0, [5], 9), (1, [0, 1, 2, 3, 4, 6, 7], 7), (1, [5], 9)]
-    assert IngestBatch.objects.count() == 8
+    assert claims.count() == 8
 
 
 def test_a_packed_batch_sent_again_alone_is_a_duplicate_and_other_content_a_conflict(client, token, post):
@@ -75,8 +77,9 @@ def test_results_follow_the_packed_order_and_raw_batches_travel_as_sent(client, 
     reply = post_bulk(client, token, packed(entries))
     assert reply.status_code == 200, reply.content
     assert len(reply.json()["results"]) == 3
-    digests = dict(IngestBatch.objects.values_list("rank", "digest"))
-    assert digests[3] == hashlib.sha256(odd).hexdigest()
+    run = Run.objects.get(key="packed")
+    assert writes.claim_of(run, "packed-session-3", 0, hashlib.sha256(odd).hexdigest()) == "same"
+    assert writes.claim_of(run, "packed-session-3", 0, "0" * 64) == "other"
 
 
 @pytest.mark.parametrize(
@@ -94,7 +97,7 @@ def test_parts_that_do_not_fit_are_a_400_naming_them(client, token, change, path
     change(body)
     reply = post_bulk(client, token, msgspec.json.encode(body))
     assert reply.status_code == 400 and reply.json()["path"] == path, reply.content
-    assert not IngestBatch.objects.exists()
+    assert not IngestSession.objects.exists()
 
 
 def _spool(name: str, into) -> list[bytes]:

@@ -18,8 +18,9 @@ from websockets.sync.client import connect
 from agents import protocol
 from dashboard.delivery import notify
 from dashboard.detection.models import Alert, Silence
-from dashboard.evidence.models import Blob, IngestBatch
+from dashboard.evidence.models import Blob
 from dashboard.tenancy.models import Run
+from tests import claims
 from tests.conftest import make_batch
 from tests.e2e.jobs import alert_feed
 
@@ -56,7 +57,7 @@ def _like_missing(response: requests.Response, missing: requests.Response, key: 
 def test_project_b_gets_nothing_of_project_a(stack, victim, attacker, record_property):
     tried = Attempts()
     url, key, alert_id = stack.url, victim.key, victim.alert.id
-    before = (IngestBatch.objects.filter(run=victim.run).count(), victim.alert.acked_at, victim.silence.expires_at)
+    before = (claims.count(run=victim.run), victim.alert.acked_at, victim.silence.expires_at)
     token_api = requests.Session()
     token_api.headers.update(attacker.bearer())
     browser = _session(attacker, stack)
@@ -152,7 +153,7 @@ def test_project_b_gets_nothing_of_project_a(stack, victim, attacker, record_pro
     )
     tried.check(
         "ingest into A's key",
-        stolen.status_code == 200 and IngestBatch.objects.filter(run=victim.run).count() == before[0],
+        stolen.status_code == 200 and claims.count(run=victim.run) == before[0],
     )
     text = "def forward(self, x):\n    return x * 17\n"
     blob = requests.post(

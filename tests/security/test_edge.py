@@ -30,7 +30,7 @@ from agents.spool import list_batches
 from agents.transport import Transport
 from dashboard.detection import lifecycle
 from dashboard.detection.rules import Finding
-from dashboard.evidence.models import Blob, CompileEvent, IngestBatch, StepReport
+from dashboard.evidence.models import Blob, CompileEvent, IngestSession, StepReport
 from dashboard.ledger.models import CompileSlot
 from dashboard.tenancy.models import Run
 from ingest import metrics
@@ -267,7 +267,7 @@ def test_a_held_table_lock_costs_quick_503s_and_a_failed_sweep_and_loses_nothing
     from django.conf import settings
 
     holder = psycopg.connect(database_url(settings.DATABASES["default"]))
-    holder.execute(f"LOCK TABLE {IngestBatch._meta.db_table}, {CompileSlot._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+    holder.execute(f"LOCK TABLE {IngestSession._meta.db_table}, {CompileSlot._meta.db_table} IN ACCESS EXCLUSIVE MODE")
     worker_log = edge.worker.log.read_text(errors="replace")
     try:
         for step in range(10, 20):

@@ -14,7 +14,7 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard.evidence import partitions, retention
-from dashboard.evidence.models import IngestBatch
+from dashboard.evidence.models import IngestSession
 from dashboard.tenancy.models import ProjectToken, Run
 from dashboard.web.pages import frames
 from tests.conftest import make_batch
@@ -75,9 +75,9 @@ def test_a_partition_drop_waits_on_a_long_query_only_briefly_and_goes_later(post
 def test_expired_batch_records_are_deleted_in_chunks(post, monkeypatch):
     for seq in range(5):
         assert post(make_batch(seq=seq)).status_code == 200
-    IngestBatch.objects.update(received_at=timezone.now() - timedelta(days=30))
+    IngestSession.objects.update(last_at=timezone.now() - timedelta(days=30))
     monkeypatch.setattr(retention, "CHUNK", 2)
-    assert retention.prune(days=14).batches == 5 and not IngestBatch.objects.exists()
+    assert retention.prune(days=14).sessions == 1 and not IngestSession.objects.exists()
 
 
 def test_texts_too_long_to_diff_in_a_request_are_not_diffed():

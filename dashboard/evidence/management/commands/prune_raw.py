@@ -18,6 +18,6 @@ class Command(BaseCommand):
         for name in pruned.partitions:
             self.stdout.write(f"dropped {name}")
         self.stdout.write(
-            f"{len(pruned.partitions)} partitions dropped, {pruned.batches} batch records expired, "
+            f"{len(pruned.partitions)} partitions dropped, {pruned.sessions} idle agent sessions expired, "
             f"{pruned.waits} collective waits expired, {pruned.blobs} graph texts pruned"
         )
