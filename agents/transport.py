@@ -40,6 +40,43 @@ BACKOFF_BASE = 0.25
 BACKOFF_MAX = 10.0  # a returning backend is used within ~10 s; jitter spreads a cluster
 HTTP_TIMEOUT = 10.0
 MAX_SERVER_INTERVAL = 60.0  # a server's backpressure is honoured up to this flush interval
+STEP_MARGIN = 1.25  # an asked interval up to this many of the job's steps spares the server no batch
+
+
+def kept_interval(base: float, asked: float | None, step_s: float) -> float:
+    """The flush interval to keep: the server's longer one only where it means fewer batches.
+
+    With nothing else to report, an agent sends a batch per step at most, so an interval no longer
+    than its steps (a 1 s ask to a job at 1 step/s) only holds each step's report back by up to
+    that long and spares the server nothing; a server that still cannot keep up asks longer, and
+    that is followed. The margin keeps a node's ranks, whose steps are alike, on one side of it:
+    they flush on the same instants, and their relay forwards them together."""
+    if asked is None or asked <= base or asked <= step_s * STEP_MARGIN:
+        return base
+    return asked
+
+
+class StepClock:
+    """Seconds per training step as the sender sees the step counter at its flushes (0 until a step
+    has passed twice); while no step passes, at least the time since the last one."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.at = 0.0
+        self.period = 0.0
+
+    def observe(self, step: int | None, now: float) -> None:
+        if step is None:
+            return
+        if self.step is None or step < self.step:  # first seen, or counted again from the start
+            self.step, self.at, self.period = step, now, 0.0
+        elif step > self.step:
+            gap = (now - self.at) / (step - self.step)
+            self.period = gap if not self.period else self.period + (gap - self.period) / 4
+            self.step, self.at = step, now
+
+    def seconds(self, now: float) -> float:
+        return max(self.period, now - self.at) if self.period else 0.0
 
 
 @dataclass
@@ -194,6 +231,7 @@ class Transport:
         self._deadline = float("inf")
         self._last_heartbeat = time.monotonic()
         self.server_interval: float | None = None  # the server's backpressure (`IngestReply.flush_interval_s`)
+        self._steps = StepClock()
         self.stats = {
             "sent_batches": 0,
             "spooled_batches": 0,
@@ -249,8 +287,9 @@ class Transport:
 
     @property
     def flush_interval(self) -> float:
-        """The configured interval, or the longer one the server's last reply asked for while it is loaded."""
-        return max(self.cfg.flush_interval, self.server_interval or 0.0)
+        """The configured interval, or the longer one the server's last reply asked for while it is
+        loaded, where that means fewer batches (`kept_interval`)."""
+        return kept_interval(self.cfg.flush_interval, self.server_interval, self._steps.seconds(time.monotonic()))
 
     def _until_flush(self) -> float:
         """Seconds to the next multiple of the flush interval on the wall clock (at least a tenth of it).
@@ -268,6 +307,7 @@ class Transport:
         if closing:
             return
         now = time.monotonic()
+        self._steps.observe(self._step(), now)
         heartbeat = now - self._last_heartbeat >= self.cfg.heartbeat
         if heartbeat:
             self._last_heartbeat = now

@@ -1,7 +1,8 @@
 """A whole job at the agents' real cadence: up to 16,384 simulated ranks against real ingest processes.
 
 Every rank behaves as `agents/transport.py` does: it flushes at multiples of its flush interval on
-the wall clock (0.5 s, or the longer one the server's reply asks for: `flush_interval_s`), one
+the wall clock (0.5 s, or the longer one the server's reply asks for, `flush_interval_s`, where it
+spares batches: `agents.transport.kept_interval`), one
 request at a time; a batch the server did not accept (429, 503, a timeout after 10 s) stays in
 its backlog (the spool) and is sent again, first, after Retry-After or its backoff. The job's
 ranks all complete a step every `--step-time` seconds; a batch carries the steps done since the
@@ -44,6 +45,7 @@ from typing import Any
 
 import msgspec
 
+from agents import transport
 from bench.common import bench_env, fingerprints, fresh_database, gzip_body, setup_django, start_servers
 from bench.results import report
 
@@ -61,6 +63,7 @@ class Sender:
     sent_through: int = -1  # last step queued
     backlog: list[tuple[bytes, int, int]] = field(default_factory=list)  # (body, first step, last step)
     interval: float = 0.5
+    asked: float = 0.5  # the longest interval the server asked for (kept only where it spares batches)
     not_before: float = 0.0
     failures: int = 0
 
@@ -217,7 +220,9 @@ class Simulation:
         now = time.time()
         answer = msgspec.json.decode(payload)
         reply = answer["results"][0] if "results" in answer else answer
-        sender.interval = max(0.5, min(60.0, float(reply.get("flush_interval_s") or 0.5)))
+        asked = reply.get("flush_interval_s")
+        sender.asked = max(sender.asked, float(asked or 0.5))
+        sender.interval = transport.kept_interval(0.5, min(60.0, float(asked)) if asked else None, self.args.step_time)
         self.tally.ok += 1
         self.tally.rank_steps += (last - first + 1) * len(sender.ranks)
         for step in range(first, last + 1):
@@ -242,6 +247,7 @@ class Simulation:
         ]
         refused = sum(t.refused.values())
         intervals = sorted(s.interval for s in self.senders)
+        asked = max(s.asked for s in self.senders)
         q = statistics.quantiles(late, n=100) if len(late) >= 2 else [float("nan")] * 99
         self.figures = {
             "accepted": t.rank_steps / seconds,
@@ -256,7 +262,8 @@ class Simulation:
             f"rank-steps/s accepted of {made / seconds:,.0f} made ({t.rank_steps / max(made, 1):.1%} of them accepted"
             f" within {self.args.drain:g} s of the job's end); {(t.ok + refused) / seconds:,.0f} requests/s;"
             f" retried {refused / max(t.ok + refused, 1):.1%} ({', '.join(f'{k}: {v}' for k, v in sorted(t.refused.items(), key=str)) or 'none'});"
-            f" flush interval at end {intervals[0]:g}-{intervals[-1]:g} s (median {statistics.median(intervals):g});"
+            f" flush interval at end {intervals[0]:g}-{intervals[-1]:g} s (median {statistics.median(intervals):g},"
+            f" the server asked up to {asked:g} s);"
             f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
             f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete)",
         )

@@ -14,7 +14,7 @@ from agents import protocol
 from agents.config import resolve
 from agents.graph_texts import GraphTexts
 from agents.spool import list_batches
-from agents.transport import Transport
+from agents.transport import StepClock, Transport, kept_interval
 from tests.canned import Canned
 
 from .conftest import REPO, events_of, read_spool
@@ -423,3 +423,54 @@ def test_rank_0_says_once_on_stderr_that_the_server_refuses_its_run_and_what_to_
     err = capsys.readouterr().err
     assert err.count("lockstep: ") == 1, err
     assert "the server refused a batch for good (HTTP 400: " in err and "LOCKSTEP_MAX_RANKS=16384" in err
+
+
+def test_the_step_clock_reads_seconds_per_step_from_the_flushes():
+    clock = StepClock()
+    clock.observe(None, 0.0)
+    assert clock.seconds(0.0) == 0.0  # no step counter: unknown
+    for flush in range(5):  # flushes every 0.5 s, a step every 1 s
+        clock.observe(flush // 2, flush * 0.5)
+    assert clock.seconds(2.0) == 1.0
+    assert clock.seconds(5.0) == 3.0  # no step for 3 s: at least that long
+    clock.observe(0, 6.0)  # counted again from the start
+    assert clock.seconds(6.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    "asked,step_s,kept",
+    [
+        (None, 1.0, 0.5),
+        (1.0, 1.0, 0.5),  # a 1 s ask to a job at 1 step/s spares no batch: each step's report is not held back
+        (1.0, 0.85, 0.5),  # within the margin: a node's ranks stay on one side
+        (2.0, 1.0, 2.0),  # a longer ask folds two steps into a batch: followed
+        (1.0, 0.1, 1.0),  # fast steps: ten steps a batch instead of five
+        (1.0, 0.0, 1.0),  # steps not known yet: the server's
+        (0.25, 0.0, 0.5),  # never shorter than the agent's own
+    ],
+)
+def test_an_asked_interval_is_kept_only_where_it_spares_batches(asked, step_s, kept):
+    assert kept_interval(0.5, asked, step_s) == kept
+
+
+def test_the_agent_follows_an_asked_interval_only_past_its_steps(tmp_path, stub, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_FLUSH_INTERVAL", "0.1")
+    step = [0]
+    cfg = resolve(url=stub.url, token="tok", run="run-1", rank=2, world_size=4, spool_dir=str(tmp_path / "spool"))
+    t = Transport(cfg, step=lambda: step[0])
+    stub.extra = {"flush_interval_s": 0.3}  # shorter than the steps: it would only hold them back
+    for s in range(8):  # a step every 0.4 s
+        step[0] = s
+        t.put(protocol.Step(step=s))
+        time.sleep(0.4)
+    assert t.server_interval == 0.3 and t.flush_interval == 0.1
+    stub.extra = {"flush_interval_s": 1.6}
+    sent = t.stats["sent_batches"]
+    step[0] += 1
+    t.put(protocol.Step(step=step[0]))
+    deadline = time.monotonic() + 5
+    while t.stats["sent_batches"] == sent and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert t.server_interval == 1.6 and t.flush_interval == 1.6
+    t.close(timeout=10)
+    assert _steps(stub.accepted) == list(range(9))

@@ -303,7 +303,7 @@ def _tree_migrations() -> list[str]:
     labels = {str(Path(c.path).resolve()): c.label for c in apps.get_app_configs()}
     out = []
     for path in ROOT.glob("**/migrations/[0-9]*.py"):
-        if ".venv" in path.parts:
+        if ".venv" in path.parts or "site-packages" in path.parts:  # installed packages' own, not the tree's
             continue
         out.append(f"{labels[str(path.parent.parent.resolve())]}.{path.stem}")
     return sorted(out)
