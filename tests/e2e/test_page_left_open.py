@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
+from dashboard.delivery import notify
+from dashboard.tenancy.models import Run
 from tests.browser import chromium_page
 from tests.e2e.jobs import member_session, project_with_token
 from tests.fixtures.pages_data import Job, job_batches
@@ -31,6 +34,11 @@ def browser_orm():
         os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     else:
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+def _stale_row(rank: int, phase: str) -> dict:
+    return {"rank": rank, "phase": phase, "for_s": 15.0, "step": 4, "op": "forward", "where": INDUCTOR,
+            "since_step_s": 16.0, "holding": False}  # fmt: skip
 
 
 def send(stack, token: str, batches: list[dict]) -> None:
@@ -81,6 +89,16 @@ def test_run_page_and_runs_list_follow_a_crash_and_the_end_without_reload(stack,
         assert int(run_page.locator("#counts [data-count=frames]").inner_text()) == frames + 1
         assert run_page.locator("#rank-rows tr").nth(2).locator("td").nth(2).inner_text() == "error"
         run_page.wait_for_selector("#strip li.rank-now.ended[data-rank='2']", timeout=15_000)
+        # a push computed before rank 2's end was stored (a sweep that read the ranks just before) does not
+        # bring its phase back, and one whose strip lacks rank 2 (its last sample aged out) does not drop it
+        run = Run.objects.get(key=key)
+        stale_ranks = [{"rank": r, "last_step": 4, "status": "running"} for r in range(4)]
+        for mark, rows in (("stale-1", [2, 0]), ("stale-2", [0])):
+            strip = [_stale_row(r, mark if r == 0 else "compiling") for r in rows]
+            with ThreadPoolExecutor(1) as pool:  # a worker's push: asyncio.run, away from Playwright's loop
+                pool.submit(notify.push_progress, run, stale_ranks, strip).result()
+            run_page.wait_for_selector(f"#strip li.rank-now.{mark}[data-rank='0']", timeout=15_000)
+            assert run_page.locator("#strip li.rank-now[data-rank='2']").get_attribute("class") == "rank-now ended"
         runs_page.wait_for_selector(f"tr[data-run='{key}'] td.status .status-failed", timeout=15_000)
         assert row.locator("td.verdict [data-verdict]").get_attribute("data-verdict") == "failed"
 
