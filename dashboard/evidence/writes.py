@@ -53,7 +53,8 @@ def _digest_bits(expr: str) -> str:
 def claim_cte(batches: str, run: str = "%(run)s") -> str:
     """`claim AS (...)`: claim each row of CTE `batches` (session, seq, digest, rank, events; one row per
     session) as its session's next batch in the run, unless the session already holds its seq;
-    returns the ranks it claimed. A session's first batch inserts its row, the later ones update it."""
+    returns the ranks it claimed. A session's first batch inserts its row, the later ones update it,
+    in session order: two groups that hold batches of the same sessions lock their rows alike."""
     slot = f"EXCLUDED.high %% {K}"  # doubled: the statement takes parameters
     return f"""claim AS (
               INSERT INTO {SESSIONS} AS s (run_id, session, rank, seqs, high, recent, batches, events, first_at, last_at)
@@ -61,7 +62,7 @@ def claim_cte(batches: str, run: str = "%(run)s") -> str:
                      array_fill(NULL::bigint, ARRAY[(seq %% {K})::int]) || {_digest_bits("digest")}
                        || array_fill(NULL::bigint, ARRAY[{K - 1} - (seq %% {K})::int]),
                      1, events, now(), now()
-              FROM {batches}
+              FROM {batches} ORDER BY session
               ON CONFLICT (run_id, session) DO UPDATE SET
                 seqs = s.seqs + EXCLUDED.seqs,
                 high = greatest(s.high, EXCLUDED.high),
