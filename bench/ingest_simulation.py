@@ -6,7 +6,9 @@ spares batches: `agents.transport.kept_interval`), one
 request at a time; a batch the server did not accept (429, 503, a timeout after 10 s) stays in
 its backlog (the spool) and is sent again, first, after Retry-After or its backoff. The job's
 ranks all complete a step every `--step-time` seconds; a batch carries the steps done since the
-last one, as one compact `grads` event. `--ranks-per-request 8` sends a node's 8 batches as one
+last one, as one compact `grads` event; a rank's first batch also holds its start, its rank_start
+and the compile events the real agent recorded (`bench/data/agent-events.json`), alike on every
+rank, so the tree packs them once per rack. `--ranks-per-request 8` sends a node's 8 batches as one
 bulk request, as a node relay forwards them. `--nodes-per-rack 32` adds the rack level of a relay
 tree (docs/scale-out.md): a rack's node relays pack their ranks' batches and the rack relay sends
 them as one `protocol.Packed` request per flush. The relays' packing is done in this process, the
@@ -21,7 +23,8 @@ It prints, per job size: the steps the job made and the steps the server took (r
 requests/s, how many requests were answered with something other than 200 (the agents' retry
 rate), the flush intervals the agents ended with, and the added detection latency: for each step,
 when the server had accepted the last rank's report of it (the moment its grad slot can be
-settled) after the step ended, over the second half of the run (percentiles of the steps). When the
+settled) after the step ended, over the second half of the run (percentiles of the steps), and
+the same for the first step, which every rank's start comes with. When the
 job stops making steps, its agents go on sending what was not accepted yet for `--drain` seconds:
 "accepted" counts what the server took by then, so 100% means nothing was lost or left behind.
 
@@ -46,7 +49,16 @@ from typing import Any
 import msgspec
 
 from agents import transport
-from bench.common import bench_env, fingerprints, fresh_database, gzip_body, setup_django, start_servers
+from bench.common import (
+    bench_env,
+    compile_burst,
+    fingerprints,
+    fresh_database,
+    gzip_body,
+    recording,
+    setup_django,
+    start_servers,
+)
 from bench.results import report
 
 HTTP_TIMEOUT = 10.0  # agents.transport.HTTP_TIMEOUT
@@ -95,11 +107,16 @@ class Simulation:
         self.pool: asyncio.Queue = asyncio.Queue()
         self.packed: dict[tuple[int, int], str] = {}  # every rank reports the same fingerprints for a step
         self.grads: dict[tuple[int, int], Any] = {}  # the same, as a `protocol.Grads` (the tree's agreed event)
+        self.compiles = [e for e in recording() if e["t"] in ("compile", "graph_break")]  # every rank's alike
         self.t0 = 0.0
 
     def step_now(self, now: float) -> int:
         """The last step every rank has completed by `now`."""
         return int((now - self.t0) / self.args.step_time) - 1
+
+    def start(self, rank: int) -> list[dict]:
+        """What a rank's first batch holds before its step: its rank_start and its compile events."""
+        return compile_burst(self.compiles, rank)
 
     def body(self, sender: Sender, first: int, last: int) -> bytes:
         from agents import protocol
@@ -117,7 +134,10 @@ class Simulation:
             head = json.dumps(
                 {"v": 1, "run": self.run, "rank": rank, "session": session, "seq": sender.seq}, separators=(",", ":")
             )
-            bodies.append((head[:-1] + ',"events":[' + packed + "]}").encode())
+            start = (
+                "".join(json.dumps(e, separators=(",", ":")) + "," for e in self.start(rank)) if not sender.seq else ""
+            )
+            bodies.append((head[:-1] + ',"events":[' + start + packed + "]}").encode())
         sender.seq += 1
         return gzip_body(bodies[0] if len(bodies) == 1 else protocol.bulk_body(bodies))
 
@@ -132,9 +152,27 @@ class Simulation:
 
     def packed_body(self, sender: Sender, first: int, last: int) -> bytes:
         """A rack's batches as its relays send them: one `protocol.Packed` body, the agreed `grads` event
-        once for all of them (what `agents.agreement.pack` makes of batches that hold the same event)."""
-        from agents import protocol
+        once for all of them (what `agents.agreement.pack` makes of batches that hold the same event).
+        The first is `agreement.pack`'s own: each rank's rank_start alone, the compile events once."""
+        from agents import agreement, protocol
 
+        if not sender.seq:
+            sender.seq += 1
+            run = protocol.RunInfo(**self.run)
+            grads = self.grads_event(first, last)
+            return agreement.pack(
+                [
+                    protocol.Batch(
+                        v=1,
+                        run=run,
+                        rank=rank,
+                        session=session,
+                        seq=0,
+                        events=[*msgspec.convert(self.start(rank), list[protocol.AnyEvent]), grads],
+                    )
+                    for rank, session in zip(sender.ranks, sender.sessions)
+                ]
+            )
         packed = protocol.Packed(
             v=protocol.PACKED_VERSION,
             runs=[protocol.RunInfo(**self.run)],
@@ -151,10 +189,10 @@ class Simulation:
         """`packed_body` is what the relays' own packing gives for the same batches."""
         from agents import agreement, protocol
 
-        sender = Sender(self.senders[0].ranks, self.senders[0].sessions)
+        sender = Sender(self.senders[0].ranks, self.senders[0].sessions, seq=1)
         grads = self.grads_event(0, 0)
         batches = [
-            protocol.Batch(v=1, run=protocol.RunInfo(**self.run), rank=rank, session=session, seq=0, events=[grads])
+            protocol.Batch(v=1, run=protocol.RunInfo(**self.run), rank=rank, session=session, seq=1, events=[grads])
             for rank, session in zip(sender.ranks, sender.sessions)
         ]
         if self.packed_body(sender, 0, 0) != agreement.pack(batches):
@@ -246,6 +284,8 @@ class Simulation:
             if got[0] >= self.ranks and step * self.args.step_time >= seconds / 2
         ]
         refused = sum(t.refused.values())
+        first = t.acked.get(0, [0, float("nan")])
+        start = first[1] - (self.t0 + self.args.step_time) if first[0] >= self.ranks else float("nan")
         intervals = sorted(s.interval for s in self.senders)
         asked = max(s.asked for s in self.senders)
         q = statistics.quantiles(late, n=100) if len(late) >= 2 else [float("nan")] * 99
@@ -254,6 +294,7 @@ class Simulation:
             "share": t.rank_steps / max(made, 1),
             "p50": q[49],
             "p99": q[98],
+            "start": start,
         }
         form = form_of(self.args)
         return (
@@ -265,7 +306,8 @@ class Simulation:
             f" flush interval at end {intervals[0]:g}-{intervals[-1]:g} s (median {statistics.median(intervals):g},"
             f" the server asked up to {asked:g} s);"
             f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
-            f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete)",
+            f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete); the first step,"
+            f" with every rank's start (its rank_start and {len(self.compiles)} compile events), {start:.1f} s",
         )
 
 
@@ -280,7 +322,8 @@ def summary(ranks: int, figures: list[dict[str, float]]) -> tuple[str, str, str]
         f"{ranks:,} ranks, median of {len(figures)}",
         spread("accepted", ",.0f"),
         f"rank-steps/s accepted, median (min-max); share of the steps made {spread('share', '.1%')};"
-        f" step fully accepted after its end: p50 {spread('p50', '.2f')} s, p99 {spread('p99', '.2f')} s",
+        f" step fully accepted after its end: p50 {spread('p50', '.2f')} s, p99 {spread('p99', '.2f')} s;"
+        f" the first step (every rank's start with it) {spread('start', '.2f')} s",
     )
 
 

@@ -272,10 +272,13 @@ def _write_all(
                 continue
             first_copy[identity] = prepared.digest
             try:
-                written.append((j, None if (j, i) in duplicates else _write_events(j, i, prepared, job.project, now)))
+                run = None if (j, i) in duplicates else _run(prepared.batch, job.project)
             except Refusal as refusal:  # a changed world size, a run past the quota
                 raise _Refused(j, refusal.within(f"batches[{i}]") if job.bulk else refusal) from None
+            written.append((j, _Written(j, i, prepared, run, []) if run else None))
     fresh = [w for _, w in written if w]
+    writes.write_events([(w.run, w.p.batch.rank, w.p.by_type) for w in fresh], now)
+    _touch_compile_slots(fresh)
     writes.write_grads([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
     _claim_all(fresh)
     return written
@@ -310,14 +313,19 @@ def _conflict(job: Job, index: int, batch: protocol.Batch) -> Refusal:
     )
 
 
-def _write_events(job: int, index: int, p: Prepared, project: Project, now: datetime) -> _Written:
-    """Everything of one batch but its grad rows (copied with the other batches') and its claim."""
-    run = _run(p.batch, project)
-    writes.write_events(run, p.batch.rank, p.by_type, now)
-    # compile slots (the rare kind); grad slots in _claim
-    if protocol.Compile not in p.by_type:
-        return _Written(job, index, p, run, [])
-    return _Written(job, index, p, run, *slots.touch(run, p.by_type[protocol.Compile]))
+def _touch_compile_slots(written: list[_Written]) -> None:
+    """The compile slots the group's batches report, one statement per run (grad slots: `_claim`): a
+    job's start is every rank reporting the same few slots, and a statement per batch had each rank
+    wait for the row locks of the one before it. What completes or stays open goes to the run's
+    first batch (`_after_commit` looks at the run's batches together)."""
+    runs: dict[int, list[_Written]] = {}
+    for w in written:
+        if protocol.Compile in w.p.by_type:
+            runs.setdefault(w.run.id, []).append(w)
+    for of_run in runs.values():
+        ready, left_open = slots.touch(of_run[0].run, [w.p.by_type[protocol.Compile] for w in of_run])
+        of_run[0].ready += ready
+        of_run[0].compiles_open |= left_open
 
 
 def _weights_as_grad(e: protocol.Param) -> protocol.Grad:

@@ -7,8 +7,10 @@ statement, built here from this app's table, as tenancy and the ledger build the
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -108,14 +110,36 @@ def write_grads(reports: list[tuple[int, int, GradEvents]], now: datetime) -> No
         copy_stream(GradReport._meta.db_table, GRAD_COLUMNS, [b"".join([HEADER, *parts, TRAILER])])
 
 
-def write_events(run: Run, rank: int, by_type: Mapping[type, list[Any]], now: datetime) -> None:
-    """A batch's other events, a COPY per kind; kinds without a table of their own go to the log."""
-    for kind, events in by_type.items():
-        WRITERS.get(kind, _write_log)(run, rank, events, now)
+Rows = Iterable[tuple[object, ...]]
 
 
-def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> None:
-    def row(e: protocol.Compile) -> tuple[object, ...]:
+@dataclass(frozen=True)
+class Table:
+    """A raw table written by COPY: its columns and how a batch's events of one kind become rows."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    rows: Callable[[Run, int, Any, datetime], Rows]
+
+
+def write_events(batches: Sequence[tuple[Run, int, Mapping[type, list[Any]]]], now: datetime) -> None:
+    """Several batches' other events, one COPY per table for all of them (a job's start is every
+    rank's compile events at once); kinds without a table of their own go to the log."""
+    rows: dict[Table, list[Rows]] = {}
+    for run, rank, by_type in batches:
+        for kind, events in by_type.items():
+            if kind in FOLDED:
+                continue
+            table = TABLES.get(kind, LOG)
+            rows.setdefault(table, []).append(table.rows(run, rank, events, now))
+            if kind is protocol.Progress:
+                _keep_waits(run, rank, events, now)
+    for table, parts in rows.items():
+        copy_rows(table.name, table.columns, itertools.chain.from_iterable(parts))
+
+
+def _compile_rows(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> Rows:
+    for e in events:
         dynamo = e.hashes.get("dynamo")
         code = e.hashes.get("inductor")
         detail = {
@@ -125,7 +149,7 @@ def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: da
             "graph_breaks": e.graph_breaks,
             "hashes": msgspec.to_builtins(e.hashes),
         }
-        return (
+        yield (
             run.id,
             rank,
             e.frame,
@@ -147,11 +171,58 @@ def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: da
             now,
         )
 
-    copy_rows(
+
+def _step_rows(run: Run, rank: int, events: list[protocol.Step], now: datetime) -> Rows:
+    return ((run.id, rank, e.step, _loss(e), e.step_time, when(e.ts, now), now) for e in events)
+
+
+def _loss(event: protocol.Step) -> float | None:
+    """A non-finite loss is stored as NaN (the agent flags it: JSON carries no NaN)."""
+    return math.nan if event.nonfinite_loss else event.loss
+
+
+def _break_rows(run: Run, rank: int, events: list[protocol.GraphBreak], now: datetime) -> Rows:
+    return ((run.id, rank, e.frame, e.reason, e.step, when(e.ts, now), now) for e in events)
+
+
+def _log_rows(run: Run, rank: int, events: Sequence[protocol.Event], now: datetime) -> Rows:
+    return (
+        (run.id, rank, type(e).__struct_config__.tag, Jsonb(msgspec.to_builtins(e)), when(e.ts, now), now)
+        for e in events
+    )
+
+
+def _keep_waits(run: Run, rank: int, events: list[protocol.Progress], now: datetime) -> None:
+    """Progress samples go to the log; the waits in a collective that lasted STUCK_S, the longest per
+    step, to `CollectiveWait` as well: upsert (run, rank, step) -> the longest wait seen so far (a later
+    flush reports the same wait longer), one statement, and only for a batch that has one."""
+    longest: dict[int, float] = {}
+    for e in events:
+        if e.phase == "collective" and e.step is not None and e.phase_s >= protocol.STUCK_S:
+            longest[e.step] = max(e.phase_s, longest.get(e.step, 0.0))
+    if not longest:
+        return
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""INSERT INTO {CollectiveWait._meta.db_table} AS w (run_id, rank, step, seconds, received)
+                SELECT %s, %s, step, seconds, %s FROM unnest(%s::int8[], %s::float8[]) AS u(step, seconds)
+                ON CONFLICT (run_id, step, rank) DO UPDATE
+                SET seconds = GREATEST(w.seconds, EXCLUDED.seconds), received = EXCLUDED.received""",
+            [run.id, rank, now, list(longest), list(longest.values())],
+        )
+
+
+RAW = (("run_id", "int8"), ("rank", "int4"))  # the columns every raw table's rows begin with
+LOG = Table(
+    EventLog._meta.db_table,
+    (*RAW, ("t", "text"), ("body", "jsonb"), ("ts", "timestamptz"), ("received", "timestamptz")),
+    _log_rows,
+)
+TABLES: dict[type, Table] = {
+    protocol.Compile: Table(
         CompileEvent._meta.db_table,
         (
-            ("run_id", "int8"),
-            ("rank", "int4"),
+            *RAW,
             ("frame", "text"),
             ("index", "int4"),
             ("compile_id", "text"),
@@ -170,100 +241,34 @@ def _write_compiles(run: Run, rank: int, events: list[protocol.Compile], now: da
             ("ts", "timestamptz"),
             ("received", "timestamptz"),
         ),
-        map(row, events),
-    )
-
-
-def _write_steps(run: Run, rank: int, events: list[protocol.Step], now: datetime) -> None:
-    copy_rows(
+        _compile_rows,
+    ),
+    protocol.Step: Table(
         StepReport._meta.db_table,
         (
-            ("run_id", "int8"),
-            ("rank", "int4"),
+            *RAW,
             ("step", "int8"),
             ("loss", "float8"),
             ("step_time", "float8"),
             ("ts", "timestamptz"),
             ("received", "timestamptz"),
         ),
-        ((run.id, rank, e.step, _loss(e), e.step_time, when(e.ts, now), now) for e in events),
-    )
-
-
-def _loss(event: protocol.Step) -> float | None:
-    """A non-finite loss is stored as NaN (the agent flags it: JSON carries no NaN)."""
-    return math.nan if event.nonfinite_loss else event.loss
-
-
-def _write_breaks(run: Run, rank: int, events: list[protocol.GraphBreak], now: datetime) -> None:
-    copy_rows(
+        _step_rows,
+    ),
+    protocol.GraphBreak: Table(
         GraphBreakEvent._meta.db_table,
         (
-            ("run_id", "int8"),
-            ("rank", "int4"),
+            *RAW,
             ("frame", "text"),
             ("reason", "text"),
             ("step", "int8"),
             ("ts", "timestamptz"),
             ("received", "timestamptz"),
         ),
-        ((run.id, rank, e.frame, e.reason, e.step, when(e.ts, now), now) for e in events),
-    )
-
-
-def _write_log(run: Run, rank: int, events: Sequence[protocol.Event], now: datetime) -> None:
-    copy_rows(
-        EventLog._meta.db_table,
-        (
-            ("run_id", "int8"),
-            ("rank", "int4"),
-            ("t", "text"),
-            ("body", "jsonb"),
-            ("ts", "timestamptz"),
-            ("received", "timestamptz"),
-        ),
-        (
-            (run.id, rank, type(e).__struct_config__.tag, Jsonb(msgspec.to_builtins(e)), when(e.ts, now), now)
-            for e in events
-        ),
-    )
-
-
-def _write_progress(run: Run, rank: int, events: list[protocol.Progress], now: datetime) -> None:
-    """Progress samples go to the log; the waits in a collective that lasted STUCK_S, the longest
-    per step, to `CollectiveWait` as well (one statement, and only for a batch that has one)."""
-    _write_log(run, rank, events, now)
-    longest: dict[int, float] = {}
-    for e in events:
-        if e.phase == "collective" and e.step is not None and e.phase_s >= protocol.STUCK_S:
-            longest[e.step] = max(e.phase_s, longest.get(e.step, 0.0))
-    if longest:
-        _keep_waits(run, rank, longest, now)
-
-
-def _keep_waits(run: Run, rank: int, longest: dict[int, float], now: datetime) -> None:
-    """Upsert (run, rank, step) -> the longest wait seen so far (a later flush reports the same wait longer)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""INSERT INTO {CollectiveWait._meta.db_table} AS w (run_id, rank, step, seconds, received)
-                SELECT %s, %s, step, seconds, %s FROM unnest(%s::int8[], %s::float8[]) AS u(step, seconds)
-                ON CONFLICT (run_id, step, rank) DO UPDATE
-                SET seconds = GREATEST(w.seconds, EXCLUDED.seconds), received = EXCLUDED.received""",
-            [run.id, rank, now, list(longest), list(longest.values())],
-        )
-
-
-def _skip(run: Run, rank: int, events: Sequence[protocol.Event], now: datetime) -> None:
-    """Facts already folded into the rank row (start, heartbeat). A rank_end is kept verbatim as well:
-    the row holds its status, the log its exception (type, message, frame) for rank_crashed."""
-
-
-# an event type's writer: (run, rank, that type's events, arrival time)
-WRITERS: dict[type, Callable[[Run, int, Any, datetime], None]] = {
-    protocol.Compile: _write_compiles,
-    protocol.Step: _write_steps,
-    protocol.GraphBreak: _write_breaks,
-    protocol.Progress: _write_progress,
-    protocol.RankStart: _skip,
-    protocol.Heartbeat: _skip,
+        _break_rows,
+    ),
+    protocol.Progress: LOG,  # and the long waits in a collective (`_keep_waits`)
 }
+# Facts already folded into the rank row (start, heartbeat). A rank_end is kept verbatim as well: the
+# row holds its status, the log its exception (type, message, frame) for rank_crashed.
+FOLDED = frozenset({protocol.RankStart, protocol.Heartbeat})

@@ -44,29 +44,40 @@ def replicated(group: str) -> bool:
     return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 
-def touch(run: Run, compiles: list[protocol.Compile]) -> tuple[list[Ready], bool]:
-    """Record a batch's compile reports (inside its transaction): (the compile slots it completed,
-    whether it left one incomplete, for `compiles_passed` to look at after commit).
+def touch(run: Run, batches: list[list[protocol.Compile]]) -> tuple[list[Ready], bool]:
+    """Record the compile reports of some batches of one run (inside their transaction), each batch
+    counting once per slot it reports: (the compile slots they completed, whether they left one
+    incomplete, for `compiles_passed` to look at after commit). One statement, slots in key order.
 
     Grad reports are part of ingest's claim statement (`grad_reports_ctes`); their completion by
     watermark is decided after commit (`grads_ready_sql`).
     """
     steps: dict[tuple[str, int], int | None] = {}
-    for e in compiles:
-        key = (e.frame, e.index)
-        steps[key] = min((n for n in (steps.get(key), e.step) if n is not None), default=None)
+    reports: Counter[tuple[str, int]] = Counter()
+    for compiles in batches:
+        for e in compiles:
+            key = (e.frame, e.index)
+            steps[key] = min((n for n in (steps.get(key), e.step) if n is not None), default=None)
+        reports.update({(e.frame, e.index) for e in compiles})
     keys = sorted(steps)
     with connection.cursor() as cur:
         cur.execute(
             f"""
             INSERT INTO {COMPILE_SLOT} (run_id, frame, index, step, reported, first_seen, settled_n, dissenters, consensus)
-            SELECT %s, k.frame, k.index, k.step, 1, now(), 0, '{{}}', '{{}}'
-            FROM unnest(%s::text[], %s::int[], %s::bigint[]) AS k(frame, index, step)
+            SELECT %s, k.frame, k.index, k.step, k.n, now(), 0, '{{}}', '{{}}'
+            FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::int[]) AS k(frame, index, step, n)
             ON CONFLICT (run_id, frame, index) DO UPDATE
-              SET reported = {COMPILE_SLOT}.reported + 1, step = LEAST({COMPILE_SLOT}.step, EXCLUDED.step)
+              SET reported = {COMPILE_SLOT}.reported + EXCLUDED.reported,
+                  step = LEAST({COMPILE_SLOT}.step, EXCLUDED.step)
             RETURNING id, reported
             """,
-            [run.id, [k[0] for k in keys], [k[1] for k in keys], [steps[k] for k in keys]],
+            [
+                run.id,
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                [steps[k] for k in keys],
+                [reports[k] for k in keys],
+            ],
         )
         rows = cur.fetchall()
     complete = [(COMPILE, slot_id, run.id) for slot_id, reported in rows if reported >= run.world_size]

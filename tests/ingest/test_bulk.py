@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from agents import protocol
-from dashboard.evidence.models import GradReport, StepReport
-from dashboard.ledger.models import GradSlot
+from dashboard.evidence.models import CompileEvent, GradReport, StepReport
+from dashboard.ledger.models import CompileSlot, GradSlot
 from dashboard.tenancy.models import Rank, Run
 from tests import claims
 from tests.conftest import make_batch, per_rank, post_bulk
@@ -253,3 +253,22 @@ def test_run_facts_refused_name_the_batch(bulk):
     assert response.status_code == 400
     assert response.json()["path"] == "batches[1].run.world_size"
     assert stored()[0] == 1
+
+
+def test_a_node_s_compile_reports_count_each_rank_once_per_slot(bulk):
+    """A job's start: every rank of the request reports the same compile slots (written together)."""
+    compile_ = {
+        "t": "compile",
+        "frame": "train.py:10:forward",
+        "index": 0,
+        "step": 0,
+        "hashes": {"dynamo": {"raw": "a" * 16, "norm": "b" * 16}},
+    }
+    later = {**compile_, "index": 1, "step": 2}
+    batches = [make_batch(rank=0, events=[compile_, compile_, later])] + [
+        make_batch(rank=r, events=[compile_]) for r in (1, 2)
+    ]
+    response = bulk(batches)
+    assert response.status_code == 200, response.content
+    assert sorted(CompileSlot.objects.values_list("index", "step", "reported")) == [(0, 0, 3), (1, 2, 1)]
+    assert sorted(CompileEvent.objects.values_list("rank", "index")) == [(0, 0), (0, 0), (0, 1), (1, 0), (2, 0)]
