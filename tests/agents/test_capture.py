@@ -1,9 +1,15 @@
 """Real torch.compile in this process: Compile and GraphBreak events from the trace log."""
 
+import json
+import subprocess
+import sys
+
 import torch
 
 from agents import protocol
 from agents.capture import CompileCapture, frame_key, install, uninstall
+
+from .conftest import REPO
 
 
 def _capture(fn):
@@ -184,24 +190,45 @@ def test_a_compiled_module_is_named_by_its_class_and_a_torch_module_by_the_users
     assert frames == {f"test_capture.py:{line}:Block.forward", f"test_capture.py:{call}:run"}
 
 
-def test_ddp_wrapper_frames_inside_torch_and_contextlib_are_named_by_the_users_line(tmp_path):
-    """torch.compile(DDP(model)): Dynamo compiles DDP's context managers (contextlib.py) on the way to
-    the model; each such frame is keyed by the user's line that entered it, plus the code it compiled
-    (distinct frames keep distinct keys), while the model's own block keeps its own name."""
+def ddp_frames(store: str) -> tuple[list[str], str]:
+    """torch.compile(DDP(Block())) under the capture: the frames it names, and the prefix of the
+    calling line's key. Run in a process of its own (`test_ddp_wrapper_frames...`)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        model = torch.compile(DDP(Block()), backend="eager")
+    dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
+    model = torch.compile(DDP(Block()), backend="eager")
 
-        def run(step):
-            model(torch.randn(2, 3)).sum().backward()
+    def run(step):
+        model(torch.randn(2, 3)).sum().backward()
 
-        frames = [e.frame for e in _capture(run) if isinstance(e, protocol.Compile)]
-    finally:
-        dist.destroy_process_group()
-    call = f"test_capture.py:{run.__code__.co_firstlineno + 1}:run"
+    frames = [e.frame for e in _capture(run) if isinstance(e, protocol.Compile)]
+    return frames, f"test_capture.py:{run.__code__.co_firstlineno + 1}:run"
+
+
+_DDP_FRAMES = r"""
+import json, os, sys
+from tests.agents.test_capture import ddp_frames
+print(json.dumps(ddp_frames(sys.argv[1])), flush=True)
+os._exit(0)  # no teardown: gloo's process group can hang joining its threads when DDP's reducer goes
+"""
+
+
+def test_ddp_wrapper_frames_inside_torch_and_contextlib_are_named_by_the_users_line(tmp_path):
+    """torch.compile(DDP(model)): Dynamo compiles DDP's context managers (contextlib.py) on the way to
+    the model; each such frame is keyed by the user's line that entered it, plus the code it compiled
+    (distinct frames keep distinct keys), while the model's own block keeps its own name. In a process
+    of its own: a process group torn down inside the test process once hung the suite in gloo's
+    destructor (torch 2.13)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _DDP_FRAMES, str(tmp_path / "store")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    frames, call = json.loads(out.stdout.splitlines()[-1])
     assert f"test_capture.py:{Block.forward.__code__.co_firstlineno}:Block.forward" in frames
     wrappers = [f for f in frames if "Block.forward" not in f]
     assert wrappers and all(f.startswith(call) for f in wrappers), frames
