@@ -8,6 +8,7 @@ into the training code.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # torch is imported lazily: the server imports agents.protoco
 
 __all__ = ["attach", "fingerprint", "Agent", "NoopAgent"]
 
+log = logging.getLogger("lockstep.agent")
 _lock = threading.RLock()
 _agent: Agent | NoopAgent | None = None
 
@@ -121,8 +123,8 @@ class Agent:
         capture (a compiled optimizer step)."""
         try:
             self.grads.drain(block=False)
-        except Exception:  # a fingerprint that cannot be read must not stop the watch of the peers
-            pass
+        except Exception as e:  # a fingerprint that cannot be read must not stop the watch of the peers
+            log.debug("lockstep: fingerprints not read at this flush: %s", e)
         gone = self._peers.gone() if self._peers else []
         return [*gone, *self.grads.notices()]
 

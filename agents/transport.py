@@ -271,6 +271,7 @@ class Transport:
                     if not self._closing:
                         self._cv.wait(self._until_flush())
                     closing = self._closing
+                self._steps.observe(self._step(), time.monotonic())
                 self._maybe_heartbeat(closing)
                 self._look_at_peers()
                 self._cycle(closing)
@@ -307,7 +308,6 @@ class Transport:
         if closing:
             return
         now = time.monotonic()
-        self._steps.observe(self._step(), now)
         heartbeat = now - self._last_heartbeat >= self.cfg.heartbeat
         if heartbeat:
             self._last_heartbeat = now

@@ -55,10 +55,12 @@ def touch(run: Run, batches: list[list[protocol.Compile]]) -> tuple[list[Ready],
     steps: dict[tuple[str, int], int | None] = {}
     reports: Counter[tuple[str, int]] = Counter()
     for compiles in batches:
+        reported: set[tuple[str, int]] = set()
         for e in compiles:
             key = (e.frame, e.index)
             steps[key] = min((n for n in (steps.get(key), e.step) if n is not None), default=None)
-        reports.update({(e.frame, e.index) for e in compiles})
+            reported.add(key)
+        reports.update(reported)
     keys = sorted(steps)
     with connection.cursor() as cur:
         cur.execute(
