@@ -28,9 +28,18 @@ the same for the first step, which every rank's start comes with. When the
 job stops making steps, its agents go on sending what was not accepted yet for `--drain` seconds:
 "accepted" counts what the server took by then, so 100% means nothing was lost or left behind.
 
+With `--celery N` the server's Celery workers (with beat) settle the slots as they would in
+production, and the report adds, per step of the second half, when its grad slot was settled
+after the step ended (the moment a divergence at that step can be found). `--diverge` makes one
+rank, picked at random, report other gradient fingerprints at the job's middle step, and times the
+page: from that step's end to a JSON webhook's receipt of the incident (a receiver this process
+runs, as `fault_to_page` does), and checks that the run has one incident, rooted at that rank.
+
     python -m bench ingest_simulation                                  # 1024, 4096, 16384 ranks, direct
     python -m bench ingest_simulation --ranks 16384 --ranks-per-request 8 --seconds 60
     python -m bench ingest_simulation --ranks 16384 --ranks-per-request 8 --nodes-per-rack 32 --step-time 1.0
+    python -m bench ingest_simulation --ranks 16384 --ranks-per-request 8 --nodes-per-rack 32 --step-time 1.0 \
+        --celery 1 --diverge
 """
 
 from __future__ import annotations
@@ -41,15 +50,19 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from agents import transport
 from bench.common import (
+    ROOT,
     bench_env,
     compile_burst,
     fingerprints,
@@ -59,7 +72,9 @@ from bench.common import (
     setup_django,
     start_servers,
 )
+from bench.fault_matrix import Receiver, configure_webhook
 from bench.results import report
+from dashboard.devstack.processes import worker_command
 
 HTTP_TIMEOUT = 10.0  # agents.transport.HTTP_TIMEOUT
 BACKOFF_BASE, BACKOFF_MAX = 0.25, 10.0  # agents.transport's
@@ -88,6 +103,14 @@ class Tally:
     acked: dict = field(default_factory=dict)  # step -> [ranks acked, last ack time]
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """One rank's gradients differ from the other replicas' at one step."""
+
+    rank: int
+    step: int
+
+
 class Simulation:
     def __init__(self, args, url: str, token: str, ranks: int) -> None:
         self.args, self.token, self.ranks = args, token, ranks
@@ -109,6 +132,8 @@ class Simulation:
         self.grads: dict[tuple[int, int], Any] = {}  # the same, as a `protocol.Grads` (the tree's agreed event)
         self.compiles = [e for e in recording() if e["t"] in ("compile", "graph_break")]  # every rank's alike
         self.t0 = 0.0
+        middle = int(args.seconds / args.step_time / 2)
+        self.divergence = Divergence(random.randrange(ranks), middle) if args.diverge else None
 
     def step_now(self, now: float) -> int:
         """The last step every rank has completed by `now`."""
@@ -150,16 +175,30 @@ class Simulation:
             grads = self.grads[first, last] = protocol.Grads.pack(first, rows, ts=time.time())
         return grads
 
+    def rank_grads(self, rank: int, first: int, last: int) -> Any:
+        """`rank`'s grads event: the agreed one, or the diverging rank's own at the diverging step."""
+        from agents import protocol
+
+        agreed = self.grads_event(first, last)
+        if self.divergence is None or rank != self.divergence.rank or not first <= self.divergence.step <= last:
+            return agreed
+        rows = [fingerprints(s, self.args.buckets) for s in range(first, last + 1)]
+        rows[self.divergence.step - first][0] ^= 1  # one bucket off by one bit, as a flipped bit would be
+        return protocol.Grads.pack(first, rows, ts=agreed.ts)
+
     def packed_body(self, sender: Sender, first: int, last: int) -> bytes:
         """A rack's batches as its relays send them: one `protocol.Packed` body, the agreed `grads` event
         once for all of them (what `agents.agreement.pack` makes of batches that hold the same event).
-        The first is `agreement.pack`'s own: each rank's rank_start alone, the compile events once."""
+        The first, and one that holds a diverging rank's step, are `agreement.pack`'s own: each rank's
+        rank_start alone, the compile events once, the diverging rank's grads alone."""
         from agents import agreement, protocol
 
-        if not sender.seq:
-            sender.seq += 1
-            run = protocol.RunInfo(**self.run)
-            grads = self.grads_event(first, last)
+        seq = sender.seq
+        sender.seq += 1
+        run = protocol.RunInfo(**self.run)
+        diverging = self.divergence is not None and self.divergence.rank in sender.ranks
+        if not seq or (diverging and first <= self.divergence.step <= last):
+            start = (lambda rank: msgspec.convert(self.start(rank), list[protocol.AnyEvent])) if not seq else None
             return agreement.pack(
                 [
                     protocol.Batch(
@@ -167,22 +206,21 @@ class Simulation:
                         run=run,
                         rank=rank,
                         session=session,
-                        seq=0,
-                        events=[*msgspec.convert(self.start(rank), list[protocol.AnyEvent]), grads],
+                        seq=seq,
+                        events=[*(start(rank) if start else []), self.rank_grads(rank, first, last)],
                     )
                     for rank, session in zip(sender.ranks, sender.sessions)
                 ]
             )
         packed = protocol.Packed(
             v=protocol.PACKED_VERSION,
-            runs=[protocol.RunInfo(**self.run)],
+            runs=[run],
             batches=[
-                protocol.PackedBatch(run=0, rank=rank, session=session, seq=sender.seq)
+                protocol.PackedBatch(run=0, rank=rank, session=session, seq=seq)
                 for rank, session in zip(sender.ranks, sender.sessions)
             ],
             agreed=[protocol.Agreed(event=self.grads_event(first, last), of=[(0, len(sender.ranks) - 1)])],
         )
-        sender.seq += 1
         return protocol.encode(packed)
 
     def check_packing(self) -> None:
@@ -275,7 +313,44 @@ class Simulation:
         until = self.t0 + seconds
         await asyncio.gather(*(self.agent(s, until) for s in self.senders))
 
-    def report(self, seconds: float) -> tuple[str, str, str]:
+    def settled(self, seconds: float) -> str:
+        """When each step of the second half had its grad slot settled after the step ended."""
+        from dashboard.ledger.models import GradSlot
+
+        ends = {
+            step: self.t0 + (step + 1) * self.args.step_time for step in range(self.step_now(self.t0 + seconds) + 1)
+        }
+        rows = GradSlot.objects.filter(run__key=self.run["key"], group="ddp").values_list("step", "settled_at")
+        at = {step: settled.timestamp() for step, settled in rows if settled is not None}
+        half = [step for step in ends if step * self.args.step_time >= seconds / 2]
+        late = [at[step] - ends[step] for step in half if step in at]
+        q = statistics.quantiles(late, n=100) if len(late) >= 2 else [float("nan")] * 99
+        self.figures.update(settled_p50=q[49], settled_p99=q[98])
+        return (
+            f"; grad slot settled after its step's end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
+            f" ({len(half) - len(late)} not settled)"
+        )
+
+    def paged(self, receiver: Receiver, wait: float = 30.0) -> str:
+        """How long after the diverging step's end its page reached the webhook, and whether the run has
+        exactly one incident, rooted at the diverging rank."""
+        from bench.fault_matrix import incidents_of
+
+        assert self.divergence is not None
+        key, end = self.run["key"], self.t0 + (self.divergence.step + 1) * self.args.step_time
+        while receiver.first_page_at(key) is None and time.time() < end + wait:
+            time.sleep(0.2)
+        arrived = receiver.first_page_at(key)
+        page = float("nan") if arrived is None else arrived - end
+        roots = [(i["root"] or {}).get("ranks") for i in incidents_of(key)]
+        right = roots == [[self.divergence.rank]]
+        self.figures.update(page=page, right=float(right))
+        return (
+            f"; rank {self.divergence.rank}'s gradients differ at step {self.divergence.step}: paged {page:.1f} s"
+            f" after the step's end, {len(roots)} incident(s) rooted at {roots} ({'right' if right else 'WRONG'})"
+        )
+
+    def report(self, seconds: float, receiver: Receiver | None) -> tuple[str, str, str]:
         t = self.tally
         made = (self.step_now(self.t0 + seconds) + 1) * self.ranks
         late = [
@@ -307,7 +382,9 @@ class Simulation:
             f" the server asked up to {asked:g} s);"
             f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
             f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete); the first step,"
-            f" with every rank's start (its rank_start and {len(self.compiles)} compile events), {start:.1f} s",
+            f" with every rank's start (its rank_start and {len(self.compiles)} compile events), {start:.1f} s"
+            + (self.settled(seconds) if self.args.celery else "")
+            + (self.paged(receiver) if receiver is not None else ""),
         )
 
 
@@ -323,7 +400,33 @@ def summary(ranks: int, figures: list[dict[str, float]]) -> tuple[str, str, str]
         spread("accepted", ",.0f"),
         f"rank-steps/s accepted, median (min-max); share of the steps made {spread('share', '.1%')};"
         f" step fully accepted after its end: p50 {spread('p50', '.2f')} s, p99 {spread('p99', '.2f')} s;"
-        f" the first step (every rank's start with it) {spread('start', '.2f')} s",
+        f" the first step (every rank's start with it) {spread('start', '.2f')} s"
+        + (
+            f"; grad slot settled after its step's end: p50 {spread('settled_p50', '.2f')} s,"
+            f" p99 {spread('settled_p99', '.2f')} s"
+            if "settled_p99" in figures[0]
+            else ""
+        )
+        + (
+            f"; a diverging rank paged after its step's end {spread('page', '.2f')} s,"
+            f" rooted at the right rank in {sum(int(f['right']) for f in figures)} of {len(figures)}"
+            if "page" in figures[0]
+            else ""
+        ),
+    )
+
+
+def celery_with_beat(env: dict, concurrency: int) -> subprocess.Popen:
+    """The server's Celery worker with its beat, `concurrency` processes, in a process group of its own."""
+    beat = Path(tempfile.mkdtemp(prefix="lockstep-sim-beat-")) / "beat-schedule"
+    log = open(Path(tempfile.gettempdir()) / "lockstep-bench-servers.log", "ab")
+    return subprocess.Popen(
+        worker_command("--schedule", str(beat), "--concurrency", str(concurrency)),
+        cwd=ROOT,
+        env=dict(env, PYTHONPATH=str(ROOT)),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -370,17 +473,33 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="client connections the agents share (0: one each, as real agents have: the queue forms in the server)",
     )
+    parser.add_argument(
+        "--celery", type=int, default=0, help="Celery worker processes (with beat) settling the slots (0: ingest alone)"
+    )
+    parser.add_argument(
+        "--diverge",
+        action="store_true",
+        help="one rank's gradients differ at the middle step: time its page (needs --celery and --nodes-per-rack)",
+    )
     args = parser.parse_args(argv)
+    if args.diverge and not (args.celery and args.nodes_per_rack):
+        parser.error("--diverge needs --celery (the workers that page) and --nodes-per-rack (the packed form)")
     if args.ranks_per_request * max(args.nodes_per_rack, 1) > 256:
         parser.error("a request's batches must fit one bulk request (protocol.MAX_BATCHES_PER_REQUEST = 256)")
 
-    env = bench_env()
+    env = dict(bench_env(), LOCKSTEP_SINKS_ALLOW_PRIVATE="1")  # the webhook receiver listens on 127.0.0.1
     fresh_database(env)
     setup_django(env)
     from dashboard.tenancy.models import Project, ProjectToken
 
-    token = ProjectToken.issue(Project.objects.create(name="bench"))
+    project = Project.objects.create(name="bench")
+    token = ProjectToken.issue(project)
+    receiver = Receiver() if args.diverge else None
+    if receiver is not None:
+        configure_webhook(project, receiver.url)
     servers = start_servers(env, args.ingest, 0)
+    if args.celery:
+        servers.procs.append(celery_with_beat(env, args.celery))
     rows = []
     loads = [os.getloadavg()[0]]
     try:
@@ -391,13 +510,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.nodes_per_rack:
                     simulation.check_packing()
                 asyncio.run(simulation.run_for(args.seconds))
-                rows.append(simulation.report(args.seconds))
+                rows.append(simulation.report(args.seconds, receiver))
                 figures.append(simulation.figures)
                 loads.append(os.getloadavg()[0])
             if args.repeats > 1:
                 rows.append(summary(ranks, figures))
     finally:
         servers.stop()
+        if receiver is not None:
+            receiver.server.shutdown()
     rows.append(
         (
             "load average (1 min)",
@@ -412,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack})",
         argv,
         f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
-        f" {conns}, {args.buckets} buckets",
+        f" {args.celery} Celery worker processes, {conns}, {args.buckets} buckets",
         rows,
     )
     return 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from dashboard.detection import incidents, text
@@ -141,15 +141,18 @@ def bounded(finding: Finding) -> Finding:
 
 def resolve(run: Run, clean: list[tuple[str, str]], at: int | None) -> list[Alert]:
     """Resolve the firing alerts whose (kind, subject) came out clean later than they last fired; acks
-    expire. One query for all of a settle's clean subjects (a slot clears several rules' subjects)."""
-    if not clean:
+    expire. A sweep of a large job clears a subject per rank and rule (100,000 ranks: hundreds of
+    thousands), while a run holds few firing alerts: those are read and matched here, and only the
+    matches locked, instead of one SQL condition per clean subject."""
+    wanted = set(clean)
+    if not wanted:
         return []
-    wanted = Q()
-    for kind, subject in clean:
-        wanted |= Q(kind=kind, subject=subject)
-    firing = Alert.objects.select_for_update().filter(wanted, run=run, state=Alert.State.FIRING).order_by("id")
+    firing = Alert.objects.filter(run=run, state=Alert.State.FIRING, kind__in={kind for kind, _ in wanted})
+    ids = [i for i, kind, subject in firing.values_list("id", "kind", "subject") if (kind, subject) in wanted]
+    if not ids:
+        return []
     resolved = []
-    for alert in firing:
+    for alert in Alert.objects.select_for_update().filter(id__in=ids, state=Alert.State.FIRING).order_by("id"):
         if at is not None and alert.last_position is not None and at <= alert.last_position:
             continue
         alert.state, alert.resolved_at = Alert.State.RESOLVED, timezone.now()

@@ -182,3 +182,25 @@ def test_baseline_divergence_names_the_first_differing_step(post):
     alert = Alert.objects.get(kind="baseline_divergence")
     assert (alert.step, alert.details["buckets"], alert.details["baseline"]) == (2, [1], "base")
     assert alert.details["bucket_params"] == {"1": ["b.weight", "b.bias"]}
+
+
+def test_a_sweep_that_clears_a_subject_per_rank_resolves_only_the_matching_firing_alerts_in_few_queries(
+    post, django_assert_max_num_queries
+):
+    from django.db import transaction
+
+    grads(post, steps=range(2), bad_steps=(1,))
+    grads(post, run="other", steps=range(2), bad_steps=(0,))
+    alert = Alert.objects.get(run__key="life", kind="grad_divergence")
+    other = Alert.objects.get(run__key="other", kind="grad_divergence")
+    run = Run.objects.get(key="life")
+    clean = [("rank_silent", f"rank:{r}") for r in range(100_000)] + [("grad_divergence", "group:x")]
+    with transaction.atomic(), django_assert_max_num_queries(1) as captured:  # nothing firing matches: one read
+        assert lifecycle.resolve(run, clean, None) == []
+    assert len(captured.captured_queries[0]["sql"]) < 1000  # not a condition per clean subject
+    with transaction.atomic(), django_assert_max_num_queries(3):  # the read, the lock, the one update
+        resolved = lifecycle.resolve(run, [*clean, (alert.kind, alert.subject)], None)
+    assert [a.id for a in resolved] == [alert.id]
+    alert.refresh_from_db()
+    other.refresh_from_db()
+    assert alert.state == "resolved" and other.state == "firing"  # another run's alert of that subject stays
