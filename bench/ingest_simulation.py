@@ -421,7 +421,7 @@ def celery_with_beat(env: dict, concurrency: int) -> subprocess.Popen:
     beat = Path(tempfile.mkdtemp(prefix="lockstep-sim-beat-")) / "beat-schedule"
     log = open(Path(tempfile.gettempdir()) / "lockstep-bench-servers.log", "ab")
     return subprocess.Popen(
-        worker_command("--schedule", str(beat), "--concurrency", str(concurrency)),
+        worker_command("--schedule", str(beat), concurrency=concurrency),
         cwd=ROOT,
         env=dict(env, PYTHONPATH=str(ROOT)),
         stdout=log,
@@ -511,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                     simulation.check_packing()
                 asyncio.run(simulation.run_for(args.seconds))
                 rows.append(simulation.report(args.seconds, receiver))
+                print(" | ".join(rows[-1]), flush=True)  # a long run's progress, and what a killed one got
                 figures.append(simulation.figures)
                 loads.append(os.getloadavg()[0])
             if args.repeats > 1:

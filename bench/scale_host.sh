@@ -16,14 +16,18 @@
 #   bench/scale_host.sh stop              stop the embedded servers `run` started
 #
 # Environment: SCALE_DATA (data folder, default /tmp/lockstep-scale), SCALE_VENV (default
-# .venv-scale), SCALE_INGEST (uvicorn workers, default: cores - 4, leaving PostgreSQL and the
-# simulated agents some), PYTHON (default python3). The figures land in bench/RESULTS.md as the
-# bench's own section; the embedded servers keep running until `stop`.
+# .venv-scale), SCALE_INGEST (uvicorn workers, default: cores - 6), SCALE_CELERY (Celery worker
+# processes settling the slots and paging, default 2; the rest of the cores are PostgreSQL's and
+# the simulated agents'), PYTHON (default python3). The job runs with one rank diverging at its
+# middle step (`--diverge`), timed to its page. The figures land in bench/RESULTS.md as the
+# bench's own section, and every 5 s the busiest processes in SCALE_DATA/top.log (where the host's
+# cores went); the embedded servers keep running until `stop`.
 #
 # With the device tool of this project's workplace (16-core GPU hosts, Python 3.12, no network):
 #   bench/scale_host.sh wheels .whl-scale      (here; .whl-scale is ignored by git)
 #   run: carry [".whl-scale"], command
-#     bash bench/scale_host.sh run .whl-scale; cp bench/RESULTS.md $OUT/; bash bench/scale_host.sh stop
+#     bash bench/scale_host.sh run .whl-scale; cp bench/RESULTS.md /tmp/lockstep-scale/top.log $OUT/;
+#     bash bench/scale_host.sh stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -104,18 +108,30 @@ run() {
   shift
   local cores
   cores="$(nproc)"
-  local ingest="${SCALE_INGEST:-$((cores > 8 ? cores - 4 : cores / 2))}"
+  local ingest="${SCALE_INGEST:-$((cores > 8 ? cores - 6 : cores / 2))}" celery="${SCALE_CELERY:-2}"
   install "$dir"
   mapfile -t urls < <(serve)
   tune "${urls[0]}" "$cores"
   mapfile -t urls < <(serve)
   export DATABASE_URL="${urls[0]}"
   export BENCH_REDIS_URL="${urls[1]%/*}/10"
-  export LOCKSTEP_MAX_RANKS=131072
-  echo "[scale] $cores cores, $ingest ingest processes; PostgreSQL $DATABASE_URL, Redis $BENCH_REDIS_URL"
+  echo "[scale] $cores cores, $ingest ingest processes, $celery Celery processes; PostgreSQL $DATABASE_URL, Redis $BENCH_REDIS_URL"
   ulimit -n 65536 2>/dev/null || true # one connection per simulated rack relay, uvicorn's and PostgreSQL's
+  top_log "$data/top.log" &
+  local sampler=$!
   "$venv/bin/python" -m bench ingest_simulation --ranks 100000 --ranks-per-request 8 --nodes-per-rack 32 \
-    --step-time 1.0 --seconds 60 --repeats 3 --ingest "$ingest" "$@"
+    --step-time 1.0 --seconds 60 --repeats 3 --ingest "$ingest" --celery "$celery" --diverge "$@" || status=$?
+  kill "$sampler" 2>/dev/null || true
+  return "${status:-0}"
+}
+
+# The busiest processes every 5 s: which of ingest, PostgreSQL, Celery and the simulated agents took the cores.
+top_log() {
+  while sleep 4; do
+    echo "--- $(date +%s)"
+    top -b -n 2 -d 1 -w 160 -c 2>/dev/null | awk '/^top -/ { n++ } n == 2' | sed -n '1,5p;7,30p' ||
+      ps -eo pcpu,pid,args --sort=-pcpu | head -25
+  done >"$1"
 }
 
 stop() {

@@ -29,10 +29,11 @@ def server_command(host: str, port: int, *options: str) -> list[str]:
     return [sys.executable, *app, "--log-level", "warning", *bound, *edge, *options]
 
 
-def worker_command(*options: str, loglevel: str = "warning") -> list[str]:
+def worker_command(*options: str, loglevel: str = "warning", concurrency: int = 1) -> list[str]:
     """A Celery worker with its beat (the periodic sweeps; a beat that dies is restarted by the worker,
-    `dashboard.beat_schedule.BeatKeeper`), one task at a time; `options`: more of Celery's (--schedule FILE)."""
-    worker = ["-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", "1"]
+    `dashboard.beat_schedule.BeatKeeper`), `concurrency` tasks at a time; `options`: more of Celery's
+    (--schedule FILE)."""
+    worker = ["-m", "celery", "-A", "dashboard", "worker", "-B", "--concurrency", str(concurrency)]
     return [sys.executable, *worker, "--loglevel", loglevel, *options]
 
 
