@@ -42,7 +42,8 @@ def compile_reports(run_id: int, frame: str, index: int) -> dict[int, CompileEve
 
 @dataclass(frozen=True)
 class GradRow:
-    """What the rules read of one rank's report: plain values, not ORM objects (1024 per slot)."""
+    """What the rules read of one rank's report: plain values, not ORM objects. Immutable, so the ranks
+    of one stored row (the agreeing ranks of a relay's request) share one."""
 
     fps: tuple[int, ...]
     nonfinite: int
@@ -50,13 +51,18 @@ class GradRow:
 
 
 def grad_reports(run_id: int, step: int, group: str) -> dict[int, GradRow]:
-    """rank -> its report (a rank reported twice: the later report)."""
+    """rank -> its report (a rank reported twice: the later report). One `GradRow` per stored row, shared
+    by its ranks: at 100,000 ranks a slot is a few hundred rows, and a row object per rank cost most
+    of its settling."""
     rows = (
         GradReport.objects.filter(run_id=run_id, step=step, group=group)
         .order_by("id")
         .values_list("ranks", "fps", "nonfinite", "norm")
     )
-    return {rank: GradRow(tuple(fps), nonfinite, norm) for ranks, fps, nonfinite, norm in rows for rank in ranks}
+    reports: dict[int, GradRow] = {}
+    for ranks, fps, nonfinite, norm in rows:
+        reports.update(dict.fromkeys(ranks, GradRow(tuple(fps), nonfinite, norm)))
+    return reports
 
 
 def first_nonfinite_losses(run_id: int, until: int) -> dict[int, int]:

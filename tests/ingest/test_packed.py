@@ -19,7 +19,7 @@ import pytest
 from agents import agreement, protocol
 from agents.spool import list_batches
 from dashboard.detection.models import Alert, Incident
-from dashboard.evidence import writes
+from dashboard.evidence import reads, writes
 from dashboard.evidence.models import CompileEvent, GradReport, IngestSession
 from dashboard.tenancy.models import Project, ProjectToken, Run
 from tests import claims
@@ -55,6 +55,9 @@ def test_agreeing_ranks_travel_once_and_are_stored_as_one_row_per_step(client, t
     rows = sorted((g.step, sorted(g.ranks), g.fps[0]) for g in GradReport.objects.all())
     assert rows == [(0, [0, 1, 2, 3, 4, 6, 7], 7), (0, [5], 9), (1, [0, 1, 2, 3, 4, 6, 7], 7), (1, [5], 9)]
     assert claims.count() == 8
+    reports = reads.grad_reports(Run.objects.get(key="packed").id, 0, "ddp")
+    assert sorted(reports) == list(range(8)) and reports[5].fps[0] == 9
+    assert len({id(r) for r in reports.values()}) == 2  # the checks read a row's ranks as one report, shared
 
 
 def test_a_packed_batch_sent_again_alone_is_a_duplicate_and_other_content_a_conflict(client, token, post):
