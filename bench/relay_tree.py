@@ -1,4 +1,4 @@
-"""Issue 53: what each level of a relay tree costs per rank-step, on the wire, in the server, in PostgreSQL.
+"""What each level of a relay tree costs per rank-step, on the wire, in the server, in PostgreSQL.
 
 Ranks at one step a second, each flushing one batch per step (one compact `grads` event; all
 replicas agree, as healthy DDP ranks do). Two forms of the same job, each `--repeats` times on a

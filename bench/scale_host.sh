@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 53 at full size: a simulated 100,000-rank job at 1 step/s through a relay tree, against one
+# The relay tree at full size: a simulated 100,000-rank job at 1 step/s through a relay tree, against one
 # Lockstep server host (uvicorn workers, the embedded PostgreSQL and Redis of `manage.py up`), on a
 # host of 16 or more cores with no network. docs/scale-out.md ("Past one machine") says what it
 # measures and what was measured on the 2-core machine.
