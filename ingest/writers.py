@@ -472,8 +472,8 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
 
     Run liveness stays out of the batch transaction: every rank's batch touches this one row, so
     inside it its row lock would serialize all ingest of a run; skipped when nothing changes. It is
-    its own statement (its row lock is released at once, never held while slot rows are locked:
-    settling locks slot, then run). Completed slots are looked for after commit, so of two ranks
+    its own statement (its row lock is released at once, never held while slot rows are locked;
+    settling takes detection's advisory locks, never these rows: `dashboard.detection.locks`). Completed slots are looked for after commit, so of two ranks
     committing at once the later sees both (`dashboard.ledger.slots.grads_ready_sql`), in one
     statement per run for all of its batches.
     """

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dashboard.detection import incidents, text
+from dashboard.detection import incidents, locks, text
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import Finding
 from dashboard.tenancy.models import Run
@@ -29,8 +29,11 @@ KEPT_ON_UPDATE = ("flight_recorder",)  # enrichments a finding's fresher details
 
 
 def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: int | None) -> list[int]:
-    """Record findings and resolve clean subjects in the caller's transaction; ids to deliver."""
+    """Record findings and resolve clean subjects in the caller's transaction; ids to deliver. One
+    writer of a run's alerts at a time (`locks.RUN_ALERTS`): two settles of the run at once would
+    each open an incident for what is one."""
     assert transaction.get_connection().in_atomic_block
+    locks.hold(locks.RUN_ALERTS, run.id)
     recorded = [record(run, f, at) for f in findings]
     changed = [alert.id for alert, news in recorded if news]
     changed += [alert.id for alert in resolve(run, clean, at)]

@@ -14,7 +14,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from dashboard.detection import bills, flight, lifecycle, tally, text
+from dashboard.detection import bills, flight, lifecycle, locks, tally, text
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import (
     CompiledWorkView,
@@ -191,8 +191,12 @@ def ask_flight_records(run: Run, changed: list[int]) -> list[tuple[int, int]]:
 
 def check(run: Run) -> list[int]:
     """The run's periodic rules; ranks left running alone become lost; once every rank ended (or
-    was lost), nothing changed in this look, and the run's slots all settled, the run ends."""
+    was lost), nothing changed in this look, and the run's slots all settled, the run ends. A check
+    of a large run can outlast the sweep's period: the next sweep's check of it, in another worker,
+    skips it (`locks.RUN_CHECK`) rather than doing the same work twice and waiting on its rows."""
     with transaction.atomic():
+        if not locks.try_hold(locks.RUN_CHECK, run.id):
+            return []
         totals = tally.compile_totals(run)
         view = view_of(run, totals)
         tally.record(run, totals)  # for /metrics (detection/metrics.py)
@@ -226,6 +230,8 @@ def check_ended(run: Run) -> list[int]:
     ranks) and its bill; an alert it raises keeps the run in `active_runs` until the run's end closes it."""
     bills.final_bill(run)
     with transaction.atomic():
+        if not locks.try_hold(locks.RUN_CHECK, run.id):
+            return []
         work = compiled_work(run)
         eager = evaluate(work)
         return lifecycle.apply(run, after_the_end(run, eager), clean_subjects(work, eager), None)

@@ -1,5 +1,9 @@
 """Settle one slot: consensus, rules, alert lifecycle. Idempotent: a settled slot with no new
-reports is a no-op, and all of it commits in one transaction with the slot's new state."""
+reports is a no-op, and all of it commits in one transaction with the slot's new state.
+
+A settle holds its slot's advisory lock (`locks`), not the slot's row: ingest goes on counting
+reports into the row meanwhile, and a report counted after the settle read the slot leaves it
+pending again (`reported` above `settled_n`), so the sweep settles it once more."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.detection import baseline, detail, lifecycle, ranks, replicas, subjects
+from dashboard.detection import baseline, detail, lifecycle, locks, ranks, replicas, subjects
 from dashboard.detection.consensus import Consensus, consensus
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import CompileSlotView, Finding, GradSlotView, clean_subjects, evaluate, position
@@ -22,7 +26,8 @@ from dashboard.tenancy.models import Rank
 def settle_compile(slot_id: int) -> list[int]:
     """Returns the ids of alerts that changed (to deliver after commit)."""
     with transaction.atomic():
-        slot = CompileSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
+        locks.hold(locks.SETTLE_COMPILE, slot_id)  # not the slot's row: ingest counts reports into it meanwhile
+        slot = CompileSlot.objects.select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
         reports = reads.compile_reports(slot.run_id, slot.frame, slot.index)
@@ -52,7 +57,8 @@ def settle_compile(slot_id: int) -> list[int]:
 
 def settle_grad(slot_id: int) -> list[int]:
     with transaction.atomic():
-        slot = GradSlot.objects.select_for_update().select_related("run").filter(id=slot_id).first()
+        locks.hold(locks.SETTLE_GRAD, slot_id)
+        slot = GradSlot.objects.select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
         reports = reads.grad_reports(slot.run_id, slot.step, slot.group)
