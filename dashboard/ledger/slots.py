@@ -108,18 +108,28 @@ def compiles_passed(run: Run) -> list[Ready]:
     that did not report the slot did not compile it: nothing more can come, settle now. A rank that
     ended is done too; one whose last step is N is not (a loss it logged before stepping is step N,
     and a compile can follow it). The slot's dissenters are then decided by the settle.
+
+    Whether a rank is still at or below a slot's step is a scan of the run's ranks that stops at
+    the first one found (while a step is in progress, within a few rows); only a slot that passes it
+    counts the run's ranks (every rank must have reported before any can be said to have passed; the
+    count is correlated with the slot so that the planner cannot take it first).
+    An aggregate over every rank of the run, per request, cost 37 ms at 100,000 ranks: every
+    request of a job's start paid it while the start's compile slots were open.
     """
     with connection.cursor() as cur:
         cur.execute(
             f"""
-            WITH progress AS (
-              SELECT min(CASE WHEN r.status IN ('running', '{LOST}') THEN COALESCE(r.last_step, -1) END) AS lowest,
-                     count(*) AS ranks
-              FROM {RANK} r WHERE r.run_id = %(run)s::bigint
+            WITH passed AS MATERIALIZED (
+              SELECT s.id FROM {COMPILE_SLOT} s
+              WHERE s.settled_at IS NULL AND s.run_id = %(run)s::bigint AND s.reported < %(ws)s::int
+                AND NOT EXISTS (SELECT 1 FROM {RANK} r
+                                WHERE r.run_id = %(run)s::bigint AND r.status IN ('running', '{LOST}')
+                                  AND COALESCE(r.last_step, -1) <= s.step)
             )
-            SELECT s.id FROM {COMPILE_SLOT} s, progress p
-            WHERE s.settled_at IS NULL AND s.run_id = %(run)s::bigint AND s.reported < %(ws)s::int
-              AND p.ranks >= %(ws)s::int AND (p.lowest IS NULL OR s.step < p.lowest)
+            SELECT passed.id FROM passed
+            CROSS JOIN LATERAL (SELECT count(*) AS n FROM {RANK} r
+                                WHERE r.run_id = %(run)s::bigint AND passed.id IS NOT NULL) ranks
+            WHERE ranks.n >= %(ws)s::int
             """,
             {"run": run.id, "ws": run.world_size},
         )
