@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     report(
         f"ingest_simulation ({args.ranks_per_request} rank(s) per request)"
         if not args.nodes_per_rack
-        else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack})",
+        else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack}, {os.cpu_count()} cores)",
         argv,
         f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
         f" {args.celery} Celery worker processes, {conns}, {args.buckets} buckets",

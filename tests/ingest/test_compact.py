@@ -85,6 +85,15 @@ def test_slots_wait_for_the_slowest_rank(post):
     assert [s.reported for s in GradSlot.objects.order_by("step")] == [3, 3, 3, 3]
 
 
+def test_a_rank_yet_to_report_holds_the_slots_whoever_reported_around_it(post):
+    """A gap in the ranks (rank 1 silent so far) ends the completeness scan at once, as a rank below does."""
+    post(make_batch(rank=0, events=[grads(0, [[1]] * 2)]))
+    post(make_batch(rank=2, events=[grads(0, [[1]] * 2)]))
+    assert [s.reported for s in GradSlot.objects.order_by("step")] == [1, 1]
+    post(make_batch(rank=1, events=[grads(0, [[1]] * 1)]))
+    assert [s.reported for s in GradSlot.objects.order_by("step")] == [3, 1]
+
+
 def test_stride_spaces_the_steps(post):
     """With LOCKSTEP_GRAD_EVERY=K the agent packs steps K apart."""
     assert post(make_batch(events=[grads(4, [[1], [2], [3]], stride=4)])).status_code == 200
