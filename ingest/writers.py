@@ -503,7 +503,11 @@ def _grads_ready(written: list[_Written]) -> list[slots.Ready]:
     run = written[0].run
     rows = query(
         "WITH" + slots.grads_ready_sql(len(groups)) + " SELECT id FROM done",
-        {"run": run.id, "ws": run.world_size, **slots.grads_ready_params(floors, groups)},
+        {
+            "run": run.id,
+            "ws": run.world_size,
+            **slots.grads_ready_params(floors, groups, (max(w.p.batch.rank for w in written) + 1) % run.world_size),
+        },
     )
     return [(slots.GRAD, row[0], run.id) for row in rows]
 

@@ -219,32 +219,31 @@ def grad_reports_params(reports: list[tuple[int, str, list[int]]]) -> dict[str, 
 
 def grads_ready_sql(groups: int) -> str:
     """CTEs finding the grad slots that every rank's watermark has passed, for `groups` groups
-    (after the batches commit): binds %(run)s, %(ws)s, g{i}/floor{i}; CTE `done` returns slot ids.
+    (after the batches commit): binds %(run)s, %(ws)s, g{i}/floor{i}/start{i}; CTE `done` returns slot ids.
 
     A slot can only have become complete if one of the reporting ranks was the lowest, so only the
     open slots above their lowest old watermark (the floor) are candidates. Watermarks have no
     index on their step (their updates stay HOT), so whether a rank is still below the lowest
-    candidate is a scan of the run's ranks that stops at the first one: while a step is in
-    progress, that is within a few rows. The scan also stops at the first rank with no watermark
-    yet (a gap in the ranks, in rank order): at a job's start no rank is below the first step, and
-    without it every request scanned every watermark of the run (11 ms at 60,000 ranks, then as much
-    again to count them). Only a group that passes it (it completes a slot) reads every rank's
-    watermark (the lowest, and that every rank has one); `candidate` is materialized so that the
-    planner cannot read them first.
+    candidate is a scan of the run's ranks that stops at the first one found, or at the first rank
+    with no watermark yet (a gap in the ranks: at a job's start no rank is below the first step).
+    The scan starts after the request's highest rank and wraps around (`start`): racks that report
+    in rank order have the ranks still to come right after them, where a scan from rank 0 crossed
+    every rank already reported (at 100,000 ranks about 10 ms per request, for every request of a
+    step). Only a group that passes it (it completes a slot) reads every rank's watermark (the
+    lowest, and that every rank has one); `candidate` is materialized so that the planner cannot
+    read them first, and the two halves of the scan are a CASE so that it cannot take the second
+    half first.
     """
-    values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint)" for i in range(groups))
+    values = ", ".join(f"(%(g{i})s::text, %(floor{i})s::bigint, %(start{i})s::int)" for i in range(groups))
     return f"""
             candidate AS MATERIALIZED (
-              SELECT v.g, v.floor, s.first FROM (VALUES {values}) AS v(g, floor)
+              SELECT v.g, v.floor, s.first FROM (VALUES {values}) AS v(g, floor, start)
               CROSS JOIN LATERAL (SELECT min(step) AS first FROM {GRAD_SLOT} s
                                   WHERE s.run_id = %(run)s::bigint AND s."group" = v.g AND s.step > v.floor
                                     AND s.reported < %(ws)s::int) s
               WHERE s.first IS NOT NULL
-                AND NOT EXISTS (SELECT 1 FROM (SELECT w.rank, w.step, row_number() OVER (ORDER BY w.rank) - 1 AS i
-                                               FROM {WATERMARK} w
-                                               WHERE w.run_id = %(run)s::bigint AND w."group" = v.g
-                                               ORDER BY w.rank) w
-                                WHERE w.step < s.first OR w.rank <> w.i)
+                AND CASE WHEN EXISTS ({_below_or_missing(">=")}) THEN false
+                         WHEN EXISTS ({_below_or_missing("<")}) THEN false ELSE true END
             ), due AS MATERIALIZED (
               SELECT candidate.g, candidate.floor, m.lowest FROM candidate
               CROSS JOIN LATERAL (SELECT min(step) AS lowest, count(*) AS ranks FROM {WATERMARK} w
@@ -258,11 +257,24 @@ def grads_ready_sql(groups: int) -> str:
             )"""
 
 
-def grads_ready_params(before: dict[str, int], groups: list[str]) -> dict[str, object]:
+def _below_or_missing(side: str) -> str:
+    """A rank of `v.g` below `s.first`, or missing, among the ranks at or above `v.start` (side ">=")
+    or below it ("<"), in rank order: the n-th watermark of the range must be rank first-of-range + n."""
+    origin = "v.start" if side == ">=" else "0"
+    return f"""SELECT 1 FROM (SELECT w.rank, w.step, {origin} + row_number() OVER (ORDER BY w.rank) - 1 AS i
+                                        FROM {WATERMARK} w
+                                        WHERE w.run_id = %(run)s::bigint AND w."group" = v.g AND w.rank {side} v.start
+                                        ORDER BY w.rank) w
+                                  WHERE w.step < s.first OR w.rank <> w.i"""
+
+
+def grads_ready_params(before: dict[str, int], groups: list[str], start: int) -> dict[str, object]:
+    """`start`: the rank after the request's highest (the scan for ranks still below begins there)."""
     params: dict[str, object] = {}
     for i, group in enumerate(groups):
         params[f"g{i}"] = group
         params[f"floor{i}"] = before.get(group, -1)
+        params[f"start{i}"] = start
     return params
 
 

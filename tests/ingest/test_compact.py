@@ -94,6 +94,16 @@ def test_a_rank_yet_to_report_holds_the_slots_whoever_reported_around_it(post):
     assert [s.reported for s in GradSlot.objects.order_by("step")] == [3, 1]
 
 
+@pytest.mark.parametrize("order", [(3, 0, 2, 1), (1, 2, 3, 0), (0, 1, 2, 3), (2, 3, 1, 0)])
+def test_a_slot_is_complete_exactly_when_its_last_rank_reports_in_any_order(post, order):
+    """The scan for a rank still below starts after the reporting rank and wraps around."""
+    seen = []
+    for rank in order:
+        post(make_batch(rank=rank, world_size=4, events=[grads(0, [[1]])]))
+        seen.append(GradSlot.objects.get().reported)
+    assert seen == [1, 1, 1, 4]
+
+
 def test_stride_spaces_the_steps(post):
     """With LOCKSTEP_GRAD_EVERY=K the agent packs steps K apart."""
     assert post(make_batch(events=[grads(4, [[1], [2], [3]], stride=4)])).status_code == 200
