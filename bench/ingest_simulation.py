@@ -196,8 +196,9 @@ class Simulation:
         seq = sender.seq
         sender.seq += 1
         run = protocol.RunInfo(**self.run)
-        diverging = self.divergence is not None and self.divergence.rank in sender.ranks
-        if not seq or (diverging and first <= self.divergence.step <= last):
+        divergence = self.divergence
+        diverging = divergence is not None and divergence.rank in sender.ranks and first <= divergence.step <= last
+        if not seq or diverging:
             start = (lambda rank: msgspec.convert(self.start(rank), list[protocol.AnyEvent])) if not seq else None
             return agreement.pack(
                 [

@@ -82,7 +82,8 @@ def collective_timeout(run: Run) -> float | None:
     """The shortest collective timeout a rank reported at its start, by one aggregate: a sweep runs
     every second, and decoding every rank's start facts for it cost most of a sweep at 16,384 ranks."""
     seconds = Cast(KeyTextTransform("collective_timeout_s", "info"), FloatField())
-    return Rank.objects.filter(run=run, info__collective_timeout_s__gt=0).aggregate(t=Min(seconds))["t"]
+    shortest = Rank.objects.filter(run=run, info__collective_timeout_s__gt=0).aggregate(t=Min(seconds))["t"]
+    return None if shortest is None else float(shortest)
 
 
 def progress_of(run: Run) -> dict[int, RankProgress]:
