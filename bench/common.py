@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,11 +113,32 @@ class Servers:
 
     url: str
     procs: list[subprocess.Popen]
+    folders: list[Path] = field(default_factory=list)  # removed by `stop`
+
+    def add_worker(self, env: dict, name: str, concurrency: int = 1, root: Path = ROOT) -> None:
+        """The server's Celery worker with its beat, as production runs it (`worker_command`), stopped
+        with the servers: its beat schedule in a folder of its own, its log `<tmp>/<name>.log`."""
+        from dashboard.devstack.processes import worker_command
+
+        beat = Path(tempfile.mkdtemp(prefix=f"{name}-beat-"))
+        self.folders.append(beat)
+        self.procs.append(
+            subprocess.Popen(
+                worker_command("--schedule", str(beat / "beat-schedule"), concurrency=concurrency),
+                cwd=root,
+                env=dict(env, PYTHONPATH=str(root)),
+                stdout=open(Path(tempfile.gettempdir()) / f"{name}.log", "ab"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     def stop(self) -> None:
         from dashboard.devstack.processes import stop_groups
 
         stop_groups(self.procs)
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def ingest_cpu_seconds(self) -> float:
         """CPU time (user + system) used so far by the uvicorn processes: per request, it compares

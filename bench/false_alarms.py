@@ -73,7 +73,6 @@ from typing import Any
 from agents.launch import torchrun
 from bench.common import ROOT, bench_env, free_port, fresh_database, setup_django, start_servers
 from bench.results import markdown, record, rerun
-from dashboard.devstack.processes import worker_command
 
 RANKS = 3
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -303,18 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     project = Project.objects.create(name="false-alarms")
     token = ProjectToken.issue(project)
     servers = start_servers(env, ingest=1, celery=0)
-    beat_dir = Path(tempfile.mkdtemp(prefix="lockstep-fa-beat-"))
-    log = open(Path(tempfile.gettempdir()) / "lockstep-false-alarms-worker.log", "ab")
-    servers.procs.append(
-        subprocess.Popen(
-            worker_command("--schedule", str(beat_dir / "beat-schedule")),
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    )
+    servers.add_worker(env, "lockstep-false-alarms-worker")
     work = Path(tempfile.mkdtemp(prefix="lockstep-false-alarms-"))
     caches = Caches(work)
     rows, details, informed, failed, control, recorded_right = [], [], [], [], "skipped", False
@@ -379,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
         servers.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(beat_dir, ignore_errors=True)
 
     total: collections.Counter[str] = collections.Counter()
     recorded = sum(1 for row in rows if str(row[1]).startswith("h200 "))

@@ -61,7 +61,6 @@ from pathlib import Path
 
 from agents.launch import torchrun
 from bench.common import ROOT, bench_env, free_port, fresh_database, setup_django, start_servers
-from dashboard.devstack.processes import worker_command
 
 RANKS = 3
 FAULTS = ("sigkill", "exception", "exit137", "loader_hang", "slow_compile")
@@ -245,18 +244,7 @@ def fault_stack(db_name: str, redis_db: int) -> Iterator[FaultStack]:
     receiver = Receiver()
     configure_webhook(project, receiver.url)
     servers = start_servers(env, ingest=1, celery=0)
-    beat_dir = Path(tempfile.mkdtemp(prefix="lockstep-fm-beat-"))
-    log = open(Path(tempfile.gettempdir()) / f"{db_name}-worker.log", "ab")
-    servers.procs.append(
-        subprocess.Popen(
-            worker_command("--schedule", str(beat_dir / "beat-schedule")),
-            cwd=ROOT,
-            env=dict(env, PYTHONPATH=str(ROOT)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    )
+    servers.add_worker(env, f"{db_name}-worker")
     work = Path(tempfile.mkdtemp(prefix=f"{db_name}-"))
     try:
         yield FaultStack(servers.url, env, token, receiver, work)
@@ -264,7 +252,6 @@ def fault_stack(db_name: str, redis_db: int) -> Iterator[FaultStack]:
         servers.stop()
         receiver.server.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(beat_dir, ignore_errors=True)
 
 
 def recorded(stack: FaultStack, observe_s: float) -> list[str]:

@@ -26,7 +26,6 @@ import time
 from agents.launch import torchrun
 from bench.common import ROOT, bench_env, free_port, fresh_database, project_member, setup_django, start_servers
 from bench.results import report
-from dashboard.devstack.processes import worker_command
 
 TARGET_S = 15.0
 
@@ -145,15 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_django(env)
     token, session = project_member("bench-hang")
     servers = start_servers(env, ingest=1, celery=0)
-    beat = subprocess.Popen(
-        worker_command("--schedule", "/tmp/lockstep-bench-hang-beat"),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    servers.procs.append(beat)
+    servers.add_worker(env, "lockstep-bench-hang-worker")
     latencies, alerts, missed = [], [], []
     try:
         time.sleep(3)

@@ -50,19 +50,15 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from agents import transport
 from bench.common import (
-    ROOT,
     bench_env,
     compile_burst,
     fingerprints,
@@ -74,7 +70,6 @@ from bench.common import (
 )
 from bench.fault_matrix import Receiver, configure_webhook
 from bench.results import report
-from dashboard.devstack.processes import worker_command
 
 HTTP_TIMEOUT = 10.0  # agents.transport.HTTP_TIMEOUT
 BACKOFF_BASE, BACKOFF_MAX = 0.25, 10.0  # agents.transport's
@@ -417,20 +412,6 @@ def summary(ranks: int, figures: list[dict[str, float]]) -> tuple[str, str, str]
     )
 
 
-def celery_with_beat(env: dict, concurrency: int) -> subprocess.Popen:
-    """The server's Celery worker with its beat, `concurrency` processes, in a process group of its own."""
-    beat = Path(tempfile.mkdtemp(prefix="lockstep-sim-beat-")) / "beat-schedule"
-    log = open(Path(tempfile.gettempdir()) / "lockstep-bench-servers.log", "ab")
-    return subprocess.Popen(
-        worker_command("--schedule", str(beat), concurrency=concurrency),
-        cwd=ROOT,
-        env=dict(env, PYTHONPATH=str(ROOT)),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
 def form_of(args: argparse.Namespace) -> str:
     """How the simulated ranks reach the server, in words."""
     if args.nodes_per_rack:
@@ -500,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         configure_webhook(project, receiver.url)
     servers = start_servers(env, args.ingest, 0)
     if args.celery:
-        servers.procs.append(celery_with_beat(env, args.celery))
+        servers.add_worker(env, "lockstep-bench-servers", args.celery)
     rows = []
     loads = [os.getloadavg()[0]]
     try:
