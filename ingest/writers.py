@@ -257,9 +257,11 @@ def store_group(jobs: list[Job]) -> list[Outcome]:
 def _write_all(
     jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]], now: datetime
 ) -> list[tuple[int, _Written | None]]:
-    """Each batch's own rows, then one COPY of every batch's grad rows, then the claims;
-    (job, its written batch or None for a duplicate) per batch, in the jobs' order."""
+    """Each batch's own rows, then one COPY of every batch's grad rows, then the claims, then the
+    compile slots' counters: the rows other groups wait for are locked last, so each holds them for
+    its COMMIT only; (job, its written batch or None for a duplicate) per batch, in the jobs' order."""
     written: list[tuple[int, _Written | None]] = []
+    runs: dict[tuple[int, str], Run] = {}  # the group's runs: a job's start has hundreds of batches of one new run
     for j in live:
         job = jobs[j]
         first_copy: dict[Identity, str] = {}  # a batch's identity in this request -> its digest
@@ -272,15 +274,15 @@ def _write_all(
                 continue
             first_copy[identity] = prepared.digest
             try:
-                run = None if (j, i) in duplicates else _run(prepared.batch, job.project)
+                run = None if (j, i) in duplicates else _run(prepared.batch, job.project, runs)
             except Refusal as refusal:  # a changed world size, a run past the quota
                 raise _Refused(j, refusal.within(f"batches[{i}]") if job.bulk else refusal) from None
             written.append((j, _Written(j, i, prepared, run, []) if run else None))
     fresh = [w for _, w in written if w]
     writes.write_events([(w.run, w.p.batch.rank, w.p.by_type) for w in fresh], now)
-    _touch_compile_slots(fresh)
     writes.write_grads([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
     _claim_all(fresh)
+    _touch_compile_slots(fresh)  # last: every group of a job's start counts on these same rows until COMMIT
     return written
 
 
@@ -347,16 +349,19 @@ def forget_runs() -> None:
     _runs.clear()
 
 
-def _run(batch: protocol.Batch, project: Project) -> Run:
+def _run(batch: protocol.Batch, project: Project, group: dict[tuple[int, str], Run]) -> Run:
     """The project's run of the batch's key, created by its first batch: keys are per project, so
-    another project's run of the same key is neither touched nor revealed."""
+    another project's run of the same key is neither touched nor revealed. `group`: the runs this
+    transaction already looked up."""
     info = batch.run
     cache_key = (project.id, info.key)
     cached = _runs.get(cache_key)
-    if cached and cached[0] > time.monotonic():
+    if cache_key in group:
+        run = group[cache_key]
+    elif cached and cached[0] > time.monotonic():
         run = cached[1]
     else:
-        run = Run.objects.filter(project=project, key=info.key).first() or _new_run(project, info)
+        run = group[cache_key] = Run.objects.filter(project=project, key=info.key).first() or _new_run(project, info)
         # remembered once committed: a run created by a batch that then rolled back does not exist
         transaction.on_commit(lambda: _runs.__setitem__(cache_key, (time.monotonic() + RUN_CACHE_S, run)))
     if run.world_size != info.world_size:
