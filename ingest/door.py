@@ -46,7 +46,7 @@ from django.db import connections
 
 from agents import protocol
 from dashboard.tenancy.models import Project
-from ingest import admission, backpressure, blobs, bodies, flight, groupcommit, metrics, validation, writers
+from ingest import admission, backpressure, blobs, bodies, flight, groupcommit, metrics, shed, validation, writers
 from ingest.headerpolicy import HeaderPolicy, Headers
 from ingest.refusals import Refusal
 
@@ -96,6 +96,8 @@ class Door:
             return
         if status != 200:
             metrics.REQUESTS.labels(endpoint, "rejected", str(status)).inc()
+        if status == 503:  # its batches were turned away for load: its ranks' silence is the server's doing
+            shed.refused()
         metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
         await send(
             {

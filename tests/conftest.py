@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -11,6 +12,7 @@ import time
 import uuid
 
 import pytest
+import redis
 
 from dashboard.tenancy.models import Project, ProjectToken
 
@@ -125,10 +127,22 @@ def _empty_if_used() -> None:
             time.sleep(0.2)
 
 
+def forget_shed() -> None:
+    """No request was turned away for load (`ingest.shed`), in this process or the live stack's."""
+    from ingest import ratelimit, shed
+
+    shed._written_at = -math.inf
+    try:
+        ratelimit.client().delete(shed.KEY)
+    except redis.RedisError:
+        pass  # a test that stopped Redis: nothing was recorded there either
+
+
 @pytest.fixture(autouse=True)
 def _no_cached_runs():
     """Ingest caches runs by key for a minute; a test's database may have another project's run of that key.
-    Its load average and its writer's busy share start idle too: a slow request of an earlier test must not slow this test's agents.
+    Its load average and its writer's busy share start idle too: a slow request of an earlier test must
+    not slow this test's agents; nor may an earlier test's 503 hold this test's silent ranks back.
     The partitions it knows are forgotten: a live stack's hourly prune drops old days behind its back."""
     from dashboard.evidence import partitions
     from ingest import backpressure, writers
@@ -136,6 +150,7 @@ def _no_cached_runs():
     writers.forget_runs()
     backpressure._load = backpressure._Load()
     backpressure._busy = backpressure._Busy()
+    forget_shed()
     partitions._known.clear()
 
 

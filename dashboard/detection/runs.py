@@ -32,6 +32,7 @@ from dashboard.detection.rules.rank_silent import LEFT_ALONE, ended_message, sil
 from dashboard.evidence import reads
 from dashboard.ledger import slots
 from dashboard.tenancy.models import LOST, Rank, Run, has_ended, mark_lost, rank_failed
+from ingest import shed
 
 ACTIVE_WINDOW = timedelta(hours=1)
 CRASH_WINDOW = timedelta(minutes=10)
@@ -75,6 +76,7 @@ def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
         lost_after=settings.LOCKSTEP_LOST_AFTER,
         grace=settings.LOCKSTEP_CONSEQUENCE_GRACE,
         now=now.timestamp(),
+        since_shed=shed.seconds_since(),
     )
 
 

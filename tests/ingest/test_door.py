@@ -23,7 +23,7 @@ from django.test import Client
 from agents import protocol
 from dashboard.evidence.models import GradReport, IngestSession
 from dashboard.web.edge import BodyEdge
-from ingest import admission, backpressure, bodies, collector, door, groupcommit, ratelimit, validation, writers
+from ingest import admission, backpressure, bodies, collector, door, groupcommit, ratelimit, shed, validation, writers
 from ingest.door import Door
 from ingest.refusals import Refusal
 from tests import claims
@@ -316,6 +316,7 @@ def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, token, 
     assert (held, queued) == (200, 200)
     assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded" in json.loads(content)["error"]
     assert claims.ranks() == [0, 1]
+    assert shed.seconds_since() < 5  # detection counts silence from here (`rules.rank_silent`)
 
 
 @on_loop

@@ -1,5 +1,6 @@
 """Each rule's own tests, on plain report objects: a rule is a pure function of one settled slot."""
 
+import math
 from types import SimpleNamespace
 
 from dashboard.detection.consensus import consensus
@@ -73,6 +74,7 @@ def run_view(
     lost_after: float = 12.0,
     now: float = 1100.0,
     compile_cost: dict | None = None,
+    since_shed: float = math.inf,
 ) -> RunView:
     """`now` defaults to past the consequences' grace window of crashes ending near t=1000."""
     return RunView(
@@ -88,6 +90,7 @@ def run_view(
         lost_after=lost_after,
         now=now,
         compile_cost=compile_cost,
+        since_shed=since_shed,
     )
 
 

@@ -38,3 +38,13 @@ def test_reporting_ranks_are_clean_subjects():
     view = run_view({0: 1.0, 1: 95.0})
     clean = clean_subjects(view, evaluate(view))
     assert ("rank_silent", "rank:0") in clean and ("rank_silent", "rank:1") not in clean
+
+
+def test_silence_counts_from_the_last_time_ingest_turned_batches_away():
+    """A server shedding load refuses some racks' batches: their ranks look silent without being so."""
+    assert findings_of(run_view({0: 1.0, 1: 95.0, 2: 2.0}, since_shed=30.0), "rank_silent") == []
+    [f] = findings_of(run_view({0: 1.0, 1: 95.0, 2: 2.0}, since_shed=61.0), "rank_silent")
+    assert f.ranks == (1,) and "95 s" in f.message  # once shedding is that long past, the whole silence counts
+    killed = {0: 30.0, 1: 40.0, 2: 31.0}  # killed outright: its peers ended and it never did, shed or not
+    [f] = findings_of(run_view(killed, ended={0, 2}, silent_after=20, since_shed=5.0), "rank_silent")
+    assert f.ranks == (1,) and f.details["lost"]

@@ -11,6 +11,7 @@ the same subject comes out clean.
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -131,6 +132,7 @@ class RunView:
     lost_after: float = 12.0  # a rank left running alone this long after its peers ended is lost
     grace: float = 20.0  # how long consequences (a lost peer, a stop by signal) wait for their root
     now: float = 0.0  # the sweep's clock (epoch seconds), for crash times
+    since_shed: float = math.inf  # seconds since ingest last turned batches away for load (`ingest.shed`)
     compile_cost: dict[str, Any] | None = None  # the kept compile bill against its budget (`bills.for_sweep`)
 
 

@@ -19,13 +19,16 @@ LEFT_ALONE = "and never ended, while every other rank did (killed outright, e.g.
 
 
 def silent_ranks(view: RunView) -> dict[int, str]:
-    """rank -> why it counts as silent (see the module docstring)."""
+    """rank -> why it counts as silent (see the module docstring). While the others keep reporting,
+    silence counts from the last time ingest turned batches away for load at the latest (`ingest.shed`):
+    until then the rank's may have been among them. A rank left alone by its ended peers is lost as
+    before: a refused goodbye comes back within seconds (the agent resends it), well inside `lost_after`."""
     live = {r: age for r, age in view.last_seen.items() if r not in view.ended}
     freshest = min(live.values(), default=0.0)
     behind = left_behind(view, live)
     out = {}
     for rank, age in live.items():
-        if age >= view.silent_after and age - freshest >= view.silent_after:
+        if min(age, view.since_shed) >= view.silent_after and age - freshest >= view.silent_after:
             out[rank] = KEEP_REPORTING
         elif rank in behind:
             out[rank] = LEFT_ALONE
