@@ -9,12 +9,6 @@ fewer, larger batches (the server's cost is per request) and ranks of a node, fl
 multiples of the interval on their shared clock, still reach their relay together. When the
 average falls back, the field goes away and agents return to their own interval.
 
-Only while the process's group writer is busy more than BUSY_TARGET of the time: a synchronous job's
-ranks end each step together, so their reports always arrive as one burst and queue, and a burst
-the writer drains with time to spare says nothing about load. Asking for longer intervals then
-spared the server nothing and held every step's reports back by seconds (at 100,000 ranks, agents
-were asked for 8-16 s while the host had cores to spare).
-
 A request that already waited SHED_AFTER_S in the server (queued for its group commit) is answered 503 without being stored, with Retry-After: its agent
 keeps the batch in its spool and resends it, where waiting longer would have run into the
 agent's 10 s timeout (`agents.transport.HTTP_TIMEOUT`) with the batch perhaps stored anyway.
@@ -36,7 +30,6 @@ TAU_S = 2.0
 BASE_INTERVAL_S = 0.5  # the agent's default LOCKSTEP_FLUSH_INTERVAL
 MAX_INTERVAL_S = 16.0
 SHED_AFTER_S = 4.0
-BUSY_TARGET = 0.5  # the writer's share of the time past which queueing means the process is loaded
 
 
 class _Load:
@@ -60,49 +53,17 @@ class _Load:
             return self.average * math.exp(-(time.monotonic() - self.at) / TAU_S)
 
 
-class _Busy:
-    """The share of the last TAU_S or so that the process's group writer spent writing (a moving
-    average of 1 while it writes and 0 while it waits for work)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.share = 0.0
-        self.at = time.monotonic()
-        self.writing = False
-
-    def _fold(self, now: float) -> None:
-        weight = 1.0 - math.exp(-max(now - self.at, 0.0) / TAU_S)
-        self.share += (float(self.writing) - self.share) * weight
-        self.at = now
-
-    def set(self, writing: bool) -> None:
-        with self.lock:
-            self._fold(time.monotonic())
-            self.writing = writing
-
-    def current(self) -> float:
-        with self.lock:
-            self._fold(time.monotonic())
-            return self.share
-
-
 _load = _Load()
-_busy = _Busy()
 
 
 def observe(seconds: float) -> None:
     _load.observe(seconds)
 
 
-def writing(busy: bool) -> None:
-    """The writer starts (True) or ends (False) a group."""
-    _busy.set(busy)
-
-
 def flush_interval() -> float | msgspec.UnsetType:
     """What the replies say now: UNSET while the process keeps up."""
     load = _load.current()
-    if load <= TARGET_S or _busy.current() <= BUSY_TARGET:
+    if load <= TARGET_S:
         return msgspec.UNSET
     return min(MAX_INTERVAL_S, BASE_INTERVAL_S * 2.0 ** math.ceil(math.log2(load / TARGET_S)))
 

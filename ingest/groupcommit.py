@@ -309,7 +309,6 @@ def _write_on_thread(jobs: list[writers.Job], keep: bool = False) -> list[Answer
     lost since the last group (PostgreSQL restarted) fails the group: the requests it failed are
     written once more on a new connection, so a restart costs no agent a 503. Safe to repeat:
     what did commit answers as a duplicate."""
-    backpressure.writing(True)
     try:
         answers = _written(jobs)
         lost = [j for j, answer in enumerate(answers) if _connection_lost(answer)]
@@ -319,7 +318,6 @@ def _write_on_thread(jobs: list[writers.Job], keep: bool = False) -> list[Answer
                 answers[j] = answer
         return answers
     finally:
-        backpressure.writing(False)
         if connection.errors_occurred and not connection.in_atomic_block:
             connection.close_if_unusable_or_obsolete()
         if not keep:

@@ -141,15 +141,14 @@ def forget_shed() -> None:
 @pytest.fixture(autouse=True)
 def _no_cached_runs():
     """Ingest caches runs by key for a minute; a test's database may have another project's run of that key.
-    Its load average and its writer's busy share start idle too: a slow request of an earlier test must
-    not slow this test's agents; nor may an earlier test's 503 hold this test's silent ranks back.
+    Its load average starts idle too: a slow request of an earlier test must not slow this test's agents,
+    nor may an earlier test's 503 hold this test's silent ranks back.
     The partitions it knows are forgotten: a live stack's hourly prune drops old days behind its back."""
     from dashboard.evidence import partitions
     from ingest import backpressure, writers
 
     writers.forget_runs()
     backpressure._load = backpressure._Load()
-    backpressure._busy = backpressure._Busy()
     forget_shed()
     partitions._known.clear()
 

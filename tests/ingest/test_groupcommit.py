@@ -107,10 +107,8 @@ def test_the_door_answers_the_refused_batch_422_and_stores_the_rest(post, refuse
 
 
 def test_the_flush_interval_doubles_with_the_load_and_goes_away_when_it_falls(monkeypatch):
-    load, busy = backpressure._Load(), backpressure._Busy()
+    load = backpressure._Load()
     monkeypatch.setattr(backpressure, "_load", load)
-    monkeypatch.setattr(backpressure, "_busy", busy)
-    busy.writing, busy.share = True, 1.0  # a writer that never rests
     assert backpressure.flush_interval() is protocol.msgspec.UNSET
     load.average, load.at = 0.2, time.monotonic()
     assert backpressure.flush_interval() is protocol.msgspec.UNSET
@@ -119,24 +117,6 @@ def test_the_flush_interval_doubles_with_the_load_and_goes_away_when_it_falls(mo
     load.average = 1000.0
     assert backpressure.flush_interval() == backpressure.MAX_INTERVAL_S
     load.at = time.monotonic() - 30 * backpressure.TAU_S  # nothing observed for a minute: not loaded
-    assert backpressure.flush_interval() is protocol.msgspec.UNSET
-
-
-def test_a_burst_the_writer_drains_with_time_to_spare_asks_no_longer_interval(monkeypatch):
-    """A synchronous job's step arrives as one burst: its requests queue (their server time is long),
-    but a writer that then rests most of the time keeps up, and longer intervals would only hold the
-    next steps back."""
-    load, busy = backpressure._Load(), backpressure._Busy()
-    monkeypatch.setattr(backpressure, "_load", load)
-    monkeypatch.setattr(backpressure, "_busy", busy)
-    load.average, load.at = 1000.0, time.monotonic()
-    busy.share, busy.at = 0.3, time.monotonic()  # 0.3 s of writing per second
-    assert backpressure.flush_interval() is protocol.msgspec.UNSET
-    busy.writing = True
-    busy.at -= 2 * backpressure.TAU_S  # then it writes without a pause: loaded
-    assert backpressure.flush_interval() == backpressure.MAX_INTERVAL_S
-    backpressure.writing(False)
-    busy.at -= 3 * backpressure.TAU_S  # and rests again
     assert backpressure.flush_interval() is protocol.msgspec.UNSET
 
 
