@@ -9,6 +9,7 @@ module does; delivery reports back which revision it pushed (`mark_notified`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 KEPT_ON_UPDATE = ("flight_recorder",)  # enrichments a finding's fresher details keep (until a new episode)
 
 
-def apply(run: Run, findings: list[Finding], clean: list[tuple[str, str]], at: int | None) -> list[int]:
+def apply(run: Run, findings: list[Finding], clean: Collection[tuple[str, str]], at: int | None) -> list[int]:
     """Record findings and resolve clean subjects in the caller's transaction; ids to deliver. One
     writer of a run's alerts at a time (`locks.RUN_ALERTS`): two settles of the run at once would
     each open an incident for what is one."""
@@ -142,12 +143,12 @@ def bounded(finding: Finding) -> Finding:
     )
 
 
-def resolve(run: Run, clean: list[tuple[str, str]], at: int | None) -> list[Alert]:
+def resolve(run: Run, clean: Collection[tuple[str, str]], at: int | None) -> list[Alert]:
     """Resolve the firing alerts whose (kind, subject) came out clean later than they last fired; acks
     expire. A sweep of a large job clears a subject per rank and rule (100,000 ranks: hundreds of
     thousands), while a run holds few firing alerts: those are read and matched here, and only the
     matches locked, instead of one SQL condition per clean subject."""
-    wanted = set(clean)
+    wanted = clean if isinstance(clean, set) else set(clean)
     if not wanted:
         return []
     firing = Alert.objects.filter(run=run, state=Alert.State.FIRING, kind__in={kind for kind, _ in wanted})

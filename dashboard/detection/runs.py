@@ -9,9 +9,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, FloatField, Min, OuterRef, Q
+from django.db.models import Case, Exists, F, FloatField, Func, IntegerField, Min, OuterRef, Q, When
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Now
 from django.utils import timezone
 
 from dashboard.detection import bills, flight, lifecycle, locks, tally, text
@@ -31,7 +31,7 @@ from dashboard.detection.rules import (
 from dashboard.detection.rules.rank_silent import LEFT_ALONE, ended_message, silent_ranks
 from dashboard.evidence import reads
 from dashboard.ledger import slots
-from dashboard.tenancy.models import LOST, Rank, Run, has_ended, mark_lost, rank_failed
+from dashboard.tenancy.models import LOST, RUNNING_STATES, Rank, Run, mark_lost, rank_failed
 from ingest import shed
 
 ACTIVE_WINDOW = timedelta(hours=1)
@@ -60,13 +60,13 @@ def rank_rows(run: Run) -> list[dict[str, Any]]:
 
 def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
     now = timezone.now()
-    ranks = list(Rank.objects.filter(run=run).values_list("rank", "last_seen", "status"))
+    ranks = rank_ages(run)
     compile_total = (totals or tally.compile_totals(run)).seconds
     return RunView(
         run_id=run.id,
         world_size=run.world_size,
-        last_seen={r: (now - seen).total_seconds() for r, seen, _ in ranks},
-        ended={r for r, _, status in ranks if has_ended(status)},
+        last_seen={r: age for r, age, _ in ranks},
+        ended={r for r, _, ended in ranks if ended},
         silent_after=settings.LOCKSTEP_SILENT_AFTER,
         crashes=crash_facts(run),
         progress=progress_of(run),
@@ -78,6 +78,15 @@ def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
         now=now.timestamp(),
         since_shed=shed.seconds_since(),
     )
+
+
+def rank_ages(run: Run) -> list[tuple[int, float, bool]]:
+    """(rank, seconds since its last report, whether it ended) of every rank, the age worked out by
+    PostgreSQL: a sweep runs every second, and loading 100,000 timestamps took it 1.0-1.7 s a run."""
+    age = Func(Now() - F("last_seen"), template="EXTRACT(EPOCH FROM %(expressions)s)", output_field=FloatField())
+    ended = Case(When(status__in=RUNNING_STATES, then=0), default=1, output_field=IntegerField())  # no converter
+    rows = Rank.objects.filter(run=run).annotate(age=age, ended=ended).values_list("rank", "age", "ended")
+    return [(rank, age, bool(ended)) for rank, age, ended in rows]
 
 
 def collective_timeout(run: Run) -> float | None:
@@ -207,7 +216,7 @@ def check(run: Run) -> list[int]:
         clean = clean_subjects(view, findings)
         work = compiled_work(run)
         eager = evaluate(work)
-        findings, clean = findings + eager, clean + clean_subjects(work, eager)
+        findings, clean = findings + eager, clean | clean_subjects(work, eager)
         lost = lost_ranks(view)
         if lost:
             mark_lost(run.id, lost)

@@ -154,9 +154,12 @@ def rank_failed(via: str = "") -> Q:
     )
 
 
+RUNNING_STATES = ("running", LOST)  # a rank in neither said goodbye
+
+
 def has_ended(status: str) -> bool:
     """The rank said goodbye (sent rank_end). A lost rank did not: its absence from a slot is no data."""
-    return status not in ("running", LOST)
+    return status not in RUNNING_STATES
 
 
 def mark_lost(run_id: int, ranks: set[int] | list[int]) -> int:

@@ -196,14 +196,16 @@ def evaluate(view: object) -> list[Finding]:
     return [finding for r in rules_for(view) for finding in r.check(view)]
 
 
-def clean_subjects(view: object, findings: list[Finding]) -> list[tuple[str, str]]:
-    """(kind, subject) pairs this view checked and found healthy: their alerts may resolve."""
+def clean_subjects(view: object, findings: list[Finding]) -> set[tuple[str, str]]:
+    """(kind, subject) pairs this view checked and found healthy: their alerts may resolve. A set,
+    unordered: a sweep of 100,000 ranks checks a subject per rank and rule, and sorting them cost it
+    more than the check."""
     fired = {(f.kind, f.subject) for f in findings}
     checked: set[tuple[str, str]] = set()
     for r in rules_for(view):
         subjects = r.subject(view) if r.subject is not None else []
-        checked |= {(r.kind, s) for s in ([subjects] if isinstance(subjects, str) else subjects)}
-    return sorted(checked - fired)
+        checked.update((r.kind, s) for s in ([subjects] if isinstance(subjects, str) else subjects))
+    return checked - fired
 
 
 def position(view: object) -> int:
