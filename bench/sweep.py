@@ -18,10 +18,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from bench import common, results
 
 BENCH_DB = "lockstep_bench_sweep"
+T = TypeVar("T")
 KEY = "sweep"
 
 
@@ -40,7 +42,7 @@ def populate(ranks: int) -> None:
     common.analyze(Rank)
 
 
-def timed(work: Callable[[], object], n: int) -> tuple[list[float], object]:
+def timed(work: Callable[[], T], n: int) -> tuple[list[float], T]:
     """Seconds of each of `n` calls after one warm-up, and the last call's result."""
     out = work()
     samples = []
