@@ -97,7 +97,7 @@ class Door:
         if status != 200:
             metrics.REQUESTS.labels(endpoint, "rejected", str(status)).inc()
         if status == 503:  # its batches were turned away for load: its ranks' silence is the server's doing
-            shed.refused()
+            self.threads.submit(shed.refused)  # Redis off the loop: it may be what is down
         metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
         await send(
             {
