@@ -50,7 +50,8 @@ def test_a_projects_flood_does_not_hold_back_another_projects_alert(stack, clien
         waited = time.monotonic() - sent
         left = CompileSlot.objects.filter(run__key=flood, settled_at__isnull=True).count()
         assert Alert.objects.filter(run__key=victim, kind="graph_divergence").exists(), f"no alert in {waited:.1f} s"
-        assert waited < 5, waited
+        # seconds, not the flood's minutes (8.3 s once on a machine running at half its speed)
+        assert waited < 12, waited
         assert left > FLOOD / 4, left  # the flood was still settling: the alert passed it
     finally:
         Run.objects.filter(key=flood).delete()  # what is left of the flood settles as nothing

@@ -63,10 +63,12 @@ def test_run_page_and_runs_list_follow_a_crash_and_the_end_without_reload(stack,
     ]
     last = {b["rank"]: b for b in running}
     compiling = {"t": "progress", "phase": "compiling", "phase_s": 14.0, "step": 4, "since_step_s": 15.0}
-    send(stack, token, running + [later(last[2], [{**compiling, "where": INDUCTOR, "op": "forward"}])])
-    last[2] = {**last[2], "seq": last[2]["seq"] + 1}
 
     with chromium_page(stack.url, session) as run_page:
+        # sent once the browser is up: its start on a loaded machine must not age the ranks past the
+        # stack's LOCKSTEP_SILENT_AFTER (8 s) before the first look, which would read `stalled`
+        send(stack, token, running + [later(last[2], [{**compiling, "where": INDUCTOR, "op": "forward"}])])
+        last[2] = {**last[2], "seq": last[2]["seq"] + 1}
         run_page.goto(f"{stack.url}/runs/{key}/")
         runs_page = run_page.context.new_page()
         runs_page.goto(f"{stack.url}/")
