@@ -14,17 +14,12 @@ from agents import protocol
 from dashboard.ledger.models import CompileSlot
 from ingest import writers
 from tests.conftest import make_batch
+from tests.ingest.test_blobs import compile_event
 from tests.stack import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-COMPILE = {
-    "t": "compile",
-    "frame": "train.py:10:forward",
-    "index": 0,
-    "step": 0,
-    "hashes": {"dynamo": {"raw": "a" * 16, "norm": "b" * 16}},
-}
+COMPILE = compile_event()  # every rank compiled the same frame at the start
 
 
 def job(project, rank: int) -> writers.Job:
