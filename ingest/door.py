@@ -96,8 +96,6 @@ class Door:
             return
         if status != 200:
             metrics.REQUESTS.labels(endpoint, "rejected", str(status)).inc()
-        if status == 503:  # its batches were turned away for load: its ranks' silence is the server's doing
-            self.threads.submit(shed.refused)  # Redis off the loop: it may be what is down
         metrics.SECONDS.labels(endpoint).observe(time.perf_counter() - started)
         await send(
             {
@@ -123,7 +121,9 @@ class Door:
             return 405, msgspec.json.encode({"error": f"method {scope['method']} not allowed"}), [(b"allow", b"POST")]
         if self.committer.oldest_wait() > backpressure.SHED_AFTER_S or self.committer.full():
             # this one would wait past its shedding point, into its agent's timeout: refused at once, its body unread
+            self._shed(None)
             return _refused(Refusal(503, "server overloaded; retry later"))
+        project: Project | None = None
         try:
             asked = time.monotonic()
             limit = bodies.route_limit(scope["path"].removeprefix(scope.get("root_path", "")))
@@ -144,10 +144,18 @@ class Door:
                     raise answer
                 reply = admission.reply_content(answer, bulk)
         except admission.REFUSED as exc:
-            return _refused(exc)
+            refused = _refused(exc)
+            if refused[0] == 503:
+                self._shed(project.id if project else None)
+            return refused
         if endpoint in ("blobs", "flight_recorder"):
             metrics.REQUESTS.labels(endpoint, "accepted", "200").inc()  # batches are counted by `groupcommit`
         return 200, msgspec.json.encode(reply), []
+
+    def _shed(self, project_id: int | None) -> None:
+        """Its batches were turned away for load: its ranks' silence is the server's doing (`ingest.shed`),
+        recorded on a door thread (Redis may be what is down)."""
+        self.threads.submit(shed.refused, project_id)
 
     async def _admitted(self, headers: Mapping[str, str], limit: int) -> Project:
         """The request's project, from its headers alone: the declared length, then `admission.admit`."""

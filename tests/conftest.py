@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -131,9 +130,10 @@ def forget_shed() -> None:
     """No request was turned away for load (`ingest.shed`), in this process or the live stack's."""
     from ingest import ratelimit, shed
 
-    shed._written_at = -math.inf
+    shed._written_at.clear()
     try:
-        ratelimit.client().delete(shed.KEY)
+        client = ratelimit.client()
+        client.delete(shed.KEY, *client.keys(f"{shed.KEY}:*"))
     except redis.RedisError:
         pass  # a test that stopped Redis: nothing was recorded there either
 

@@ -76,7 +76,7 @@ def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
         lost_after=settings.LOCKSTEP_LOST_AFTER,
         grace=settings.LOCKSTEP_CONSEQUENCE_GRACE,
         now=now.timestamp(),
-        since_shed=shed.seconds_since(),
+        since_shed=shed.seconds_since(run.project_id),
     )
 
 
