@@ -20,13 +20,15 @@
 # processes settling the slots and paging, default 2; the rest of the cores are PostgreSQL's and
 # the simulated agents'), PYTHON (default python3). The job runs with one rank diverging at its
 # middle step (`--diverge`), timed to its page. The figures land in bench/RESULTS.md as the
-# bench's own section, and every 5 s the busiest processes in SCALE_DATA/top.log (where the host's
-# cores went); the embedded servers keep running until `stop`.
+# bench's own section, every 5 s the busiest processes in SCALE_DATA/top.log (where the host's
+# cores went), and every second what each busy PostgreSQL backend runs or waits on in
+# SCALE_DATA/pg.log (the embedded server has no pg_stat_statements); the embedded servers keep
+# running until `stop`.
 #
 # With the device tool of this project's workplace (16-core GPU hosts, Python 3.12, no network):
 #   bench/scale_host.sh wheels .whl-scale      (here; .whl-scale is ignored by git)
 #   run: carry [".whl-scale"], command
-#     bash bench/scale_host.sh run .whl-scale; cp bench/RESULTS.md /tmp/lockstep-scale/top.log $OUT/;
+#     bash bench/scale_host.sh run .whl-scale; cp bench/RESULTS.md /tmp/lockstep-scale/*.log $OUT/;
 #     bash bench/scale_host.sh stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -119,9 +121,11 @@ run() {
   ulimit -n 65536 2>/dev/null || true # one connection per simulated rack relay, uvicorn's and PostgreSQL's
   top_log "$data/top.log" &
   local sampler=$!
+  pg_log "$data/pg.log" &
+  local pg_sampler=$!
   "$venv/bin/python" -m bench ingest_simulation --ranks 100000 --ranks-per-request 8 --nodes-per-rack 32 \
     --step-time 1.0 --seconds 60 --repeats 3 --ingest "$ingest" --celery "$celery" --diverge "$@" || status=$?
-  kill "$sampler" 2>/dev/null || true
+  kill "$sampler" "$pg_sampler" 2>/dev/null || true
   return "${status:-0}"
 }
 
@@ -132,6 +136,27 @@ top_log() {
     top -b -n 2 -d 1 -w 160 -c 2>/dev/null | awk '/^top -/ { n++ } n == 2' | sed -n '1,5p;7,30p' ||
       ps -eo pcpu,pid,args --sort=-pcpu | head -25
   done >"$1"
+}
+
+# Every second, one line per busy PostgreSQL backend: time, state, wait event, the statement's start.
+pg_log() {
+  "$venv/bin/python" - "$DATABASE_URL" >"$1" <<'PY'
+import sys, time
+import psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    while True:
+        rows = conn.execute(
+            "SELECT state, coalesce(wait_event_type || ':' || wait_event, '-'),"
+            " regexp_replace(left(query, 90), '\\s+', ' ', 'g')"
+            " FROM pg_stat_activity WHERE backend_type = 'client backend' AND state <> 'idle'"
+            " AND pid <> pg_backend_pid()"
+        ).fetchall()
+        now = int(time.time())
+        for state, wait, query in rows:
+            print(now, state, wait, query, sep="\t")
+        sys.stdout.flush()
+        time.sleep(1)
+PY
 }
 
 stop() {
