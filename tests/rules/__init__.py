@@ -4,7 +4,7 @@ import math
 from types import SimpleNamespace
 
 from dashboard.detection.consensus import consensus
-from dashboard.detection.rules import CompileSlotView, GradSlotView, RunView, evaluate
+from dashboard.detection.rules import CompileSlotView, GradSlotView, Liveness, RunView, evaluate
 
 COMPILE_DEFAULTS = {
     "step": 3,
@@ -75,13 +75,14 @@ def run_view(
     now: float = 1100.0,
     compile_cost: dict | None = None,
     since_shed: float = math.inf,
+    alerted: frozenset[int] = frozenset(),
 ) -> RunView:
-    """`now` defaults to past the consequences' grace window of crashes ending near t=1000."""
+    """`now` defaults to past the consequences' grace window of crashes ending near t=1000; `alerted`:
+    ranks with a silence alert open."""
     return RunView(
         run_id=1,
         world_size=len(last_seen),
-        last_seen=last_seen,
-        ended=ended or set(),
+        ranks=liveness(last_seen, ended or set(), min(silent_after, lost_after), alerted),
         silent_after=silent_after,
         crashes=crashes or {},
         progress=progress or {},
@@ -91,6 +92,21 @@ def run_view(
         now=now,
         compile_cost=compile_cost,
         since_shed=since_shed,
+    )
+
+
+def liveness(ages: dict[int, float], ended: set[int], watch_after: float, alerted: frozenset[int]) -> Liveness:
+    """What `runs.liveness` reads from PostgreSQL, from every rank's age (rank -> seconds since its
+    last report) and the ranks with a silence alert open."""
+    live = [age for r, age in ages.items() if r not in ended]
+    ended_ages = [age for r, age in ages.items() if r in ended]
+    return Liveness(
+        reported=len(ages),
+        ended=set(ended) & set(ages),
+        quiet={r: age for r, age in ages.items() if age >= watch_after or r in alerted},
+        freshest=min(ages.values(), default=math.inf),
+        freshest_live=min(live, default=math.inf),
+        oldest_end=max(ended_ages, default=None),
     )
 
 

@@ -34,10 +34,11 @@ def test_ended_ranks_are_not_silent():
     assert findings_of(run_view({0: 1.0, 1: 95.0}, ended={1}), "rank_silent") == []
 
 
-def test_reporting_ranks_are_clean_subjects():
-    view = run_view({0: 1.0, 1: 95.0})
+def test_a_silent_rank_that_reports_again_is_a_clean_subject():
+    view = run_view({0: 1.0, 1: 95.0, 2: 0.5}, alerted=frozenset({0}))
     clean = clean_subjects(view, evaluate(view))
     assert ("rank_silent", "rank:0") in clean and ("rank_silent", "rank:1") not in clean
+    assert ("rank_silent", "rank:2") not in clean  # fresh, never alerted: not named at all (100,000 of them)
 
 
 def test_silence_counts_from_the_last_time_ingest_turned_batches_away():

@@ -116,14 +116,34 @@ class Crash(TypedDict):
     last_compile: CompileFacts | None
 
 
+@dataclass(frozen=True)
+class Liveness:
+    """How lately a run's ranks reported, in counts and extremes plus the few ranks worth naming: a
+    sweep looks every second, and at 100,000 ranks reading every rank's age cost it most of that.
+
+    `quiet` holds the ages of the live ranks quiet for the view's `watch_after` or more (no shorter
+    than the silent and lost thresholds, so every rank a liveness rule could name is in it) and of
+    the ranks whose silence alert is open (to resolve it once they report again)."""
+
+    reported: int  # ranks that ever reported
+    ended: set[int]  # ranks that ended (every one: few while a job runs)
+    quiet: dict[int, float]  # rank -> seconds since its last report, for the ranks above
+    freshest: float  # seconds since the latest report of any rank (inf: none)
+    freshest_live: float  # ... of a rank that has not ended (inf: none)
+    oldest_end: float | None  # seconds since the last report of the ended rank quiet longest (None: none ended)
+
+    @property
+    def live(self) -> int:
+        return self.reported - len(self.ended)
+
+
 @dataclass
 class RunView:
     """A run's ranks as the periodic sweep sees them (for rules about liveness and totals)."""
 
     run_id: int
     world_size: int
-    last_seen: dict[int, float]  # rank -> seconds since the rank's last report
-    ended: set[int]
+    ranks: Liveness
     silent_after: float
     crashes: dict[int, Crash] = field(default_factory=dict)  # rank -> how it ended badly (`runs.crash_facts`)
     progress: dict[int, RankProgress] = field(default_factory=dict)  # ranks that sampled recently

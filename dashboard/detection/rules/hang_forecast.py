@@ -25,7 +25,7 @@ def hang_forecast(view: RunView) -> Iterator[Finding]:
     live = {
         r: p
         for r, p in view.progress.items()
-        if r not in view.ended and view.last_seen.get(r, float("inf")) < view.silent_after
+        if r not in view.ranks.ended and view.ranks.quiet.get(r, 0.0) < view.silent_after  # not quiet: fresh
     }
     waiting, late = split(live)
     if not late:

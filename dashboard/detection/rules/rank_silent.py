@@ -23,12 +23,12 @@ def silent_ranks(view: RunView) -> dict[int, str]:
     silence counts from the last time ingest turned batches away for load at the latest (`ingest.shed`):
     until then the rank's may have been among them. A rank left alone by its ended peers is lost as
     before: a refused goodbye comes back within seconds (the agent resends it), well inside `lost_after`."""
-    live = {r: age for r, age in view.last_seen.items() if r not in view.ended}
-    freshest = min(live.values(), default=0.0)
+    seen = view.ranks
+    live = {r: age for r, age in seen.quiet.items() if r not in seen.ended}
     behind = left_behind(view, live)
     out = {}
     for rank, age in live.items():
-        if min(age, view.since_shed) >= view.silent_after and age - freshest >= view.silent_after:
+        if min(age, view.since_shed) >= view.silent_after and age - seen.freshest_live >= view.silent_after:
             out[rank] = KEEP_REPORTING
         elif rank in behind:
             out[rank] = LEFT_ALONE
@@ -39,14 +39,13 @@ def left_behind(view: RunView, live: dict[int, float]) -> set[int]:
     """Ranks that never ended in a job that is over: all of them stale while others ended. Alone, the
     rank is lost; with company (a stopped rank can die before its goodbye is out), the lost ones are
     those silent since before the first rank ended: the others were still talking when the job was
-    stopped around them."""
-    ended_ages = [age for r, age in view.last_seen.items() if r in view.ended]
-    stale = min(view.lost_after, view.silent_after)
-    if not ended_ages or not live or min(live.values()) < stale:
+    stopped around them. `live` holds every live rank here: all are stale, so all are quiet."""
+    seen = view.ranks
+    if seen.oldest_end is None or not live or seen.freshest_live < min(view.lost_after, view.silent_after):
         return set()
-    if len(live) == 1:
+    if seen.live == 1:
         return set(live)
-    return {r for r, age in live.items() if age > max(ended_ages)}
+    return {r for r, age in live.items() if age > seen.oldest_end}
 
 
 def ended_message(rank: int, quiet_s: float, lost: bool) -> str:
@@ -56,10 +55,10 @@ def ended_message(rank: int, quiet_s: float, lost: bool) -> str:
     return f"Rank {rank} sent nothing for the last {quiet_s:.0f} s before the run ended, {how}"
 
 
-@rule("rank_silent", RunView, subject=lambda v: [subjects.rank(r) for r in v.last_seen])
+@rule("rank_silent", RunView, subject=lambda v: [subjects.rank(r) for r in v.ranks.quiet])
 def rank_silent(view: RunView) -> Iterator[Finding]:
     for rank, why in sorted(silent_ranks(view).items()):
-        age = view.last_seen[rank]
+        age = view.ranks.quiet[rank]
         yield Finding(
             severity="critical",
             subject=subjects.rank(rank),
