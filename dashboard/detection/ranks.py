@@ -1,16 +1,25 @@
-"""Where every rank is when a slot settles (each rank's reports of the slot: `dashboard.evidence.reads`)."""
+"""Where the ranks stand when a compile slot settles, and the start facts its rules read, both by
+aggregate: a job's start opens its compile slots while 100,000 ranks report, and reading every
+rank's row (and its whole start facts, a real model's parameter layout among them) for each slot
+cost a settle seconds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from dashboard.tenancy.models import Rank, Run, has_ended
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db.models import F, Q
+from django.db.models.functions import JSONObject, Now
+
+from dashboard.detection.rules import RANK_FACTS
+from dashboard.tenancy.models import RUNNING_STATES, Rank, Run
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankState:
-    """Where every rank is when a compile slot settles.
+    """Where the ranks are for one compile slot.
 
     A rank that completed the step a compile happened in, without reporting that compile, did
     not compile it: its events arrive in order, so the compile would have come before that
@@ -18,32 +27,35 @@ class RankState:
     judged yet; one that stopped reporting altogether is rank_silent's business.
     """
 
-    last_step: dict[int, int | None]
-    last_seen: dict[int, datetime]
-    ended: set[int]
+    accountable: set[int]  # ranks whose absence from the slot means 'did not do it', not 'no data (yet)'
+    pending: set[int]  # live ranks, reporting lately, not past the slot: they may still report it
 
-    def accountable(self, step: int | None, since: datetime) -> set[int]:
-        """Ranks whose absence from a slot means 'did not do it', not 'no data (yet)'."""
-        if step is None:  # a compile outside the training steps: anything sent since it counts
-            passed = {r for r, seen in self.last_seen.items() if seen >= since}
-        else:
-            passed = {r for r, last in self.last_step.items() if last is not None and last >= step}
-        return passed | self.ended
-
-    def behind(
-        self, step: int | None, since: datetime, reported: set[int], now: datetime, silent_after: float
-    ) -> set[int]:
+    def behind(self, reported: set[int]) -> set[int]:
         """Live ranks that may still report the slot: worth waiting for."""
-        judged = self.accountable(step, since) | reported
-        return {
-            r for r, seen in self.last_seen.items() if r not in judged and (now - seen).total_seconds() < silent_after
-        }
+        return self.pending - reported
 
 
-def rank_state(run: Run) -> RankState:
-    rows = list(Rank.objects.filter(run=run).values_list("rank", "last_step", "last_seen", "status"))
-    return RankState(
-        last_step={r: last for r, last, _, _ in rows},
-        last_seen={r: seen for r, _, seen, _ in rows},
-        ended={r for r, _, _, status in rows if has_ended(status)},  # a lost rank's absence is no data
+def rank_state(run: Run, step: int | None, since: datetime, silent_after: float) -> RankState:
+    """`step`: the slot's (None: a compile outside the training steps, where anything sent since the
+    slot opened counts as passing it). A lost rank never said goodbye: its absence is no data."""
+    passed = Q(last_step__gte=step) if step is not None else Q(last_seen__gte=since)
+    ended = ~Q(status__in=RUNNING_STATES)
+    fresh = Q(last_seen__gt=Now() - timedelta(seconds=silent_after))
+    row = Rank.objects.filter(run=run).aggregate(
+        accountable=ArrayAgg("rank", filter=passed | ended, default=[]),
+        pending=ArrayAgg("rank", filter=~passed & ~ended & fresh, default=[]),
     )
+    return RankState(accountable=set(row["accountable"]), pending=set(row["pending"]))
+
+
+def start_facts(run: Run) -> dict[int, dict[str, Any]]:
+    """rank -> the start facts the compile rules read (`rules.RANK_FACTS`), never the rest (a model's
+    parameter layout); ranks that started alike share one dict, decoded once."""
+    facts = JSONObject(**{key: F(f"info__{key}") for key in RANK_FACTS})
+    rows = (
+        Rank.objects.filter(run=run).values(facts=facts).annotate(ranks=ArrayAgg("rank")).values_list("facts", "ranks")
+    )
+    out: dict[int, dict[str, Any]] = {}
+    for shared, ranks in rows:
+        out.update(dict.fromkeys(ranks, {k: v for k, v in shared.items() if v is not None}))
+    return out

@@ -31,23 +31,22 @@ def settle_compile(slot_id: int) -> list[int]:
         if slot is None or not slot.pending:
             return []
         reports = reads.compile_reports(slot.run_id, slot.frame, slot.index)
-        state = ranks.rank_state(slot.run)
         step = min((e.step for e in reports.values() if e.step is not None), default=None)
-        now = timezone.now()
-        waited = (now - slot.first_seen).total_seconds()
+        state = ranks.rank_state(slot.run, step, slot.first_seen, settings.LOCKSTEP_SILENT_AFTER)
+        waited = (timezone.now() - slot.first_seen).total_seconds()
         if (
             len(reports) < slot.run.world_size
             and waited < settings.LOCKSTEP_SILENT_AFTER
-            and state.behind(step, slot.first_seen, set(reports), now, settings.LOCKSTEP_SILENT_AFTER)
+            and state.behind(set(reports))
         ):
             return []  # stays pending: the sweep comes back once the slow ranks moved on
         view = CompileSlotView(
             slot.frame,
             slot.index,
             reports,
-            state.accountable(step, slot.first_seen),
+            state.accountable,
             slot.run.world_size,
-            rank_info=dict(Rank.objects.filter(run=slot.run).values_list("rank", "info")),
+            rank_info=ranks.start_facts(slot.run),
             graph_breaks=reads.break_reasons(slot.run_id, slot.frame),
         )
         hashes = {r: e.graph_norm for r, e in reports.items() if e.graph_norm}

@@ -44,6 +44,11 @@ class Finding:
     kind: str = ""
 
 
+# The start facts (rank_start's `info`) the compile rules read; only these are loaded for a slot
+# (`detection.ranks.start_facts`): a rule that reads another key adds it here.
+RANK_FACTS = ("host", "device", "settings", "env", "codegen", "cache_dirs", "cache_fs", "collective_timeout_s")
+
+
 @dataclass
 class CompileSlotView:
     """A settled compile slot: every rank's report plus who should have reported."""
@@ -53,9 +58,7 @@ class CompileSlotView:
     reports: dict[int, CompileReport]  # rank -> its compile (`dashboard.evidence.reads.compile_reports`)
     accountable: set[int]  # ranks whose silence means "did not compile this"
     world_size: int
-    rank_info: dict[int, dict[str, Any]] = field(
-        default_factory=dict
-    )  # rank -> rank_start facts (cache_dirs, collective timeout)
+    rank_info: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its `RANK_FACTS`, shared where alike
     graph_breaks: list[tuple[int, str]] = field(default_factory=list)  # (rank, reason) of this frame
 
 
