@@ -1,14 +1,18 @@
-"""The periodic sweep's check of one large running run: the Celery worker does it every second for
-every active run, so at 100,000 ranks its cost per run bounds how many such runs one worker follows.
+"""What detection does each second for one large running run: the Celery worker checks every active
+run (the sweep) and settles the slots the ranks opened, so at 100,000 ranks their cost bounds how many
+such runs one worker follows.
 
-    python -m bench sweep [--ranks 100000] [-n 7] [--rebuild]
+    python -m bench sweep [--ranks 100000] [--params 150] [-n 7] [--rebuild]
 
 Uses its own database (`lockstep_bench_sweep` on the DATABASE_URL server) and one run of the
-"bench" project whose ranks are all running and fresh (reporting now). Times, in this process,
-median (min-max) of N after one warm-up: `runs.view_of` (the ranks' ages and ends, crashes,
+"bench" project whose ranks are all running and fresh (reporting now), each of which reported one
+compile of the same frame at step 0 and passed that step, with start facts like a real job's (its
+device, and a parameter layout of `--params` names and their buckets). Times, in this process,
+median (min-max) of N after one warm-up: `runs.view_of` (the ranks' liveness, crashes,
 progress, the compile bill), the rules on that view (`rules.evaluate`), the subjects found clean
-(`rules.clean_subjects`), and the whole `runs.check` (those, the compiled-work view, and the
-alerts' lifecycle in one transaction).
+(`rules.clean_subjects`), the whole `runs.check` (those, the compiled-work view, and the
+alerts' lifecycle in one transaction), and the settle of the compile slot every rank reported
+(`settle.settle_compile`: its reports, where the ranks stand, their start facts, the rules).
 """
 
 from __future__ import annotations
@@ -27,19 +31,40 @@ T = TypeVar("T")
 KEY = "sweep"
 
 
-def populate(ranks: int) -> None:
-    from django.db import connection, transaction
+FRAME = "model.py:10:forward"
 
+
+def populate(ranks: int, params: int) -> None:
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from dashboard.evidence.models import CompileEvent
+    from dashboard.ledger.models import CompileSlot
     from dashboard.tenancy.models import Rank
 
     run = common.fresh_run(KEY, ranks, 1000, "2.13.0+cpu")
+    layout = (
+        "jsonb_build_object('params', (SELECT jsonb_agg('ddp:model.layers.' || i || '.weight') FROM"
+        " generate_series(1, %(params)s) i), 'buckets', (SELECT jsonb_agg(jsonb_build_array(i)) FROM"
+        " generate_series(0, %(params)s - 1) i))"
+    )
     with transaction.atomic(), connection.cursor() as cur:
+        facts = "jsonb_build_object('host', 'node' || r / 8, 'device', 'cuda:' || r %% 8, 'collective_timeout_s', 600)"
         cur.execute(
-            f"INSERT INTO {Rank._meta.db_table} (run_id, rank, host, pid, info, status, last_step, last_seen)"
-            " SELECT %s, r, 'node' || r / 8, 1000 + r, '{}', 'running', 999, now() FROM generate_series(0, %s - 1) r",
-            [run.id, ranks],
+            f"INSERT INTO {Rank._meta.db_table} (run_id, rank, host, pid, info, facts, status, last_step, last_seen)"
+            f" SELECT %(run)s, r, 'node' || r / 8, 1000 + r, {layout} || {facts}, {facts}, 'running', 999, now()"
+            " FROM generate_series(0, %(ranks)s - 1) r",
+            {"run": run.id, "ranks": ranks, "params": params},
         )
-    common.analyze(Rank)
+        cur.execute(
+            f"INSERT INTO {CompileEvent._meta.db_table} (run_id, rank, frame, index, compile_id, step, status,"
+            " graph_raw, graph_norm, code_raw, code_norm, compile_time, cache, detail, ts)"
+            " SELECT %(run)s, r, %(frame)s, 0, '0/0', 0, 'ok', 'g', 'g', 'c', 'c', 2.0, '{}',"
+            ' \'{"counts": {"graph_op_count": 12}}\', now() FROM generate_series(0, %(ranks)s - 1) r',
+            {"run": run.id, "ranks": ranks, "frame": FRAME},
+        )
+    CompileSlot.objects.create(run=run, frame=FRAME, index=0, step=0, reported=ranks, first_seen=timezone.now())
+    common.analyze(Rank, CompileEvent)
 
 
 def timed(work: Callable[[], T], n: int) -> tuple[list[float], T]:
@@ -61,17 +86,19 @@ def spread(samples: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=100_000)
+    parser.add_argument("--params", type=int, default=150, help="parameter names in each rank's start facts")
     parser.add_argument("-n", type=int, default=7)
     parser.add_argument("--rebuild", action="store_true", help="make the run anew even if it exists")
     args = parser.parse_args(argv)
     common.configure_in_process(BENCH_DB)
     from django.utils import timezone
 
-    from dashboard.detection import runs
+    from dashboard.detection import runs, settle
     from dashboard.detection.rules import clean_subjects, evaluate
+    from dashboard.ledger.models import CompileSlot
     from dashboard.tenancy.models import Rank, Run
 
-    common.populate_once(KEY, args.rebuild, lambda: populate(args.ranks))
+    common.populate_once(KEY, args.rebuild, lambda: populate(args.ranks, args.params))
     run = Run.objects.get(project__name="bench", key=KEY)
     ranks = Rank.objects.filter(run=run).count()
 
@@ -85,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     clean_s, clean = timed(lambda: clean_subjects(view, findings), args.n)
     fresh()
     check_s, _ = timed(lambda: runs.check(run), args.n)
+    slot = CompileSlot.objects.get(run=run, frame=FRAME)
+
+    def settled() -> list[int]:  # the slot pending again, as a late report leaves it
+        CompileSlot.objects.filter(id=slot.id).update(settled_at=None, settled_n=0)
+        return settle.settle_compile(slot.id)
+
+    settle_s, changed = timed(settled, args.n)
+    assert not changed and CompileSlot.objects.get(id=slot.id).settled_at is not None  # settled, all agreeing
     print(f"{ranks:,} ranks, {len(clean):,} clean subjects, {len(findings)} findings", file=sys.stderr)
     detail = f"{ranks:,} running ranks, median (min-max) of {args.n} after a warm-up, python_speed {common.python_speed():.2f} s"
     results.report(
@@ -96,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             ("rules.evaluate", spread(evaluate_s), f"{len(findings)} findings"),
             ("rules.clean_subjects", spread(clean_s), f"{len(clean):,} subjects found clean"),
             ("runs.check", spread(check_s), "the whole check, lifecycle included"),
+            (
+                "settle.settle_compile",
+                spread(settle_s),
+                f"one compile every rank reported, {args.params} parameters in each start",
+            ),
         ],
     )
     return 0

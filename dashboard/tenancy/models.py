@@ -123,6 +123,9 @@ class Run(models.Model):
         return derived
 
 
+LAYOUT = ("params", "buckets")  # the keys of a rank's start facts that `Rank.facts` leaves out
+
+
 class Rank(models.Model):
     """One rank of a run, updated by each of its batches (`sql.ranks_seen_cte`): its table keeps
     free space in every page (the initial migration) so that those updates stay HOT, touching no index."""
@@ -134,6 +137,10 @@ class Rank(models.Model):
     host = models.CharField(max_length=512, blank=True)
     pid = models.BigIntegerField(null=True)
     info = models.JSONField(default=dict)
+    # `info` without the model's parameter layout (`LAYOUT`), kept by the same statement: what the sweep
+    # and every compile slot read of each rank, small enough to stay in the row where a real model's
+    # layout makes `info` tens of kilobytes, out of line, decompressed on each read (`sql.ranks_seen_cte`)
+    facts = models.JSONField(default=dict)
     status = models.CharField(max_length=16, default="running")  # running, a rank_end's status, or LOST
     exit_code = models.IntegerField(null=True)
     last_step = models.BigIntegerField(null=True)

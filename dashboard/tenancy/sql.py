@@ -6,7 +6,7 @@ its claim statement where a round trip matters), but only this module names thes
 
 from __future__ import annotations
 
-from dashboard.tenancy.models import LOST, VANISHED, Rank, Run
+from dashboard.tenancy.models import LAYOUT, LOST, VANISHED, Rank, Run
 
 RANK = Rank._meta.db_table
 RUN = Run._meta.db_table
@@ -14,17 +14,20 @@ RUN = Run._meta.db_table
 
 def ranks_seen_cte(source: str) -> str:
     """CTE `ranked`: upsert each batch's rank facts from CTE `source` (run is %(run)s; columns rank, host,
-    pid, info, step): a rank_start's facts replace the old ones, progress only moves forward, and a
-    rank the sweep had given up as lost is running again."""
+    pid, info, step): a rank_start's facts replace the old ones (and `facts`, the same without the
+    parameter layout), progress only moves forward, and a rank the sweep had given up as lost is
+    running again."""
     return f"""
             ranked AS (
-              INSERT INTO {RANK} (run_id, rank, host, pid, info, status, exit_code, last_step, last_seen)
-              SELECT %(run)s::bigint, rank, host, pid, COALESCE(info::jsonb, '{{}}'::jsonb), 'running', NULL, step, now()
+              INSERT INTO {RANK} (run_id, rank, host, pid, info, facts, status, exit_code, last_step, last_seen)
+              SELECT %(run)s::bigint, rank, host, pid, COALESCE(info::jsonb, '{{}}'::jsonb),
+                COALESCE(info::jsonb, '{{}}'::jsonb) - '{{{",".join(LAYOUT)}}}'::text[], 'running', NULL, step, now()
               FROM {source} ORDER BY rank
               ON CONFLICT (run_id, rank) DO UPDATE SET
                 host = COALESCE(NULLIF(EXCLUDED.host, ''), {RANK}.host),
                 pid = COALESCE(EXCLUDED.pid, {RANK}.pid),
                 info = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.info ELSE EXCLUDED.info END,
+                facts = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.facts ELSE EXCLUDED.facts END,
                 last_step = GREATEST({RANK}.last_step, EXCLUDED.last_step),
                 status = CASE WHEN {RANK}.status = '{LOST}' THEN 'running' ELSE {RANK}.status END,
                 last_seen = now()

@@ -22,14 +22,18 @@ def start(rank: int, device: str) -> dict:
     return {"t": "rank_start", "host": "node1", "device": device, "collective_timeout_s": 600.0, **LAYOUT}
 
 
-def test_ranks_that_started_alike_share_their_facts_and_the_layout_stays_behind(post, token):
+def test_each_ranks_start_facts_without_the_parameter_layout(post, token):
     for rank in range(4):
         device = "cuda:1" if rank == 3 else "cuda:0"
         assert post(make_batch(run="facts", rank=rank, world_size=4, events=[start(rank, device)])).status_code == 200
-    facts = ranks.start_facts(Run.objects.get(key="facts"))
+    assert post(make_batch(run="facts", rank=0, world_size=4, seq=1, events=[{"t": "heartbeat"}])).status_code == 200
+    run = Run.objects.get(key="facts")
+    info, kept = Rank.objects.filter(run=run, rank=0).values_list("info", "facts").get()
+    assert info["params"] == LAYOUT["params"] and kept == {k: v for k, v in info.items() if k not in LAYOUT}
+    assert kept["device"] == "cuda:0"  # a later batch without a start keeps both
+    facts = ranks.start_facts(run)
     assert sorted(facts) == [0, 1, 2, 3]
-    assert facts[0] is facts[1] is facts[2] and facts[3] is not facts[0]  # decoded once per distinct value
-    assert facts[0] == {"host": "node1", "device": "cuda:0", "collective_timeout_s": 600.0}
+    assert facts[0] == facts[1] == facts[2] == {"host": "node1", "device": "cuda:0", "collective_timeout_s": 600.0}
     assert facts[3]["device"] == "cuda:1"
     assert set(facts[0]) <= set(RANK_FACTS)  # never the parameter layout
 

@@ -43,7 +43,7 @@ class CodeDiff:
     lines: list[DiffLine] = field(default_factory=list)
 
 
-def compile_record(event: CompileEvent) -> str:
+def compile_record(event: CompileEvent | reads.CompileReport) -> str:
     """A rank's compile as stable, diffable text (no rank-specific fields such as ts or pid)."""
     detail = event.detail or {}
     lines = [
@@ -159,7 +159,7 @@ def slot_diff(
     return majority, minority, diff, code
 
 
-def code_diff(events: dict[int, CompileEvent]) -> CodeDiff | None:
+def code_diff(events: dict[int, reads.CompileReport]) -> CodeDiff | None:
     """Normalized Inductor code of the majority vs the first minority rank; where the normalized code
     agrees but the raw code does not, the difference is only rank-specific text, said in words."""
     norms = {r: e.code_norm for r, e in events.items() if e.code_norm}
