@@ -15,7 +15,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import JSONObject, Now
 
 from dashboard.detection.rules import RANK_FACTS
-from dashboard.tenancy.models import RUNNING_STATES, Rank, Run
+from dashboard.tenancy.models import Rank, Run, rank_ended
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def rank_state(run: Run, step: int | None, since: datetime, silent_after: float)
     """`step`: the slot's (None: a compile outside the training steps, where anything sent since the
     slot opened counts as passing it). A lost rank never said goodbye: its absence is no data."""
     passed = Q(last_step__gte=step) if step is not None else Q(last_seen__gte=since)
-    ended = ~Q(status__in=RUNNING_STATES)
+    ended = rank_ended()
     fresh = Q(last_seen__gt=Now() - timedelta(seconds=silent_after))
     row = Rank.objects.filter(run=run).aggregate(
         accountable=ArrayAgg("rank", filter=passed | ended, default=[]),

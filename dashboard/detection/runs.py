@@ -34,7 +34,7 @@ from dashboard.detection.rules import (
 from dashboard.detection.rules.rank_silent import LEFT_ALONE, ended_message, silent_ranks
 from dashboard.evidence import reads
 from dashboard.ledger import slots
-from dashboard.tenancy.models import LOST, RUNNING_STATES, Rank, Run, mark_lost, rank_failed
+from dashboard.tenancy.models import LOST, Rank, Run, mark_lost, rank_ended, rank_failed
 from ingest import shed
 
 ACTIVE_WINDOW = timedelta(hours=1)
@@ -81,9 +81,6 @@ def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
     )
 
 
-ENDED = ~Q(status__in=RUNNING_STATES)
-
-
 def _age(moment: Any) -> Func:
     """Seconds from `moment` to now, by PostgreSQL's clock (the transaction's start)."""
     return Func(Now() - moment, template="EXTRACT(EPOCH FROM %(expressions)s)", output_field=FloatField())
@@ -95,12 +92,13 @@ def liveness(run: Run, watch_after: float) -> Liveness:
     silence alert open. A sweep runs every second; loading 100,000 ranks' ages cost it 0.5 s a run."""
     alerted = Alert.objects.filter(run=run, kind="rank_silent", state=Alert.State.FIRING).values("ranks__0")
     quiet = Q(last_seen__lte=Now() - timedelta(seconds=watch_after)) | Q(rank__in=alerted)
+    ended = rank_ended()
     row = Rank.objects.filter(run=run).aggregate(
         reported=Count("id"),
         freshest=_age(Max("last_seen")),
-        freshest_live=_age(Max("last_seen", filter=~ENDED)),
-        oldest_end=_age(Min("last_seen", filter=ENDED)),
-        ended=ArrayAgg("rank", filter=ENDED, default=[]),
+        freshest_live=_age(Max("last_seen", filter=~ended)),
+        oldest_end=_age(Min("last_seen", filter=ended)),
+        ended=ArrayAgg("rank", filter=ended, default=[]),
         quiet=ArrayAgg("rank", filter=quiet, order_by="rank", default=[]),
         quiet_ages=ArrayAgg(_age(F("last_seen")), filter=quiet, order_by="rank", default=[]),
     )

@@ -164,6 +164,11 @@ def rank_failed(via: str = "") -> Q:
 RUNNING_STATES = ("running", LOST)  # a rank in neither said goodbye
 
 
+def rank_ended() -> Q:
+    """`has_ended` as a filter: the rank said goodbye."""
+    return ~Q(status__in=RUNNING_STATES)
+
+
 def has_ended(status: str) -> bool:
     """The rank said goodbye (sent rank_end). A lost rank did not: its absence from a slot is no data."""
     return status not in RUNNING_STATES
