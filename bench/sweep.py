@@ -2,12 +2,13 @@
 run (the sweep) and settles the slots the ranks opened, so at 100,000 ranks their cost bounds how many
 such runs one worker follows.
 
-    python -m bench sweep [--ranks 100000] [--params 150] [-n 7] [--rebuild]
+    python -m bench sweep [--ranks 100000] [--params 150] [--heartbeat 5] [-n 7] [--rebuild]
 
 Uses its own database (`lockstep_bench_sweep` on the DATABASE_URL server) and one run of the
 "bench" project whose ranks are all running and fresh (reporting now), each of which reported one
 compile of the same frame at step 0 and passed that step, with start facts like a real job's (its
-device, and a parameter layout of `--params` names and their buckets). Times, in this process,
+device, and a parameter layout of `--params` names and their buckets), and which sent a progress
+sample every `--heartbeat` seconds through the silent window, as agents do. Times, in this process,
 median (min-max) of N after one warm-up: `runs.view_of` (the ranks' liveness, crashes,
 progress, the compile bill), the rules on that view (`rules.evaluate`), the subjects found clean
 (`rules.clean_subjects`), the whole `runs.check` (those, the compiled-work view, and the
@@ -67,6 +68,29 @@ def populate(ranks: int, params: int) -> None:
     common.analyze(Rank, CompileEvent)
 
 
+def sampled(run_id: int, ranks: int, heartbeat: float) -> int:
+    """Each rank's progress samples of the silent window up to now, one per heartbeat, as agents send
+    them (the older ones deleted); how many. They age as the timings run: a figure is a lower bound."""
+    from django.conf import settings
+    from django.db import connection, transaction
+
+    from dashboard.evidence.models import EventLog
+
+    samples = int(settings.LOCKSTEP_SILENT_AFTER // heartbeat) if heartbeat > 0 else 0
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"DELETE FROM {EventLog._meta.db_table} WHERE run_id = %s AND t = 'progress'", [run_id])
+        cur.execute(
+            f"INSERT INTO {EventLog._meta.db_table} (run_id, rank, t, body, ts, received)"
+            " SELECT %(run)s, r, 'progress', jsonb_build_object('phase', 'backward', 'phase_s', 0.2, 'step', 999,"
+            " 'since_step_s', 0.4, 'where', 'train.py:88 step'), now() - make_interval(secs => k * %(hb)s),"
+            " now() - make_interval(secs => k * %(hb)s)"
+            " FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, %(samples)s - 1) k",
+            {"run": run_id, "ranks": ranks, "hb": heartbeat, "samples": samples},
+        )
+    common.analyze(EventLog)
+    return ranks * samples
+
+
 def timed(work: Callable[[], T], n: int) -> tuple[list[float], T]:
     """Seconds of each of `n` calls after one warm-up, and the last call's result."""
     out = work()
@@ -87,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=100_000)
     parser.add_argument("--params", type=int, default=150, help="parameter names in each rank's start facts")
+    parser.add_argument(
+        "--heartbeat",
+        type=float,
+        default=5.0,
+        help="seconds between a rank's progress samples (the agent's default); 0: none",
+    )
     parser.add_argument("-n", type=int, default=7)
     parser.add_argument("--rebuild", action="store_true", help="make the run anew even if it exists")
     args = parser.parse_args(argv)
@@ -107,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         Run.objects.filter(id=run.id).update(last_seen=timezone.now())
 
     fresh()
+    samples = sampled(run.id, ranks, args.heartbeat)
     view_s, view = timed(lambda: runs.view_of(run), args.n)
+    sampled(run.id, ranks, args.heartbeat)
+    progress_s, progress = timed(lambda: runs.progress_of(run), args.n)
     evaluate_s, findings = timed(lambda: evaluate(view), args.n)
     clean_s, clean = timed(lambda: clean_subjects(view, findings), args.n)
     fresh()
@@ -128,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         f"the sweep's check of one run of {ranks:,} ranks",
         [
             ("runs.view_of", spread(view_s), detail),
+            (
+                "runs.progress_of",
+                spread(progress_s),
+                f"of the view: each rank's latest of {samples:,} progress samples, {len(progress):,} ranks (a sample per {args.heartbeat:g} s)",
+            ),
             ("rules.evaluate", spread(evaluate_s), f"{len(findings)} findings"),
             ("rules.clean_subjects", spread(clean_s), f"{len(clean):,} subjects found clean"),
             ("runs.check", spread(check_s), "the whole check, lifecycle included"),
