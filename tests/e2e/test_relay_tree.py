@@ -56,8 +56,10 @@ def batch(key: str, rank: int, fps: int = 7) -> protocol.Batch:
 def test_two_nodes_through_a_rack_relay(stack):
     _, token = project_with_token("tree")
     key = f"tree-{uuid.uuid4().hex[:6]}"
+    # the rack goes once it holds both nodes' 8 batches (a loaded machine parted them by more than
+    # 0.5 s once), or after 3 s: well inside the nodes' 8 s wait on it for the 3 batches further down
     with (
-        serving(stack.url, 0.5, 256) as (rack_url, rack),
+        serving(stack.url, 3.0, 8) as (rack_url, rack),
         serving(rack_url, 0.05) as (node_a, _),
         serving(rack_url, 0.05) as (node_b, _),
     ):
