@@ -6,7 +6,9 @@ spares batches: `agents.transport.kept_interval`), one
 request at a time; a batch the server did not accept (429, 503, a timeout after 10 s) stays in
 its backlog (the spool) and is sent again, first, after Retry-After or its backoff. The job's
 ranks all complete a step every `--step-time` seconds; a batch carries the steps done since the
-last one, as one compact `grads` event; a rank's first batch also holds its start, its rank_start
+last one, as one compact `grads` event, and what the agent adds by default (`Simulation.cadence`: a
+heartbeat and a progress sample every 5 s, weight fingerprints every 50 steps); a rank's first
+batch also holds its start, its rank_start
 and the compile events the real agent recorded (`bench/data/agent-events.json`), alike on every
 rank, so the tree packs them once per rack. `--ranks-per-request 8` sends a node's 8 batches as one
 bulk request, as a node relay forwards them. `--nodes-per-rack 32` adds the rack level of a relay
@@ -88,6 +90,7 @@ class Sender:
     asked: float = 0.5  # the longest interval the server asked for (kept only where it spares batches)
     not_before: float = 0.0
     failures: int = 0
+    next_heartbeat: float = 0.0  # when its ranks' next heartbeat is due (`Simulation.cadence`)
 
 
 @dataclass
@@ -138,11 +141,39 @@ class Simulation:
         """What a rank's first batch holds before its step: its rank_start and its compile events."""
         return compile_burst(self.compiles, rank)
 
+    def cadence(self, sender: Sender, first: int, last: int) -> list[Any]:
+        """What an agent adds to a batch besides its gradients, as `agents.transport` and `agents.grads`
+        do by default: at each heartbeat (`--heartbeat`) a heartbeat and a progress sample (the rank in
+        its next step's backward, where a healthy rank mostly is), and the weight fingerprints of every
+        `--param-every`-th step. A sender's ranks started together, so they heartbeat together; the
+        senders' heartbeats are spread over the interval (`run_for`)."""
+        from agents import protocol
+
+        now = time.time()
+        events: list[Any] = []
+        if self.args.heartbeat and now >= sender.next_heartbeat:
+            missed = int((now - sender.next_heartbeat) / self.args.heartbeat)  # a late flush sends one, not several
+            sender.next_heartbeat += self.args.heartbeat * (1 + missed)
+            events += [
+                protocol.Heartbeat(ts=now, step=last + 1),
+                protocol.Progress(
+                    ts=now, phase="backward", phase_s=0.1, step=last + 1, since_step_s=0.3, where="train.py:88:step"
+                ),
+            ]
+        if self.args.param_every:
+            events += [
+                protocol.Param(ts=now, step=step, fps=fingerprints(step + 1_000_000, self.args.buckets))
+                for step in range(first, last + 1)
+                if step % self.args.param_every == 0
+            ]
+        return events
+
     def body(self, sender: Sender, first: int, last: int) -> bytes:
         from agents import protocol
 
         if self.args.nodes_per_rack:
             return gzip_body(self.packed_body(sender, first, last))
+        extra = "".join("," + protocol.encode(e).decode() for e in self.cadence(sender, first, last))
         packed = self.packed.get((first, last))
         if packed is None:
             rows = [fingerprints(s, self.args.buckets) for s in range(first, last + 1)]
@@ -157,7 +188,7 @@ class Simulation:
             start = (
                 "".join(json.dumps(e, separators=(",", ":")) + "," for e in self.start(rank)) if not sender.seq else ""
             )
-            bodies.append((head[:-1] + ',"events":[' + start + packed + "]}").encode())
+            bodies.append((head[:-1] + ',"events":[' + start + packed + extra + "]}").encode())
         sender.seq += 1
         return gzip_body(bodies[0] if len(bodies) == 1 else protocol.bulk_body(bodies))
 
@@ -193,7 +224,8 @@ class Simulation:
         run = protocol.RunInfo(**self.run)
         divergence = self.divergence
         diverging = divergence is not None and divergence.rank in sender.ranks and first <= divergence.step <= last
-        if not seq or diverging:
+        extra = self.cadence(sender, first, last)
+        if not seq or diverging or extra:
             start = (lambda rank: msgspec.convert(self.start(rank), list[protocol.AnyEvent])) if not seq else None
             return agreement.pack(
                 [
@@ -203,7 +235,7 @@ class Simulation:
                         rank=rank,
                         session=session,
                         seq=seq,
-                        events=[*(start(rank) if start else []), self.rank_grads(rank, first, last)],
+                        events=[*(start(rank) if start else []), self.rank_grads(rank, first, last), *extra],
                     )
                     for rank, session in zip(sender.ranks, sender.sessions)
                 ]
@@ -223,13 +255,13 @@ class Simulation:
         """`packed_body` is what the relays' own packing gives for the same batches."""
         from agents import agreement, protocol
 
-        sender = Sender(self.senders[0].ranks, self.senders[0].sessions, seq=1)
-        grads = self.grads_event(0, 0)
+        sender = Sender(self.senders[0].ranks, self.senders[0].sessions, seq=1, next_heartbeat=float("inf"))
+        grads = self.grads_event(1, 1)  # a step of no weight fingerprints (`cadence`)
         batches = [
             protocol.Batch(v=1, run=protocol.RunInfo(**self.run), rank=rank, session=session, seq=1, events=[grads])
             for rank, session in zip(sender.ranks, sender.sessions)
         ]
-        if self.packed_body(sender, 0, 0) != agreement.pack(batches):
+        if self.packed_body(sender, 1, 1) != agreement.pack(batches):
             raise AssertionError("the simulated rack body differs from agents.agreement.pack's")
 
     async def post(self, body: bytes) -> tuple[int, dict, bytes]:
@@ -307,6 +339,8 @@ class Simulation:
             self.pool.put_nowait(None)
         self.t0 = time.time()
         until = self.t0 + seconds
+        for i, sender in enumerate(self.senders):
+            sender.next_heartbeat = self.t0 + self.args.heartbeat * i / len(self.senders)
         await asyncio.gather(*(self.agent(s, until) for s in self.senders))
 
     def settled(self, seconds: float) -> str:
@@ -412,6 +446,13 @@ def summary(ranks: int, figures: list[dict[str, float]]) -> tuple[str, str, str]
     )
 
 
+def cadence_of(args: argparse.Namespace) -> str:
+    """What the simulated ranks send besides their gradients, in words."""
+    beats = f"a heartbeat and a progress sample every {args.heartbeat:g} s" if args.heartbeat else "no heartbeats"
+    weights = f"weight fingerprints every {args.param_every} steps" if args.param_every else "no weight fingerprints"
+    return f"{beats}, {weights}"
+
+
 def form_of(args: argparse.Namespace) -> str:
     """How the simulated ranks reach the server, in words."""
     if args.nodes_per_rack:
@@ -442,6 +483,18 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=1, help="runs of each job size (a summary row when more than one)"
     )
     parser.add_argument("--buckets", type=int, default=16)
+    parser.add_argument(
+        "--heartbeat",
+        type=float,
+        default=5.0,
+        help="seconds between a rank's heartbeats, each with a progress sample (the agent's default; 0: none)",
+    )
+    parser.add_argument(
+        "--param-every",
+        type=int,
+        default=50,
+        help="steps between a rank's weight fingerprints (the agent's default; 0: none)",
+    )
     parser.add_argument(
         "--drain",
         type=float,
@@ -516,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack}, {os.cpu_count()} cores)",
         argv,
         f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
-        f" {args.celery} Celery worker processes, {conns}, {args.buckets} buckets",
+        f" {args.celery} Celery worker processes, {conns}, {args.buckets} buckets, {cadence_of(args)}",
         rows,
     )
     return 0

@@ -10,7 +10,8 @@ compile of the same frame at step 0 and passed that step, with start facts like 
 device, and a parameter layout of `--params` names and their buckets), and which sent a progress
 sample every `--heartbeat` seconds through the silent window, as agents do. Times, in this process,
 median (min-max) of N after one warm-up: `runs.view_of` (the ranks' liveness, crashes,
-progress, the compile bill), the rules on that view (`rules.evaluate`), the subjects found clean
+the longest wait in a collective, the compile bill), every rank's progress (`runs.progress_of`,
+which the view reads only once a wait could warn), the rules on that view (`rules.evaluate`), the subjects found clean
 (`rules.clean_subjects`), the whole `runs.check` (those, the compiled-work view, and the
 alerts' lifecycle in one transaction), and the settle of the compile slot every rank reported
 (`settle.settle_compile`: its reports, where the ranks stand, their start facts, the rules).
@@ -68,34 +69,66 @@ def populate(ranks: int, params: int) -> None:
     common.analyze(Rank, CompileEvent)
 
 
+SAMPLE = (
+    "jsonb_build_object('t', 'progress', 'phase', 'backward', 'phase_s', 0.2, 'step', 999, 'since_step_s', 0.4,"
+    " 'where', 'train.py:88 step')"
+)
+
+
 def sampled(run_id: int, ranks: int, heartbeat: float) -> int:
     """Each rank's progress samples of the silent window up to now, one per heartbeat, as agents send
-    them (the older ones deleted); how many. They age as the timings run: a figure is a lower bound."""
+    them (the older ones deleted), the latest also in its rank's row, as ingest keeps it (the ranks'
+    heartbeats spread over the interval); how many. They age as the timings run: the log's figures
+    are lower bounds."""
     from django.conf import settings
     from django.db import connection, transaction
 
     from dashboard.evidence.models import EventLog
+    from dashboard.tenancy.models import Rank
 
     samples = int(settings.LOCKSTEP_SILENT_AFTER // heartbeat) if heartbeat > 0 else 0
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(f"DELETE FROM {EventLog._meta.db_table} WHERE run_id = %s AND t = 'progress'", [run_id])
         cur.execute(
             f"INSERT INTO {EventLog._meta.db_table} (run_id, rank, t, body, ts, received)"
-            " SELECT %(run)s, r, 'progress', jsonb_build_object('phase', 'backward', 'phase_s', 0.2, 'step', 999,"
-            " 'since_step_s', 0.4, 'where', 'train.py:88 step'), now() - make_interval(secs => k * %(hb)s),"
+            f" SELECT %(run)s, r, 'progress', {SAMPLE}, now() - make_interval(secs => k * %(hb)s),"
             " now() - make_interval(secs => k * %(hb)s)"
             " FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, %(samples)s - 1) k",
             {"run": run_id, "ranks": ranks, "hb": heartbeat, "samples": samples},
         )
-    common.analyze(EventLog)
+        cur.execute(
+            f"UPDATE {Rank._meta.db_table} SET progress = CASE WHEN %(samples)s > 0 THEN {SAMPLE} END"
+            " WHERE run_id = %(run)s",
+            {"run": run_id, "samples": samples},
+        )
+    latest(run_id, heartbeat)
+    common.analyze(EventLog, Rank)
     return ranks * samples
 
 
-def timed(work: Callable[[], T], n: int) -> tuple[list[float], T]:
-    """Seconds of each of `n` calls after one warm-up, and the last call's result."""
+def latest(run_id: int, heartbeat: float) -> None:
+    """The ranks' latest samples received within the last heartbeat, as a steady job's are (their
+    heartbeats spread over it): the view is timed in the steady state, not as the samples age."""
+    from django.db import connection
+
+    from dashboard.tenancy.models import Rank
+
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {Rank._meta.db_table} SET progress_at = now() - make_interval(secs => rank %% 100 * %(hb)s / 100)"
+            " WHERE run_id = %(run)s AND progress IS NOT NULL",
+            {"run": run_id, "hb": heartbeat},
+        )
+
+
+def timed(work: Callable[[], T], n: int, before: Callable[[], object] = lambda: None) -> tuple[list[float], T]:
+    """Seconds of each of `n` calls after one warm-up, and the last call's result; `before` runs,
+    untimed, ahead of each call."""
+    before()
     out = work()
     samples = []
     for _ in range(n):
+        before()
         start = time.perf_counter()
         out = work()
         samples.append(time.perf_counter() - start)
@@ -138,13 +171,18 @@ def main(argv: list[str] | None = None) -> int:
 
     fresh()
     samples = sampled(run.id, ranks, args.heartbeat)
-    view_s, view = timed(lambda: runs.view_of(run), args.n)
-    sampled(run.id, ranks, args.heartbeat)
-    progress_s, progress = timed(lambda: runs.progress_of(run), args.n)
+
+    def steady() -> None:
+        latest(run.id, args.heartbeat)
+
+    view_s, view = timed(lambda: runs.view_of(run), args.n, steady)
+    wait_s, wait = timed(lambda: runs.longest_wait(run), args.n, steady)
+    progress_s, progress = timed(lambda: runs.progress_of(run), args.n, steady)
+    strip_s, strip = timed(lambda: runs.strip(run), args.n, steady)
     evaluate_s, findings = timed(lambda: evaluate(view), args.n)
     clean_s, clean = timed(lambda: clean_subjects(view, findings), args.n)
     fresh()
-    check_s, _ = timed(lambda: runs.check(run), args.n)
+    check_s, _ = timed(lambda: runs.check(run), args.n, steady)
     slot = CompileSlot.objects.get(run=run, frame=FRAME)
 
     def settled() -> list[int]:  # the slot pending again, as a late report leaves it
@@ -162,10 +200,17 @@ def main(argv: list[str] | None = None) -> int:
         [
             ("runs.view_of", spread(view_s), detail),
             (
+                "runs.longest_wait",
+                spread(wait_s),
+                f"of the view: the longest wait in a collective, {wait:.1f} s, of {samples:,} progress samples"
+                f" (a sample per {args.heartbeat:g} s)",
+            ),
+            (
                 "runs.progress_of",
                 spread(progress_s),
-                f"of the view: each rank's latest of {samples:,} progress samples, {len(progress):,} ranks (a sample per {args.heartbeat:g} s)",
+                f"each rank's latest sample, {len(progress):,} ranks: the view's only once a wait could warn",
             ),
+            ("runs.strip", spread(strip_s), f"the run page's {len(strip)} ranks, pushed every 2 s"),
             ("rules.evaluate", spread(evaluate_s), f"{len(findings)} findings"),
             ("rules.clean_subjects", spread(clean_s), f"{len(clean):,} subjects found clean"),
             ("runs.check", spread(check_s), "the whole check, lifecycle included"),

@@ -100,7 +100,7 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
             _NO_OTHER_EVENTS,
             GradEvents(cast(list[protocol.Grads], events), []),
             last_step,
-            _claim_row(batch, body_digest, None, last_step),
+            _claim_row(batch, body_digest, None, last_step, None),
             [],
             ONE_GRADS,
             set(),
@@ -117,13 +117,14 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
         )
     last_step = _last_step(events)
     start = by_type[protocol.RankStart][-1] if protocol.RankStart in by_type else None
+    progress = by_type[protocol.Progress][-1] if protocol.Progress in by_type else None
     return Prepared(
         batch,
         body_digest,
         by_type,
         grads,
         last_step,
-        _claim_row(batch, body_digest, start, last_step),
+        _claim_row(batch, body_digest, start, last_step, progress),
         _graph_hashes(by_type[protocol.Compile]) if protocol.Compile in by_type else [],
         Counter(type(e).__struct_config__.tag for e in events),
         {e.step for e in by_type[protocol.Detail]} if protocol.Detail in by_type else set(),
@@ -131,9 +132,14 @@ def prepare(batch: protocol.Batch, body_digest: str) -> Prepared:
 
 
 def _claim_row(
-    batch: protocol.Batch, body_digest: str, start: protocol.RankStart | None, last_step: int | None
+    batch: protocol.Batch,
+    body_digest: str,
+    start: protocol.RankStart | None,
+    last_step: int | None,
+    progress: protocol.Progress | None,
 ) -> dict[str, Any]:
-    """The batch's row of the claim statement's JSON document (`_claim`)."""
+    """The batch's row of the claim statement's JSON document (`_claim`): with its latest progress
+    sample, which becomes its rank's (`tenancy.sql.ranks_seen_cte`)."""
     return {
         "session": batch.session,
         "seq": batch.seq,
@@ -144,6 +150,7 @@ def _claim_row(
         "pid": start.pid if start else None,
         "info": start,
         "step": last_step,
+        "progress": progress,
     }
 
 
@@ -419,7 +426,8 @@ def _claim(wave: list[_Written]) -> None:
         f"""
             WITH b AS (
               SELECT * FROM json_to_recordset(%(batches)s::json)
-                AS b(session text, seq bigint, digest text, rank int, events int, host text, pid bigint, info json, step bigint)
+                AS b(session text, seq bigint, digest text, rank int, events int, host text, pid bigint, info json, step bigint,
+                      progress json)
             ), {writes.claim_cte("b")},{tenancy_sql.ranks_seen_cte("b")}, {details.handout_cte()},{slots.grad_reports_ctes()},{slots.compiles_waiting_cte("b")}
             SELECT ARRAY(SELECT rank FROM claim),
                    {slots.watermarks_before()},

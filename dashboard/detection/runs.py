@@ -11,9 +11,24 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import transaction
-from django.db.models import Count, Exists, F, FloatField, Func, Max, Min, OuterRef, Q
+from django.db.models import (
+    BigIntegerField,
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Func,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    TextField,
+    Value,
+)
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast, Now
+from django.db.models.functions import Cast, Coalesce, Now
 from django.utils import timezone
 
 from dashboard.detection import bills, flight, lifecycle, locks, tally, text
@@ -62,16 +77,21 @@ def rank_rows(run: Run) -> list[dict[str, Any]]:
 
 
 def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
+    """What the sweep's rules read of the run. Every rank's progress only while some rank has waited
+    in a collective long enough for `hang_forecast` to warn, which one aggregate tells: the rule finds
+    nothing otherwise, and at 100,000 ranks reading them all took seconds."""
     now = timezone.now()
     compile_total = (totals or tally.compile_totals(run)).seconds
+    timeout = collective_timeout(run)
+    waited = longest_wait(run) >= hang_forecast.warn_after(settings.LOCKSTEP_HANG_WARN_AFTER, timeout)
     return RunView(
         run_id=run.id,
         world_size=run.world_size,
         ranks=liveness(run, min(settings.LOCKSTEP_SILENT_AFTER, settings.LOCKSTEP_LOST_AFTER)),
         silent_after=settings.LOCKSTEP_SILENT_AFTER,
         crashes=crash_facts(run),
-        progress=progress_of(run),
-        collective_timeout_s=collective_timeout(run),
+        progress=progress_of(run) if waited else {},
+        collective_timeout_s=timeout,
         hang_warn_after=settings.LOCKSTEP_HANG_WARN_AFTER,
         compile_cost=bills.for_sweep(run, compile_total, (now - run.started_at).total_seconds(), now),
         lost_after=settings.LOCKSTEP_LOST_AFTER,
@@ -125,12 +145,25 @@ def collective_timeout(run: Run) -> float | None:
     return None if shortest is None else float(shortest)
 
 
+def _sampled(run: Run) -> Q:
+    """The run's ranks with a progress sample received within the last `LOCKSTEP_SILENT_AFTER` seconds."""
+    return Q(run=run, progress_at__gte=Now() - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER))
+
+
 def progress_of(run: Run) -> dict[int, RankProgress]:
     """Each rank's latest progress sample of the last `LOCKSTEP_SILENT_AFTER` seconds, carried forward
     to now by the server's clock (the time since ingest received it), so agents' clocks don't matter."""
-    now = timezone.now()
-    rows = reads.latest_progress(run.id, now - timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER))
-    return {rank: _progress(body, (now - received).total_seconds()) for rank, body, received in rows}
+    rows = Rank.objects.filter(_sampled(run)).values_list("rank", "progress", _age(F("progress_at")))
+    return {rank: _progress(body, age) for rank, body, age in rows}
+
+
+def longest_wait(run: Run) -> float:
+    """The longest a rank that has not ended has now waited in a collective (`hang_forecast.WAITING`),
+    by its latest sample carried forward to now; 0 when none waits."""
+    phase_s = Cast(KeyTextTransform("phase_s", "progress"), FloatField())
+    waiting = Q(progress__phase__in=hang_forecast.WAITING) & ~rank_ended()
+    wait = Rank.objects.filter(_sampled(run), waiting).aggregate(s=Max(phase_s + _age(F("progress_at"))))["s"]
+    return wait or 0.0
 
 
 def _progress(body: dict[str, Any], age: float) -> RankProgress:
@@ -148,24 +181,39 @@ def _progress(body: dict[str, Any], age: float) -> RankProgress:
 
 def strip(run: Run) -> list[dict[str, Any]]:
     """The run page's per-rank strip: phase now and seconds since the last step, the ranks that hold
-    the others up first (not in the collective the others wait in), then the longest since a step."""
-    view = progress_of(run)
-    late = hang_forecast.split(view)[1]
-    rows: list[dict[str, Any]] = [
-        {
-            "rank": r,
-            "phase": p.phase,
-            "for_s": round(p.phase_s, 1),
-            "step": p.step,
-            "op": p.op[:200],
-            "where": p.where[:200],
-            "since_step_s": round(p.since_step_s, 1) if p.since_step_s is not None else None,
-            "holding": r in late,
-        }
-        for r, p in view.items()
-    ]
-    rows.sort(key=lambda row: (not row["holding"], -(row["since_step_s"] or 0.0), row["rank"]))
-    return rows[:STRIP_RANKS]
+    the others up first (not in the collective the others wait in: `hang_forecast.split`), then the
+    longest since a step; chosen by PostgreSQL, so a run of any size costs a page the same 64 rows."""
+    sampled = Rank.objects.filter(_sampled(run)).annotate(
+        phase=Coalesce(KeyTextTransform("phase", "progress"), Value("other"), output_field=TextField()),
+        step=Cast(KeyTextTransform("step", "progress"), BigIntegerField()),
+        age=_age(F("progress_at")),
+    )
+    held_at = sampled.filter(phase__in=hang_forecast.WAITING).aggregate(s=Max("step"))["s"]
+    holding: Q | Value = (
+        ~Q(phase__in=hang_forecast.WAITING) & (Q(step__isnull=True) | Q(step__lte=held_at))
+        if held_at is not None
+        else Value(False)
+    )
+    since = Coalesce(Cast(KeyTextTransform("since_step_s", "progress"), FloatField()) + F("age"), 0.0)
+    rows = (
+        sampled.annotate(holding=ExpressionWrapper(holding, BooleanField()), since=since)
+        .order_by("-holding", "-since", "rank")
+        .values_list("rank", "progress", "age", "holding")[:STRIP_RANKS]
+    )
+    return [_strip_row(rank, _progress(body, age), holding) for rank, body, age, holding in rows]
+
+
+def _strip_row(rank: int, p: RankProgress, holding: bool) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "phase": p.phase,
+        "for_s": round(p.phase_s, 1),
+        "step": p.step,
+        "op": p.op[:200],
+        "where": p.where[:200],
+        "since_step_s": round(p.since_step_s, 1) if p.since_step_s is not None else None,
+        "holding": holding,
+    }
 
 
 def crash_facts(run: Run) -> dict[int, Crash]:

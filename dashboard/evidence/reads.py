@@ -261,16 +261,6 @@ def graph_texts(run_id: int, hashes: list[str]) -> dict[str, str]:
 # --- the event log -----------------------------------------------------------------------
 
 
-def latest_progress(run_id: int, since: datetime) -> list[tuple[int, dict[str, Any], datetime]]:
-    """(rank, body, received) of each rank's newest progress sample received since `since`."""
-    return list(
-        EventLog.objects.filter(run_id=run_id, t="progress", received__gte=since)
-        .order_by("rank", "-received", "-id")
-        .distinct("rank")
-        .values_list("rank", "body", "received")
-    )
-
-
 def collective_waits(run_id: int, steps: list[int]) -> dict[int, dict[int, float]]:
     """step -> rank -> the longest wait in a collective the rank reported in that step (`CollectiveWait`:
     only waits of STUCK_S or more are kept), a row per step (1,024 ranks' waits come as two arrays)."""

@@ -145,6 +145,11 @@ class Rank(models.Model):
     exit_code = models.IntegerField(null=True)
     last_step = models.BigIntegerField(null=True)
     last_seen = models.DateTimeField(auto_now=True)
+    # the rank's latest progress sample (`protocol.Progress`) and when ingest received it, kept by the
+    # same statement: the sweep reads where every rank is from here each second, where the log's samples
+    # of the silent window are a dozen rows a rank (`sql.ranks_seen_cte`)
+    progress = models.JSONField(null=True)
+    progress_at = models.DateTimeField(null=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "rank"], name="rank_per_run")]

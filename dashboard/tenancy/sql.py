@@ -14,14 +14,16 @@ RUN = Run._meta.db_table
 
 def ranks_seen_cte(source: str) -> str:
     """CTE `ranked`: upsert each batch's rank facts from CTE `source` (run is %(run)s; columns rank, host,
-    pid, info, step): a rank_start's facts replace the old ones (and `facts`, the same without the
-    parameter layout), progress only moves forward, and a rank the sweep had given up as lost is
-    running again."""
+    pid, info, step, progress): a rank_start's facts replace the old ones (and `facts`, the same without
+    the parameter layout), the last step only moves forward, the batch's latest progress sample replaces
+    the rank's (received now), and a rank the sweep had given up as lost is running again."""
     return f"""
             ranked AS (
-              INSERT INTO {RANK} (run_id, rank, host, pid, info, facts, status, exit_code, last_step, last_seen)
+              INSERT INTO {RANK} (run_id, rank, host, pid, info, facts, status, exit_code, last_step, last_seen,
+                                  progress, progress_at)
               SELECT %(run)s::bigint, rank, host, pid, COALESCE(info::jsonb, '{{}}'::jsonb),
-                COALESCE(info::jsonb, '{{}}'::jsonb) - '{{{",".join(LAYOUT)}}}'::text[], 'running', NULL, step, now()
+                COALESCE(info::jsonb, '{{}}'::jsonb) - '{{{",".join(LAYOUT)}}}'::text[], 'running', NULL, step, now(),
+                progress::jsonb, CASE WHEN progress IS NULL THEN NULL ELSE now() END
               FROM {source} ORDER BY rank
               ON CONFLICT (run_id, rank) DO UPDATE SET
                 host = COALESCE(NULLIF(EXCLUDED.host, ''), {RANK}.host),
@@ -30,7 +32,9 @@ def ranks_seen_cte(source: str) -> str:
                 facts = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.facts ELSE EXCLUDED.facts END,
                 last_step = GREATEST({RANK}.last_step, EXCLUDED.last_step),
                 status = CASE WHEN {RANK}.status = '{LOST}' THEN 'running' ELSE {RANK}.status END,
-                last_seen = now()
+                last_seen = now(),
+                progress = COALESCE(EXCLUDED.progress, {RANK}.progress),
+                progress_at = COALESCE(EXCLUDED.progress_at, {RANK}.progress_at)
             )"""
 
 

@@ -4,6 +4,7 @@ the at-scale figures measure another product (docs/scale-out.md)."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import msgspec
 
@@ -13,7 +14,14 @@ from bench.ingest_simulation import Divergence, Sender, Simulation
 
 def simulation(ranks: int = 512) -> Simulation:
     args = argparse.Namespace(
-        ranks_per_request=8, nodes_per_rack=32, seconds=20.0, step_time=1.0, buckets=4, diverge=True
+        ranks_per_request=8,
+        nodes_per_rack=32,
+        seconds=20.0,
+        step_time=1.0,
+        buckets=4,
+        diverge=True,
+        heartbeat=5.0,
+        param_every=50,
     )
     sim = Simulation(args, "http://127.0.0.1:1", "token", ranks)
     sim.divergence = Divergence(rank=300, step=10)
@@ -27,6 +35,8 @@ def grads_of(body: bytes) -> dict[int, list[bytes]]:
 
 def test_only_the_diverging_rank_reports_other_gradients_and_only_at_its_step():
     sim = simulation()
+    for sender in sim.senders:
+        sender.next_heartbeat = float("inf")  # gradients alone
     sim.check_packing()
     rack = next(s for s in sim.senders if 300 in s.ranks)
     first = grads_of(sim.packed_body(rack, 0, 0))  # every rank's start
@@ -45,3 +55,23 @@ def test_a_rack_resends_nothing_twice_under_one_seq():
     rack = Sender(sim.senders[0].ranks, sim.senders[0].sessions)
     seqs = [msgspec.json.decode(sim.packed_body(rack, s, s), type=protocol.Packed).batches[0].seq for s in range(3)]
     assert seqs == [0, 1, 2]
+
+
+def test_ranks_heartbeat_with_a_progress_sample_and_fingerprint_their_weights_as_agents_do():
+    """At a heartbeat every rank of the rack sends a heartbeat and a progress sample, at every 50th
+    step its weight fingerprints: alike on every rank, so they travel once, as the relays pack them."""
+    sim = simulation()
+    rack = sim.senders[1]
+    rack.seq, rack.next_heartbeat = 1, 0.0  # a heartbeat is due
+    packed = msgspec.json.decode(sim.packed_body(rack, 49, 50), type=protocol.Packed)
+    assert sorted(type(a.event).__name__ for a in packed.agreed) == ["Grads", "Heartbeat", "Param", "Progress"]
+    assert all(a.of == [(0, 255)] for a in packed.agreed) and not any(b.events for b in packed.batches)
+    batches = [b for b, _ in agreement.unpack(packed) if b is not None]
+    assert len(batches) == 256
+    for batch in batches:
+        kinds = {type(e): e for e in batch.events}
+        assert kinds[protocol.Param].step == 50 and kinds[protocol.Progress].step == 51
+        assert kinds[protocol.Progress].phase == "backward" and kinds[protocol.Heartbeat].step == 51
+    assert time.time() < rack.next_heartbeat <= time.time() + 5.0  # the next one within a heartbeat, not before
+    steady = msgspec.json.decode(sim.packed_body(rack, 51, 51), type=protocol.Packed)
+    assert [type(a.event) for a in steady.agreed] == [protocol.Grads]

@@ -8,8 +8,9 @@ from django.utils import timezone
 
 from dashboard.detection import runs, silences
 from dashboard.detection.models import Alert
+from dashboard.detection.rules import hang_forecast
 from dashboard.evidence.models import EventLog
-from dashboard.tenancy.models import Run
+from dashboard.tenancy.models import Rank, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -113,7 +114,7 @@ def test_samples_are_carried_forward_by_the_server_clock(post, settings):
     job.send(0, waiting(8)), job.send(1, compiling(8))
     runs.check(run)
     assert not Alert.objects.filter(kind="hang_forecast").exists()
-    EventLog.objects.filter(run=run, t="progress").update(received=timezone.now() - timezone.timedelta(seconds=3))
+    Rank.objects.filter(run=run).update(progress_at=timezone.now() - timezone.timedelta(seconds=3))
     view = runs.view_of(run)
     assert 10.9 < view.progress[0].phase_s < 12 and view.collective_timeout_s == 60.0
     runs.check(run)
@@ -146,3 +147,59 @@ def test_compile_start_is_kept_in_the_event_log(post):
     job.send(0, {"t": "compile_start", "frame": FRAME, "compile_id": "0/1", "reason": GUARD, "step": 4})
     body = EventLog.objects.get(run=run, t="compile_start").body
     assert (body["frame"], body["compile_id"], body["reason"], body["step"]) == (FRAME, "0/1", GUARD, 4)
+
+
+def test_each_rank_keeps_its_latest_sample_in_its_row(post, settings):
+    """A batch without a sample keeps the rank's; the next sample replaces it; the log keeps them all."""
+    job = Job(post, world_size=2)
+    run = job.start()
+    job.send(0, waiting(2, step=4)), job.send(1, compiling(3, step=4))
+    job.send(0, {"t": "heartbeat", "step": 4})
+    assert Rank.objects.get(run=run, rank=0).progress["phase"] == "collective"
+    job.send(0, waiting(6, step=5))
+    rows = {r.rank: r for r in Rank.objects.filter(run=run)}
+    assert (rows[0].progress["phase_s"], rows[0].progress["step"], rows[1].progress["op"]) == (6, 5, FRAME)
+    assert EventLog.objects.filter(run=run, t="progress").count() == 3
+    Rank.objects.filter(run=run, rank=1).update(
+        progress_at=timezone.now() - timezone.timedelta(seconds=settings.LOCKSTEP_SILENT_AFTER + 1)
+    )
+    assert set(runs.progress_of(run)) == {0}  # a sample older than the silent window is no news of where rank 1 is
+
+
+def test_the_sweep_reads_every_rank_only_once_a_wait_could_warn(post, settings):
+    """Below the warning threshold one aggregate answers and the view carries no rank's progress; past
+    it, every rank's. A rank that ended waiting counts for nothing."""
+    settings.LOCKSTEP_HANG_WARN_AFTER = 10
+    job = Job(post)
+    run = job.start()
+    job.send(0, waiting(9)), job.send(1, compiling(9)), job.send(2, waiting(4))
+    assert 9 <= runs.longest_wait(run) < 10 and runs.view_of(run).progress == {}
+    assert len(runs.progress_of(run)) == 3  # the samples are there, the sweep just did not need them
+    job.send(2, waiting(10.5))
+    assert set(runs.view_of(run).progress) == {0, 1, 2}
+    job.send(2, waiting(11), {"t": "rank_end", "status": "ok"})
+    assert 9 <= runs.longest_wait(run) < 10 and runs.view_of(run).progress == {}
+
+
+def test_the_strip_is_the_first_64_ranks_as_the_rules_see_them(post):
+    """PostgreSQL picks the page's ranks: the late ones first, then the longest since a step, as
+    `hang_forecast.split` and a sort of every rank's carried-forward sample would."""
+    job = Job(post, world_size=70)
+    run = job.start()
+    for rank in range(70):
+        if rank % 7 == 3:  # late: compiling step 4 while the others wait in it
+            job.send(rank, compiling(2.0 + rank / 10))
+        elif rank % 11 == 5:
+            job.send(rank, {"t": "progress", "phase": "data", "phase_s": 1.0, "step": 3, "where": "job.py:20:next"})
+        else:
+            job.send(rank, waiting(1.0 + rank / 100))
+    view = runs.progress_of(run)
+    late = hang_forecast.split(view)[1]
+    reference = sorted(view, key=lambda r: (r not in late, -(view[r].since_step_s or 0.0), r))[: runs.STRIP_RANKS]
+    strip = runs.strip(run)
+    assert [row["rank"] for row in strip] == reference and len(strip) == 64
+    assert (
+        {row["rank"] for row in strip if row["holding"]}
+        == set(late)
+        == {r for r in range(70) if r % 7 == 3 or r % 11 == 5}
+    )

@@ -34,7 +34,7 @@ def hang_forecast(view: RunView) -> Iterator[Finding]:
     wait = max(p.phase_s for p in waiting.values())
     timeout = view.collective_timeout_s
     half = 0.5 * timeout if timeout else float("inf")
-    if wait < min(view.hang_warn_after, half):
+    if wait < warn_after(view.hang_warn_after, timeout):
         return
     left = max(0.0, timeout - wait) if timeout else None
     first = min(waiting.values(), key=lambda p: -p.phase_s)
@@ -54,6 +54,12 @@ def hang_forecast(view: RunView) -> Iterator[Finding]:
             "late": {str(r): _facts(p) for r, p in sorted(late.items())},
         },
     )
+
+
+def warn_after(hang_warn_after: float, timeout: float | None) -> float:
+    """How long a rank waits in a collective before the forecast warns: the sweep loads every rank's
+    progress only once some rank has waited that long (`runs.view_of`)."""
+    return min(hang_warn_after, 0.5 * timeout) if timeout else hang_warn_after
 
 
 def split(progress: dict[int, RankProgress]) -> tuple[dict[int, RankProgress], dict[int, RankProgress]]:
