@@ -343,6 +343,9 @@ SINKS_FILE_VARIABLES = os.environ
 # Threads of the agents' door (ingest/door.py) per ASGI process (default 16): blob and flight-record
 # uploads, token lookups that miss the cache, and decoding bodies over 256 KiB.
 LOCKSTEP_INGEST_THREADS = int(os.environ.get("LOCKSTEP_INGEST_THREADS", "0")) or 16
+# Group-commit writer threads per ASGI process (ingest/groupcommit.py): groups of one process written
+# at once, each on a pooled connection of its own (keep LOCKSTEP_DB_POOL above it).
+LOCKSTEP_INGEST_WRITERS = max(1, int(os.environ.get("LOCKSTEP_INGEST_WRITERS", "2")))
 
 LOGGING = {
     "version": 1,

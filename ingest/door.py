@@ -7,7 +7,7 @@ cost is per request. Through Django's request handling a 2-step batch cost 1.3 m
 on the 2-core machine, most of it in the request object, the middleware, a thread per request
 waiting for its group commit and a Redis round trip of its own (docs/bench-ingest.md). Here a
 request is parsed, checked and decoded on the loop, waits for its group as a future
-(`groupcommit.LoopCommitter`: one writer thread per process), and is answered from the loop.
+(`groupcommit.LoopCommitter`: a few writer threads per process), and is answered from the loop.
 
 Every request takes the same steps, whichever endpoint:
 
@@ -76,7 +76,7 @@ class Door:
         self.threads = threads or ThreadPoolExecutor(
             settings.LOCKSTEP_INGEST_THREADS, thread_name_prefix="lockstep-door"
         )
-        self.committer = groupcommit.LoopCommitter(writer)
+        self.committer = groupcommit.LoopCommitter([writer] if writer else None)
         self.bodies = bodies.BodyReader()
         self.reading = Reading()
         self.policy = HeaderPolicy()

@@ -6,11 +6,16 @@ completion statement, for 2 rank-steps. Sharing them, a group of N requests pays
 table, one claim statement per run, one commit, one rate-limit count in Redis per project, one
 blob lookup and one announcement of the slots it completed, as a node relay's bulk request does.
 
-How: one group of a process is written at a time, and jobs that arrive meanwhile form the next
-one, so nobody waits on a timer: a lone request is written at once, and groups grow with the load
-by themselves. Jobs queue on the event loop (`LoopCommitter`, for the agents' door,
-`ingest.door`), one writer thread writes a group at a time (`write`), and the loop hands each
-request its answer.
+How: each of a process's `LOCKSTEP_INGEST_WRITERS` writer threads writes one group at a time,
+and jobs that arrive while every writer is busy form the next group, so nobody waits on a timer: a
+lone request is written at once, and groups grow with the load by themselves. Jobs queue on the
+event loop (`LoopCommitter`, for the agents' door, `ingest.door`), a free writer thread writes the
+oldest of them as a group (`write`), and the loop hands each request its answer. More than one
+writer keeps PostgreSQL busy while a group waits for its commit or a row lock: a rack relay's
+request is a group of its own (256 batches), and a step's burst of them queued behind one writer
+per process while the database had cores to spare. Groups in flight at once meet only on rows
+that other processes' groups meet on too (slots, a resent batch's claim): they wait on each other's
+row locks, or lose a race and are tried again (`writers.store_group`).
 
 What is kept: a request is answered only after the commit that holds its batches; each request is
 all or nothing and gets its own answer (a duplicate, a 409, a 400, a 429, or a database error of
@@ -210,23 +215,32 @@ class _Waiting:
 
 
 class LoopCommitter:
-    """Group commit for requests served on the event loop: no thread per request, one writer thread
-    per process. The queue is also the process's load: its oldest job's wait is what sheds new
-    requests (`backpressure.SHED_AFTER_S`), and its length bounds the batches held in memory."""
+    """Group commit for requests served on the event loop: no thread per request, a few writer
+    threads per process (`writers`, each an executor of one thread that keeps its own connection).
+    The queue is also the process's load: its oldest job's wait is what sheds new requests
+    (`backpressure.SHED_AFTER_S`), and its length bounds the batches held in memory."""
 
     # a whole 16k-rank job's flush: agents flush at the same wall-clock instants, so a burst of a
     # job's batches is the normal case and must queue; past this the process answers 503 at once
     MAX_QUEUED_BATCHES = 16_384
 
-    def __init__(self, writer: Executor | None = None) -> None:
+    def __init__(self, writers: list[Executor] | None = None) -> None:
         self.queue: list[_Waiting] = []
-        self.writing = False
         self.queued_batches = 0
         self.coalescing = False  # the next group waits COALESCE_S for the batches on their way
         self.young = collector.YoungGeneration(
             on_idle=self._idle
         )  # the collector's young generation, sized by the load
-        self._writer = writer or ThreadPoolExecutor(1, thread_name_prefix="lockstep-groupcommit")
+        self._writers = writers or [
+            ThreadPoolExecutor(1, thread_name_prefix=f"lockstep-groupcommit-{i}")
+            for i in range(settings.LOCKSTEP_INGEST_WRITERS)
+        ]
+        self._free = list(self._writers)  # the writers not writing a group now
+
+    @property
+    def writing(self) -> bool:
+        """A group is being written."""
+        return len(self._free) < len(self._writers)
 
     def oldest_wait(self) -> float:
         """Seconds the longest-waiting queued request has waited (0: none waits)."""
@@ -240,12 +254,12 @@ class LoopCommitter:
         future = asyncio.get_running_loop().create_future()
         self.queue.append(_Waiting(job, arrived, future))
         self.queued_batches += len(job.items)
-        if not self.writing and not self.coalescing:
+        if self._free and not self.coalescing:
             self._next()
         return with_interval(await future, arrived)
 
     def _next(self) -> None:
-        """Start writing the next group (on the loop, which alone touches the queue)."""
+        """Start writing the next group on a free writer (on the loop, which alone touches the queue)."""
         now = time.monotonic()
         while self.queue and now - self.queue[0].arrived > backpressure.SHED_AFTER_S:
             shed = self.queue.pop(0)  # it waited into its agent's timeout: refused unstored, resent after Retry-After
@@ -256,20 +270,20 @@ class LoopCommitter:
         group = _take(self.queue, lambda w: len(w.job.items))
         if not group:
             return
-        self.writing = True
+        writer = self._free.pop()
         self.queued_batches -= sum(len(w.job.items) for w in group)
         done = asyncio.get_running_loop().run_in_executor(
-            self._writer, _write_on_thread, [w.job for w in group], bool(self.queue) or self.young.loaded
+            writer, _write_on_thread, [w.job for w in group], bool(self.queue) or self.young.loaded
         )
-        done.add_done_callback(lambda f: self._answer(group, f))
+        done.add_done_callback(lambda f: self._answer(group, writer, f))
 
-    def _answer(self, group: list[_Waiting], done: asyncio.Future[list[Answer]]) -> None:
+    def _answer(self, group: list[_Waiting], writer: Executor, done: asyncio.Future[list[Answer]]) -> None:
         error = done.exception()  # `_written` answers what escapes `write`: a thread's Exception at most
         answers = done.result() if not error else [cast(Exception, error)] * len(group)
         for waiting, answer in zip(group, answers):
             if not waiting.future.done():  # its connection may have gone meanwhile
                 waiting.future.set_result(answer)
-        self.writing = False
+        self._free.append(writer)
         # batches, not requests: a rack relay's one request of 256 batches is load (the collector's young
         # generation, the writer's connection kept), as 256 ranks posting at once are
         loaded = sum(len(w.job.items) for w in group) >= COALESCE_AFTER
@@ -284,19 +298,21 @@ class LoopCommitter:
             self._next()
 
     def _idle(self) -> None:
-        """The process fell idle with its writer's pooled connection kept (`_write_on_thread`): it goes
-        back now (after the group being written, if one is)."""
-        self._writer.submit(release_connection)
+        """The process fell idle with its writers' pooled connections kept (`_write_on_thread`): they go
+        back now (each after the group it is writing, if one is)."""
+        for writer in self._writers:
+            writer.submit(release_connection)
 
     def _next_if_idle(self) -> None:
         self.coalescing = False
-        if not self.writing:
+        if self._free:
             self._next()
 
     def shutdown(self) -> None:
-        """Close the writer thread's database connections, then stop it (tests)."""
-        self._writer.submit(connections.close_all).result()
-        self._writer.shutdown(wait=True)
+        """Close the writer threads' database connections, then stop them (tests)."""
+        for writer in self._writers:
+            writer.submit(connections.close_all).result()
+            writer.shutdown(wait=True)
 
 
 def _write_on_thread(jobs: list[writers.Job], keep: bool = False) -> list[Answer]:

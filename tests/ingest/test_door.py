@@ -137,7 +137,9 @@ def test_redis_down_refuses_the_whole_group_unstored(project, settings, monkeypa
 
 
 @pytest.fixture
-def app():
+def app(settings):
+    """One group writer: the tests below hold a group and watch what the next requests do meanwhile."""
+    settings.LOCKSTEP_INGEST_WRITERS = 1
     made = make_door()
     yield made
     made.shutdown()
@@ -204,6 +206,44 @@ def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, toke
     assert statuses == [200] * 8 and groups == [1, 7]
     assert committed_before_answer == [True] * 8
     assert GradReport.objects.count() == 2  # rank 0 alone, then the seven agreeing ranks of one group share a row
+
+
+@on_loop
+def test_a_group_held_in_postgresql_does_not_hold_up_the_next_one(settings, token, groups):
+    """With two writers, rank 0's group waits on a row lock another session holds (its session's
+    claim) while rank 1's group is written and answered; rank 0 is answered once the lock goes. With
+    one writer rank 1 would wait behind it."""
+    settings.LOCKSTEP_INGEST_WRITERS = 2
+    app = make_door()
+
+    def batch(rank: int, seq: int) -> bytes:
+        return json.dumps(make_batch(rank=rank, seq=seq, world_size=2)).encode()
+
+    assert call(app, batch(0, 0), headers_for(token))[0] == 200  # rank 0's session row exists
+    locker = psycopg.connect(database_url(connection.settings_dict))
+    locker.execute(f"SELECT 1 FROM {IngestSession._meta.db_table} WHERE rank = 0 FOR UPDATE")
+    order: list[int] = []
+
+    async def send(rank: int, seq: int) -> int:
+        status = (await acall(app, batch(rank, seq), headers_for(token)))[0]
+        order.append(rank)
+        return status
+
+    async def scenario() -> list[int]:
+        held = asyncio.create_task(send(0, 1))
+        await _until(lambda: app.committer.writing)
+        other = await send(1, 0)
+        assert not held.done() and app.committer.writing
+        locker.commit()
+        return [await held, other]
+
+    try:
+        assert async_to_sync(scenario)() == [200, 200]
+    finally:
+        locker.close()
+        app.shutdown()
+    assert order == [1, 0] and groups == [1, 1, 1]
+    assert claims.ranks() == [0, 0, 1]
 
 
 @on_loop
