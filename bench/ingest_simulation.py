@@ -525,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(bench_env(), LOCKSTEP_SINKS_ALLOW_PRIVATE="1")  # the webhook receiver listens on 127.0.0.1
     fresh_database(env)
     setup_django(env)
+    from django.conf import settings
+
     from dashboard.tenancy.models import Project, ProjectToken
 
     project = Project.objects.create(name="bench")
@@ -568,8 +570,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.nodes_per_rack
         else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack}, {os.cpu_count()} cores)",
         argv,
-        f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes,"
-        f" {args.celery} Celery worker processes, {conns}, {args.buckets} buckets, {cadence_of(args)}",
+        f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes"
+        f" of {settings.LOCKSTEP_INGEST_WRITERS} group writers each, {args.celery} Celery worker processes, {conns},"
+        f" {args.buckets} buckets, {cadence_of(args)}",
         rows,
     )
     return 0

@@ -18,7 +18,8 @@
 # Environment: SCALE_DATA (data folder, default /tmp/lockstep-scale), SCALE_VENV (default
 # .venv-scale), SCALE_INGEST (uvicorn workers, default: cores - 6), SCALE_CELERY (Celery worker
 # processes settling the slots and paging, default 2; the rest of the cores are PostgreSQL's and
-# the simulated agents'), PYTHON (default python3). The job runs with one rank diverging at its
+# the simulated agents'), PYTHON (default python3); the server's own variables pass through
+# (LOCKSTEP_INGEST_WRITERS: group writers per uvicorn worker, default 2). The job runs with one rank diverging at its
 # middle step (`--diverge`), timed to its page. The figures land in bench/RESULTS.md as the
 # bench's own section, every 5 s the busiest processes in SCALE_DATA/top.log (where the host's
 # cores went), and every second what each busy PostgreSQL backend runs or waits on in
@@ -38,7 +39,7 @@ venv="${SCALE_VENV:-.venv-scale}"
 data="${SCALE_DATA:-/tmp/lockstep-scale}"
 
 usage() {
-  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 

@@ -28,6 +28,7 @@ from tests.stack import Stack, database_url, started_stack, unique
 
 pytestmark = [pytest.mark.e2e]
 HOLDERS = 4  # requests that reach the stalled server before the agent's batch
+WRITERS = 2  # the server's group writers (LOCKSTEP_INGEST_WRITERS): each takes one holder's request in
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,8 @@ def server(stack_env, tmp_path_factory) -> Iterator[Stack]:
     queues, which the shared stack carries over from whatever other files sent it (the resend below
     missed its 60 s there in two full-suite runs; on a fresh stack, with three busy loops on the two
     cores, it passed)."""
-    with started_stack(stack_env, tmp_path_factory.mktemp("backpressure")) as running:
+    env = {**stack_env, "LOCKSTEP_INGEST_WRITERS": str(WRITERS)}
+    with started_stack(env, tmp_path_factory.mktemp("backpressure")) as running:
         yield running
 
 
@@ -100,7 +102,8 @@ def test_a_slow_server_slows_the_agents_flushes_and_lets_go_when_it_keeps_up(ser
 def test_a_batch_that_waited_past_shedding_is_refused_with_retry_after_and_resent(server, live_db, tmp_path):
     """A group stalled in PostgreSQL; the requests queued behind it wait past SHED_AFTER_S, among
     them the agent's batch: each is answered 503 + Retry-After unstored when its turn comes, and
-    the agent resends its batch, stored once. Only the stalled group's request got in meanwhile."""
+    the agent resends its batch, stored once. Only the stalled groups' requests got in meanwhile,
+    one per writer."""
     _, token = project_with_token("shed")
     key = unique("shed")
     stall = Stall()
@@ -130,6 +133,6 @@ def test_a_batch_that_waited_past_shedding_is_refused_with_retry_after_and_resen
         t.join(60)
     _wait(lambda: 0 in _ranks_at_step_0(key), why=lambda: f"{agent.stats}\n{server.server.tail()}")  # resent, stored
     agent.close()
-    assert sorted(answers) == [200] + [503] * (HOLDERS - 1)  # the stalled group's request, then the shed ones
-    assert len(_ranks_at_step_0(key)) == 2 and sorted(_steps(key)) == [0, 0]
+    assert sorted(answers) == [200] * WRITERS + [503] * (HOLDERS - WRITERS)  # the stalled groups', then the shed
+    assert len(_ranks_at_step_0(key)) == WRITERS + 1 and sorted(_steps(key)) == [0] * (WRITERS + 1)
     assert agent.stats["dropped_events"] == 0 and agent.stats["quarantined_batches"] == 0
