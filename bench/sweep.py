@@ -11,7 +11,8 @@ device, and a parameter layout of `--params` names and their buckets), and which
 sample every `--heartbeat` seconds through the silent window, as agents do. Times, in this process,
 median (min-max) of N after one warm-up: `runs.view_of` (the ranks' liveness, crashes,
 the longest wait in a collective, the compile bill), every rank's progress (`runs.progress_of`,
-which the view reads only once a wait could warn), the rules on that view (`rules.evaluate`), the subjects found clean
+which the view reads only once a wait could warn), what the pages' progress push reads every 2 s
+(`runs.strip`, `runs.rank_rows`), the rules on that view (`rules.evaluate`), the subjects found clean
 (`rules.clean_subjects`), the whole `runs.check` (those, the compiled-work view, and the
 alerts' lifecycle in one transaction), and the settle of the compile slot every rank reported
 (`settle.settle_compile`: its reports, where the ranks stand, their start facts, the rules).
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     wait_s, wait = timed(lambda: runs.longest_wait(run), args.n, steady)
     progress_s, progress = timed(lambda: runs.progress_of(run), args.n, steady)
     strip_s, strip = timed(lambda: runs.strip(run), args.n, steady)
+    rows_s, rows = timed(lambda: runs.rank_rows(run), args.n)
     evaluate_s, findings = timed(lambda: evaluate(view), args.n)
     clean_s, clean = timed(lambda: clean_subjects(view, findings), args.n)
     fresh()
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"each rank's latest sample, {len(progress):,} ranks: the view's only once a wait could warn",
             ),
             ("runs.strip", spread(strip_s), f"the run page's {len(strip)} ranks, pushed every 2 s"),
+            ("runs.rank_rows", spread(rows_s), f"the same push's counts of {rows.reporting:,} ranks"),
             ("rules.evaluate", spread(evaluate_s), f"{len(findings)} findings"),
             ("rules.clean_subjects", spread(clean_s), f"{len(clean):,} subjects found clean"),
             ("runs.check", spread(check_s), "the whole check, lifecycle included"),

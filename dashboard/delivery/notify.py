@@ -58,20 +58,19 @@ def push(alerts: list[Alert], changed_incidents: Sequence[Incident] = ()) -> Non
         asyncio.run(_send(messages))
 
 
-def push_progress(run: Run, ranks: list[dict[str, Any]], strip: list[dict[str, Any]] | None = None) -> None:
+def push_progress(run: Run, ranks: runs.RankRows, strip: list[dict[str, Any]] | None = None) -> None:
     """An aggregate per run (never raw per-rank events: groups have a capacity). `strip`: the run page's
     per-rank phases (`detection.runs.strip`, bounded), for the run's group only; a rank that ended or
     was lost is shown as such, not in the phase of its last sample (`ended_in_strip`), and a run with
     no rank running sends none. The pages read the run again when these counts move (run.js, runs.js)."""
-    strip = ended_in_strip(strip or [], ranks) if any(r["status"] == "running" for r in ranks) else None
-    steps = [r["last_step"] for r in ranks if r["last_step"] is not None]
+    strip = ended_in_strip(strip or [], ranks.ended) if ranks.running else None
     message = {
         "type": "progress",
         "run": run.key,
-        "last_step": max(steps, default=None),
-        "min_step": min(steps, default=None),
-        "ranks_reporting": len(ranks),
-        "ranks_ended": sum(r["status"] != "running" for r in ranks),
+        "last_step": ranks.last_step,
+        "min_step": ranks.min_step,
+        "ranks_reporting": ranks.reporting,
+        "ranks_ended": ranks.reporting - ranks.running,
         "world_size": run.world_size,
     }
     body = {"type": "lockstep.message", "message": message, "project": run.project_id}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -72,8 +73,54 @@ def active_runs() -> list[Run]:
     return list(Run.objects.filter(last_seen__gte=now - ACTIVE_WINDOW).filter(running | just_crashed | still_open))
 
 
-def rank_rows(run: Run) -> list[dict[str, Any]]:
-    return list(reads.plain(Rank.objects.filter(run=run).values("rank", "last_step", "status")))
+@dataclass(frozen=True)
+class RankRows:
+    """What the pages' progress pushes say of a run's ranks (`delivery.notify.push_progress`): counts
+    and steps, and by name only the ranks no longer running, failed ones first, as many as the strip shows."""
+
+    reporting: int
+    running: int
+    last_step: int | None
+    min_step: int | None
+    ended: list[dict[str, Any]]  # {"rank", "last_step", "status"}
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]]) -> RankRows:
+        """The same from every rank's row (what `rank_rows` asks PostgreSQL for)."""
+        steps = [r["last_step"] for r in rows if r["last_step"] is not None]
+        gone = sorted((r for r in rows if r["status"] != "running"), key=lambda r: (r["status"] == "ok", r["rank"]))
+        return cls(
+            reporting=len(rows),
+            running=len(rows) - len(gone),
+            last_step=max(steps, default=None),
+            min_step=min(steps, default=None),
+            ended=gone[:STRIP_RANKS],
+        )
+
+
+def rank_rows(run: Run) -> RankRows:
+    """The run's `RankRows` in two statements: the progress push goes out every 2 s for every active
+    run, and reading 100,000 rank rows for it took 150 ms each time."""
+    ranks = Rank.objects.filter(run=run)
+    counts = ranks.aggregate(
+        reporting=Count("id"),
+        running=Count("id", filter=Q(status="running")),
+        newest=Max("last_step"),
+        oldest=Min("last_step"),
+    )
+    gone = (
+        ranks.exclude(status="running")
+        .annotate(ok=ExpressionWrapper(Q(status="ok"), BooleanField()))
+        .order_by("ok", "rank")
+        .values("rank", "last_step", "status")[:STRIP_RANKS]
+    )
+    return RankRows(
+        reporting=counts["reporting"],
+        running=counts["running"],
+        last_step=counts["newest"],
+        min_step=counts["oldest"],
+        ended=list(reads.plain(gone)),
+    )
 
 
 def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:

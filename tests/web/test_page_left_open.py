@@ -10,7 +10,7 @@ import pytest
 
 from dashboard.delivery import notify, tasks
 from dashboard.detection import runs
-from dashboard.tenancy.models import Run
+from dashboard.tenancy.models import Rank, Run
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -91,8 +91,8 @@ def test_progress_shows_ended_ranks_as_ended_and_an_ended_run_without_a_strip():
     assert len(notify.ended_in_strip(strip, many)) == runs.STRIP_RANKS
     run = Run(id=7, key="k", world_size=3, project_id=1)
     with mock.patch.object(notify, "_send", mock.Mock()) as send, mock.patch.object(notify.asyncio, "run"):
-        notify.push_progress(run, ranks, strip)
-        notify.push_progress(run, [{**r, "status": "ok"} for r in ranks], strip)
+        notify.push_progress(run, runs.RankRows.of(ranks), strip)
+        notify.push_progress(run, runs.RankRows.of([{**r, "status": "ok"} for r in ranks]), strip)
     live, ended = (call.args[0] for call in send.call_args_list)  # (run group, project group) each
     assert [r["phase"] for r in live[0][1]["message"]["strip"]] == ["compiling"] + ["ended"] * 4
     assert "strip" not in ended[0][1]["message"] and ended[0][1]["message"]["ranks_ended"] == 5
@@ -104,4 +104,22 @@ def test_the_sweep_pushes_a_run_whose_last_rank_just_ended(post, running_run):
     with mock.patch.object(notify, "push_progress") as push:
         tasks.sweep()
     [(run, ranks)] = [call.args for call in push.call_args_list]
-    assert run.key == "r-open" and {r["status"] for r in ranks} == {"ok"}
+    assert run.key == "r-open" and ranks.running == 0 and {r["status"] for r in ranks.ended} == {"ok"}
+
+
+def test_the_push_reads_counts_and_the_ended_ranks_the_strip_shows(post):
+    """PostgreSQL's answer (`runs.rank_rows`) is what every rank's row gives (`RankRows.of`): the
+    counts and steps over all ranks, by name only the first 64 that no longer run, failed ones first."""
+    world = 160
+    for rank in range(world):
+        batch = make_batch(run="r-many", rank=rank, world_size=world, events=[{"t": "step", "step": rank % 9}])
+        assert post(batch).status_code == 200
+    run = Run.objects.get(key="r-many")
+    statuses = {r: "ok" for r in range(0, world, 2)} | {r: "error" for r in range(1, 30, 4)} | {77: "lost"}
+    for rank, status in statuses.items():
+        Rank.objects.filter(run=run, rank=rank).update(status=status)
+    rows = list(Rank.objects.filter(run=run).values("rank", "last_step", "status"))
+    got = runs.rank_rows(run)
+    assert got == runs.RankRows.of(rows)
+    assert (got.reporting, got.running, got.last_step, got.min_step) == (world, world - len(statuses), 8, 0)
+    assert len(got.ended) == runs.STRIP_RANKS and [r["status"] for r in got.ended[:9]] == ["error"] * 8 + ["lost"]
