@@ -247,7 +247,7 @@ def strip(run: Run) -> list[dict[str, Any]]:
         .order_by("-holding", "-since", "rank")
         .values_list("rank", "progress", "age", "holding")[:STRIP_RANKS]
     )
-    return [_strip_row(rank, _progress(body, age), holding) for rank, body, age, holding in rows]
+    return [_strip_row(rank, _progress(body or {}, age), holding) for rank, body, age, holding in rows]
 
 
 def _strip_row(rank: int, p: RankProgress, holding: bool) -> dict[str, Any]:
