@@ -47,7 +47,7 @@ from dashboard.detection.rules import (
     evaluate,
     hang_forecast,
 )
-from dashboard.detection.rules.rank_silent import LEFT_ALONE, ended_message, silent_ranks
+from dashboard.detection.rules.rank_silent import LEFT_ALONE, ended_message, silent_ranks, watch_after
 from dashboard.evidence import reads
 from dashboard.ledger import slots
 from dashboard.tenancy.models import LOST, Rank, Run, mark_lost, rank_ended, rank_failed
@@ -134,7 +134,7 @@ def view_of(run: Run, totals: tally.CompileTotals | None = None) -> RunView:
     return RunView(
         run_id=run.id,
         world_size=run.world_size,
-        ranks=liveness(run, min(settings.LOCKSTEP_SILENT_AFTER, settings.LOCKSTEP_LOST_AFTER)),
+        ranks=liveness(run, watch_after(settings.LOCKSTEP_SILENT_AFTER, settings.LOCKSTEP_LOST_AFTER)),
         silent_after=settings.LOCKSTEP_SILENT_AFTER,
         crashes=crash_facts(run),
         progress=progress_of(run) if waited else {},

@@ -4,7 +4,7 @@ import math
 from types import SimpleNamespace
 
 from dashboard.detection.consensus import consensus
-from dashboard.detection.rules import CompileSlotView, GradSlotView, Liveness, RunView, evaluate
+from dashboard.detection.rules import CompileSlotView, GradSlotView, Liveness, RunView, evaluate, rank_silent
 
 COMPILE_DEFAULTS = {
     "step": 3,
@@ -82,7 +82,7 @@ def run_view(
     return RunView(
         run_id=1,
         world_size=len(last_seen),
-        ranks=liveness(last_seen, ended or set(), min(silent_after, lost_after), alerted),
+        ranks=liveness(last_seen, ended or set(), rank_silent.watch_after(silent_after, lost_after), alerted),
         silent_after=silent_after,
         crashes=crashes or {},
         progress=progress or {},

@@ -35,13 +35,19 @@ def silent_ranks(view: RunView) -> dict[int, str]:
     return out
 
 
+def watch_after(silent_after: float, lost_after: float) -> float:
+    """How long a rank is quiet before this rule looks at it by name: the view names the ranks quiet
+    this long (`runs.liveness`), and none quieter can be silent or left behind."""
+    return min(silent_after, lost_after)
+
+
 def left_behind(view: RunView, live: dict[int, float]) -> set[int]:
     """Ranks that never ended in a job that is over: all of them stale while others ended. Alone, the
     rank is lost; with company (a stopped rank can die before its goodbye is out), the lost ones are
     those silent since before the first rank ended: the others were still talking when the job was
     stopped around them. `live` holds every live rank here: all are stale, so all are quiet."""
     seen = view.ranks
-    if seen.oldest_end is None or not live or seen.freshest_live < min(view.lost_after, view.silent_after):
+    if seen.oldest_end is None or not live or seen.freshest_live < watch_after(view.silent_after, view.lost_after):
         return set()
     if seen.live == 1:
         return set(live)
