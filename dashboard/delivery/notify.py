@@ -130,15 +130,14 @@ def pending_incidents(limit: int = 500) -> list[int]:
     return list(Incident.objects.filter(notified_revision__lt=F("revision")).values_list("id", flat=True)[:limit])
 
 
-def ended_in_strip(strip: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The live rows, then every rank that is no longer running (its status: a rank_end's, or lost),
-    failed ones first, up to `runs.STRIP_RANKS`. An ended rank is shown from its rank row, not from a
-    progress sample: a sample outlives its rank by LOCKSTEP_SILENT_AFTER (a crashed rank must not read
-    as still compiling), and one older than that is gone (the crashed rank must not vanish either)."""
-    over = sorted((r for r in ranks if r["status"] != "running"), key=lambda r: (r["status"] == "ok", r["rank"]))
-    gone = {r["rank"] for r in over}
+def ended_in_strip(strip: list[dict[str, Any]], ended: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The live rows, then the ranks no longer running (`runs.RankRows.ended`: failed ones first, their
+    status a rank_end's or lost), up to `runs.STRIP_RANKS`. An ended rank is shown from its rank row, not
+    from a progress sample: a sample outlives its rank by LOCKSTEP_SILENT_AFTER (a crashed rank must not
+    read as still compiling), and one older than that is gone (the crashed rank must not vanish either)."""
+    gone = {r["rank"] for r in ended}
     live = [row for row in strip if row["rank"] not in gone]
-    ended = [
+    shown = [
         {
             "rank": r["rank"],
             "phase": "ended",
@@ -150,9 +149,9 @@ def ended_in_strip(strip: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> 
             "where": "",
             "holding": False,
         }
-        for r in over
+        for r in ended
     ]
-    return (live + ended)[: runs.STRIP_RANKS]
+    return (live + shown)[: runs.STRIP_RANKS]
 
 
 async def _send(messages: list[tuple[str, dict[str, Any]]]) -> None:

@@ -79,7 +79,7 @@ def test_progress_shows_ended_ranks_as_ended_and_an_ended_run_without_a_strip():
     ]
     row = {"for_s": 14.0, "since_step_s": 20.0, "op": "/tmp/torchinductor/x.py", "where": "w", "holding": True}
     strip = [{**row, "rank": r, "phase": "compiling", "step": 0} for r in (1, 0, 2)]
-    shown = notify.ended_in_strip(strip, ranks)
+    shown = notify.ended_in_strip(strip, runs.RankRows.of(ranks).ended)
     assert [(r["rank"], r["phase"], r.get("ended"), r["step"], r["holding"]) for r in shown] == [
         (0, "compiling", None, 0, True),
         (1, "ended", "error", 3, False),
@@ -88,7 +88,7 @@ def test_progress_shows_ended_ranks_as_ended_and_an_ended_run_without_a_strip():
         (3, "ended", "ok", 2, False),
     ]
     many = [{"rank": r, "last_step": 1, "status": "ok"} for r in range(100)]
-    assert len(notify.ended_in_strip(strip, many)) == runs.STRIP_RANKS
+    assert len(notify.ended_in_strip(strip, runs.RankRows.of(many).ended)) == runs.STRIP_RANKS
     run = Run(id=7, key="k", world_size=3, project_id=1)
     with mock.patch.object(notify, "_send", mock.Mock()) as send, mock.patch.object(notify.asyncio, "run"):
         notify.push_progress(run, runs.RankRows.of(ranks), strip)
