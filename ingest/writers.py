@@ -498,7 +498,7 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
         _run_liveness(run_id, of_run)
         of_run[0].ready += _grads_ready(of_run)
         if any(w.compiles_open for w in of_run):
-            of_run[0].ready += slots.compiles_passed(of_run[0].run)
+            of_run[0].ready += slots.compiles_passed(of_run[0].run, _after_highest(of_run))
     return [_stored(w) if w else Stored(accepted=0, duplicate=True) for w in written]
 
 
@@ -519,10 +519,16 @@ def _grads_ready(written: list[_Written]) -> list[slots.Ready]:
         {
             "run": run.id,
             "ws": run.world_size,
-            **slots.grads_ready_params(floors, groups, (max(w.p.batch.rank for w in written) + 1) % run.world_size),
+            **slots.grads_ready_params(floors, groups, _after_highest(written)),
         },
     )
     return [(slots.GRAD, row[0], run.id) for row in rows]
+
+
+def _after_highest(written: list[_Written]) -> int:
+    """The rank after the highest of these batches' (a run's), where scans for a rank still behind
+    begin: racks that report in rank order have the ranks still to come right after them."""
+    return (max(w.p.batch.rank for w in written) + 1) % written[0].run.world_size
 
 
 def _run_liveness(run_id: int, written: list[_Written]) -> None:

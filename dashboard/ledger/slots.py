@@ -99,22 +99,24 @@ def compiles_waiting_cte(source: str) -> str:
             )"""
 
 
-def compiles_passed(run: Run) -> list[Ready]:
+def compiles_passed(run: Run, start: int) -> list[Ready]:
     """The run's incomplete compile slots that every rank has passed (after the batches commit, so
-    the last committer sees every rank's progress).
+    the last committer sees every rank's progress). `start`: the rank after the request's highest.
 
     A rank's events arrive in order (one sender per session, in seq order) and a compile of step N
     is captured before any progress event of step N + 1, so a rank whose last step is past N and
     that did not report the slot did not compile it: nothing more can come, settle now. A rank that
     ended is done too; one whose last step is N is not (a loss it logged before stepping is step N,
-    and a compile can follow it). The slot's dissenters are then decided by the settle.
+    and a compile can follow it), and neither is one that has not reported at all. The slot's
+    dissenters are then decided by the settle.
 
-    Whether a rank is still at or below a slot's step is a scan of the run's ranks that stops at
-    the first one found (while a step is in progress, within a few rows); only a slot that passes it
-    counts the run's ranks (every rank must have reported before any can be said to have passed; the
-    count is correlated with the slot so that the planner cannot take it first).
-    An aggregate over every rank of the run, per request, cost 37 ms at 100,000 ranks: every
-    request of a job's start paid it while the start's compile slots were open.
+    Whether a rank is still at or below a slot's step, or missing, is a scan of the run's ranks in
+    rank order that stops at the first one found (`_rank_behind_or_missing`), from `start` round to
+    it, as `grads_ready_sql` scans the watermarks; only a slot that passes it counts the run's ranks
+    (the ranks after the last one present are missing too). An aggregate over every rank of the
+    run, per request, cost 37 ms at 100,000 ranks; a scan that stopped only at a rank behind still
+    read every rank present through a job's start (its early ranks past the compile's step, the
+    others not there yet): on a 16-core host, a dozen backends scanning for the start's 40 s.
     """
     with connection.cursor() as cur:
         cur.execute(
@@ -122,18 +124,29 @@ def compiles_passed(run: Run) -> list[Ready]:
             WITH passed AS MATERIALIZED (
               SELECT s.id FROM {COMPILE_SLOT} s
               WHERE s.settled_at IS NULL AND s.run_id = %(run)s::bigint AND s.reported < %(ws)s::int
-                AND NOT EXISTS (SELECT 1 FROM {RANK} r
-                                WHERE r.run_id = %(run)s::bigint AND r.status IN ('running', '{LOST}')
-                                  AND COALESCE(r.last_step, -1) <= s.step)
+                AND CASE WHEN EXISTS ({_rank_behind_or_missing(">=")}) THEN false
+                         WHEN EXISTS ({_rank_behind_or_missing("<")}) THEN false ELSE true END
             )
             SELECT passed.id FROM passed
             CROSS JOIN LATERAL (SELECT count(*) AS n FROM {RANK} r
                                 WHERE r.run_id = %(run)s::bigint AND passed.id IS NOT NULL) ranks
             WHERE ranks.n >= %(ws)s::int
             """,
-            {"run": run.id, "ws": run.world_size},
+            {"run": run.id, "ws": run.world_size, "start": start},
         )
         return [(COMPILE, row[0], run.id) for row in cur.fetchall()]
+
+
+def _rank_behind_or_missing(side: str) -> str:
+    """A rank still running at or below `s.step`, or missing, among the ranks at or above %(start)s
+    (side ">=") or below it ("<"), in rank order: the n-th rank of the range must be first-of-range + n."""
+    origin = "%(start)s::int" if side == ">=" else "0"
+    return f"""SELECT 1 FROM (SELECT r.rank, r.status, r.last_step, {origin} + row_number() OVER (ORDER BY r.rank) - 1 AS i
+                                        FROM {RANK} r
+                                        WHERE r.run_id = %(run)s::bigint AND r.rank {side} %(start)s::int
+                                        ORDER BY r.rank) r
+                                  WHERE r.rank <> r.i
+                                     OR (r.status IN ('running', '{LOST}') AND COALESCE(r.last_step, -1) <= s.step)"""
 
 
 def array_literal(values: list[int]) -> str:

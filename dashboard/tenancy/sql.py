@@ -38,12 +38,16 @@ def ranks_seen_cte(source: str) -> str:
             )"""
 
 
-# The ranks are also named as `rank = ANY(...)`, an index condition: joined to the unnest alone, a young
-# run's statistics (a table they call nearly empty) had the planner read every rank of the run by hash.
+# The rows of these ranks (%(run)s, %(rank)s) by their ids, each looked up by the (run, rank) index: joined to
+# the ranks directly, or with `rank = ANY(...)`, a young run's statistics had the planner read every
+# rank of the run (a job's end is every rank ending at once, a request per rack).
+_RANK_IDS = f"""ARRAY(SELECT (SELECT x.id FROM {RANK} x WHERE x.run_id = %(run)s::bigint AND x.rank = k.rank)
+                      FROM unnest(%(rank)s::int[]) AS k(rank))"""
+
 RANK_ENDS = f"""
         UPDATE {RANK} r SET status = e.status, exit_code = COALESCE(e.exit_code, r.exit_code)
         FROM unnest(%(rank)s::int[], %(status)s::text[], %(exit)s::int[]) AS e(rank, status, exit_code)
-        WHERE r.run_id = %(run)s::bigint AND r.rank = ANY(%(rank)s::int[]) AND r.rank = e.rank
+        WHERE r.id = ANY({_RANK_IDS}) AND r.rank = e.rank
         """
 
 # A rank its node's peers saw vanish (`protocol.PeerGone`) ended then, unless it said goodbye first
@@ -51,8 +55,7 @@ RANK_ENDS = f"""
 RANKS_GONE = f"""
         UPDATE {RANK} r SET status = '{VANISHED}'
         FROM unnest(%(rank)s::int[], %(pid)s::bigint[]) AS g(rank, pid)
-        WHERE r.run_id = %(run)s::bigint AND r.rank = ANY(%(rank)s::int[]) AND r.rank = g.rank
-          AND r.status IN ('running', '{LOST}')
+        WHERE r.id = ANY({_RANK_IDS}) AND r.rank = g.rank AND r.status IN ('running', '{LOST}')
           AND (r.pid IS NULL OR r.pid = g.pid)
         """
 
