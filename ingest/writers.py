@@ -265,8 +265,8 @@ def _write_all(
     jobs: list[Job], live: list[int], duplicates: set[tuple[int, int]], now: datetime
 ) -> list[tuple[int, _Written | None]]:
     """Each batch's own rows, then one COPY of every batch's grad rows, then the claims, then the
-    compile slots' counters: the rows other groups wait for are locked last, so each holds them for
-    its COMMIT only; (job, its written batch or None for a duplicate) per batch, in the jobs' order."""
+    compile slots no batch opened before (their counts come after commit); (job, its written batch or
+    None for a duplicate) per batch, in the jobs' order."""
     written: list[tuple[int, _Written | None]] = []
     runs: dict[tuple[int, str], Run] = {}  # the group's runs: a job's start has hundreds of batches of one new run
     for j in live:
@@ -289,7 +289,7 @@ def _write_all(
     writes.write_events([(w.run, w.p.batch.rank, w.p.by_type) for w in fresh], now)
     writes.write_grads([(w.run.id, w.p.batch.rank, w.p.grads) for w in fresh], now)
     _claim_all(fresh)
-    _touch_compile_slots(fresh)  # last: every group of a job's start counts on these same rows until COMMIT
+    _open_compile_slots(fresh)
     return written
 
 
@@ -322,17 +322,29 @@ def _conflict(job: Job, index: int, batch: protocol.Batch) -> Refusal:
     )
 
 
-def _touch_compile_slots(written: list[_Written]) -> None:
-    """The compile slots the group's batches report, one statement per run (grad slots: `_claim`): a
-    job's start is every rank reporting the same few slots, and a statement per batch had each rank
-    wait for the row locks of the one before it. What completes or stays open goes to the run's
-    first batch (`_after_commit` looks at the run's batches together)."""
+def _compiles_by_run(written: list[_Written]) -> dict[int, list[_Written]]:
+    """The batches that report compiles, by run."""
     runs: dict[int, list[_Written]] = {}
     for w in written:
         if protocol.Compile in w.p.by_type:
             runs.setdefault(w.run.id, []).append(w)
-    for of_run in runs.values():
-        ready, left_open = slots.touch(of_run[0].run, [w.p.by_type[protocol.Compile] for w in of_run])
+    return runs
+
+
+def _open_compile_slots(written: list[_Written]) -> None:
+    """Open the compile slots the group's batches report for the first time, one statement per run
+    (their reports are counted after commit: `_count_compiles`)."""
+    for of_run in _compiles_by_run(written).values():
+        slots.open_compiles(of_run[0].run, [w.p.by_type[protocol.Compile] for w in of_run])
+
+
+def _count_compiles(of_run: list[_Written]) -> None:
+    """After commit, count the compile reports of a run's batches, one statement: a job's start is every
+    rank reporting the same few slots, and counted inside the group's transaction each group held
+    their rows until its COMMIT. What completes or stays open goes to the run's first batch."""
+    compiling = _compiles_by_run(of_run).get(of_run[0].run.id)
+    if compiling:
+        ready, left_open = slots.count_compiles(of_run[0].run, [w.p.by_type[protocol.Compile] for w in compiling])
         of_run[0].ready += ready
         of_run[0].compiles_open |= left_open
 
@@ -480,12 +492,13 @@ def _record_gone(run: Run, gone: list[protocol.PeerGone]) -> None:
 
 
 def _after_commit(written: list[_Written | None]) -> list[Stored]:
-    """After the request committed: run liveness, then the grad slots every rank has now passed, and
-    the compile slots (only where the batches left one open: `slots.compiles_passed`).
+    """After the request committed: run liveness, the compile reports counted, then the grad slots
+    every rank has now passed, and the compile slots (only where the batches left one open:
+    `slots.compiles_passed`).
 
-    Run liveness stays out of the batch transaction: every rank's batch touches this one row, so
-    inside it its row lock would serialize all ingest of a run; skipped when nothing changes. It is
-    its own statement (its row lock is released at once, never held while slot rows are locked;
+    Run liveness and the compile counts stay out of the batch transaction: every rank's batch
+    touches these rows, so inside it their row locks would serialize all ingest of a run; liveness
+    is skipped when nothing changes. Each is its own statement (its row lock is released at once, never held while slot rows are locked;
     settling takes detection's advisory locks, never these rows: `dashboard.detection.locks`). Completed slots are looked for after commit, so of two ranks
     committing at once the later sees both (`dashboard.ledger.slots.grads_ready_sql`), in one
     statement per run for all of its batches.
@@ -496,6 +509,7 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
             runs.setdefault(w.run.id, []).append(w)
     for run_id, of_run in runs.items():
         _run_liveness(run_id, of_run)
+        _count_compiles(of_run)
         of_run[0].ready += _grads_ready(of_run)
         if any(w.compiles_open for w in of_run):
             of_run[0].ready += slots.compiles_passed(of_run[0].run, _after_highest(of_run))

@@ -44,14 +44,9 @@ def replicated(group: str) -> bool:
     return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 
-def touch(run: Run, batches: list[list[protocol.Compile]]) -> tuple[list[Ready], bool]:
-    """Record the compile reports of some batches of one run (inside their transaction), each batch
-    counting once per slot it reports: (the compile slots they completed, whether they left one
-    incomplete, for `compiles_passed` to look at after commit). One statement, slots in key order.
-
-    Grad reports are part of ingest's claim statement (`grad_reports_ctes`); their completion by
-    watermark is decided after commit (`grads_ready_sql`).
-    """
+def _compile_reports(batches: list[list[protocol.Compile]]) -> tuple[list[tuple[str, int]], dict, Counter]:
+    """The compile slots some batches report, in key order: (keys, each one's lowest step, how many
+    of the batches report it: a batch counts once per slot)."""
     steps: dict[tuple[str, int], int | None] = {}
     reports: Counter[tuple[str, int]] = Counter()
     for compiles in batches:
@@ -61,13 +56,49 @@ def touch(run: Run, batches: list[list[protocol.Compile]]) -> tuple[list[Ready],
             steps[key] = min((n for n in (steps.get(key), e.step) if n is not None), default=None)
             reported.add(key)
         reports.update(reported)
-    keys = sorted(steps)
+    return sorted(steps), steps, reports
+
+
+def open_compiles(run: Run, batches: list[list[protocol.Compile]]) -> None:
+    """Open the compile slots these batches report that no batch opened before (inside their
+    transaction, so a report is never stored without its slot); existing slots are left alone and
+    unlocked. Their reports are counted after commit (`count_compiles`)."""
+    keys, steps, _ = _compile_reports(batches)
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            INSERT INTO {COMPILE_SLOT} (run_id, frame, index, step, reported, first_seen, settled_n, dissenters, consensus)
+            SELECT %s, k.frame, k.index, k.step, 0, now(), 0, '{{}}', '{{}}'
+            FROM unnest(%s::text[], %s::int[], %s::bigint[]) AS k(frame, index, step)
+            ORDER BY k.frame, k.index
+            ON CONFLICT (run_id, frame, index) DO NOTHING
+            """,
+            [run.id, [k[0] for k in keys], [k[1] for k in keys], [steps[k] for k in keys]],
+        )
+
+
+def count_compiles(run: Run, batches: list[list[protocol.Compile]]) -> tuple[list[Ready], bool]:
+    """Count the compile reports of some committed batches of one run, each batch once per slot it
+    reports: (the compile slots they completed, whether they left one incomplete, for
+    `compiles_passed`). One statement of its own, after the batches' commit, slots in key order.
+
+    Every batch of a job's start reports the same few slots: counted inside the batches'
+    transaction, each group held their rows until its COMMIT, and the groups of every ingest process
+    queued on them one commit after the other (at 100,000 ranks a dozen groups waiting at a time,
+    the host mostly idle, 40 s to the first step). On its own a count holds them for its statement.
+    A process that stops between the commit and the count leaves a slot short: it is then settled
+    once every rank has passed it, or at the settle timeout, as a slot some rank never reports is.
+    Grad reports are part of ingest's claim statement (`grad_reports_ctes`); their completion by
+    watermark is decided after commit (`grads_ready_sql`).
+    """
+    keys, steps, reports = _compile_reports(batches)
     with connection.cursor() as cur:
         cur.execute(
             f"""
             INSERT INTO {COMPILE_SLOT} (run_id, frame, index, step, reported, first_seen, settled_n, dissenters, consensus)
             SELECT %s, k.frame, k.index, k.step, k.n, now(), 0, '{{}}', '{{}}'
             FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::int[]) AS k(frame, index, step, n)
+            ORDER BY k.frame, k.index
             ON CONFLICT (run_id, frame, index) DO UPDATE
               SET reported = {COMPILE_SLOT}.reported + EXCLUDED.reported,
                   step = LEAST({COMPILE_SLOT}.step, EXCLUDED.step)

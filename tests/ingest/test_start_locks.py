@@ -1,6 +1,7 @@
 """A job's start: every rank's first batch reports the same compile slots, so every group of the
-start counts on the same few rows. A group locks them last, after its COPYs and its claim statement,
-and holds them for its COMMIT only: the other ingest processes' groups do not queue behind its work."""
+start counts on the same few rows. A group counts on them after its COMMIT, in a statement of its
+own: its transaction leaves them unlocked to the end, so the other ingest processes' groups queue
+neither behind its work nor behind its commit."""
 
 from __future__ import annotations
 
@@ -28,22 +29,22 @@ def job(project, rank: int) -> writers.Job:
     return writers.Job(project, [(protocol.decode_batch(raw), writers.digest(raw))])
 
 
-def test_a_group_leaves_the_start_s_compile_slots_free_until_its_commit(project, monkeypatch):
+def test_a_group_leaves_the_start_s_compile_slots_free_through_its_transaction(project, monkeypatch):
     assert writers.store_group([job(project, 0)])[0][0].accepted == 1  # the slot exists, committed
     other = psycopg.connect(database_url(connection.settings_dict), autocommit=True)
     other.execute("SET lock_timeout = '500ms'")
     seen: list[str] = []
-    claim_all = writers._claim_all
+    open_slots = writers._open_compile_slots
 
-    def while_claiming(written):
-        claim_all(written)
+    def at_the_transaction_s_end(written):
+        open_slots(written)
         try:  # another process's group of the same start, counting on the slot meanwhile
             other.execute("UPDATE ledger_compileslot SET reported = reported WHERE frame = %s", [COMPILE["frame"]])
             seen.append("free")
         except psycopg.errors.LockNotAvailable:
             seen.append("locked")
 
-    monkeypatch.setattr(writers, "_claim_all", while_claiming)
+    monkeypatch.setattr(writers, "_open_compile_slots", at_the_transaction_s_end)
     assert writers.store_group([job(project, 1)])[0][0].accepted == 1
     other.close()
     assert seen == ["free"]
