@@ -44,7 +44,9 @@ def replicated(group: str) -> bool:
     return not group.removeprefix(PARAM_PREFIX).startswith("local")
 
 
-def _compile_reports(batches: list[list[protocol.Compile]]) -> tuple[list[tuple[str, int]], dict, Counter]:
+def _compile_reports(
+    batches: list[list[protocol.Compile]],
+) -> tuple[list[tuple[str, int]], dict[tuple[str, int], int | None], Counter[tuple[str, int]]]:
     """The compile slots some batches report, in key order: (keys, each one's lowest step, how many
     of the batches report it: a batch counts once per slot)."""
     steps: dict[tuple[str, int], int | None] = {}
