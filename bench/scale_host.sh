@@ -141,7 +141,7 @@ top_log() {
 
 # Every second, one line per busy PostgreSQL backend: time, state, wait event, the statement's start.
 pg_log() {
-  "$venv/bin/python" - "$DATABASE_URL" >"$1" <<'PY'
+  exec "$venv/bin/python" - "$DATABASE_URL" >"$1" <<'PY' # exec: `run` stops it by its pid
 import sys, time
 import psycopg
 with psycopg.connect(sys.argv[1], autocommit=True) as conn:
