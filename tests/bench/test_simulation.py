@@ -4,6 +4,7 @@ the at-scale figures measure another product (docs/scale-out.md)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 
 import msgspec
@@ -75,3 +76,12 @@ def test_ranks_heartbeat_with_a_progress_sample_and_fingerprint_their_weights_as
     assert time.time() < rack.next_heartbeat <= time.time() + 5.0  # the next one within a heartbeat, not before
     steady = msgspec.json.decode(sim.packed_body(rack, 51, 51), type=protocol.Packed)
     assert [type(a.event) for a in steady.agreed] == [protocol.Grads]
+
+
+def test_the_report_says_how_much_of_a_core_the_simulated_agents_took():
+    """At 100,000 ranks the one client process nears a core: the report says so beside the figures."""
+    sim = simulation(256)
+    sim.args.drain, sim.args.connections, sim.args.celery = 0.0, 0, 0
+    asyncio.run(sim.run_for(0.3))  # nothing listens on port 1: every agent keeps its batch and retries
+    assert 0.0 < sim.client_core <= 1.0
+    assert f"used {sim.client_core:.0%} of a core" in sim.report(0.3, None)[2]
