@@ -342,7 +342,7 @@ def _count_compiles(of_run: list[_Written]) -> None:
     """After commit, count the compile reports of a run's batches, one statement: a job's start is every
     rank reporting the same few slots, and counted inside the group's transaction each group held
     their rows until its COMMIT. What completes or stays open goes to the run's first batch."""
-    compiling = _compiles_by_run(of_run).get(of_run[0].run.id)
+    compiling = [w for w in of_run if protocol.Compile in w.p.by_type]
     if compiling:
         ready, left_open = slots.count_compiles(of_run[0].run, [w.p.by_type[protocol.Compile] for w in compiling])
         of_run[0].ready += ready
@@ -498,8 +498,9 @@ def _after_commit(written: list[_Written | None]) -> list[Stored]:
 
     Run liveness and the compile counts stay out of the batch transaction: every rank's batch
     touches these rows, so inside it their row locks would serialize all ingest of a run; liveness
-    is skipped when nothing changes. Each is its own statement (its row lock is released at once, never held while slot rows are locked;
-    settling takes detection's advisory locks, never these rows: `dashboard.detection.locks`). Completed slots are looked for after commit, so of two ranks
+    is skipped when nothing changes. Each is its own statement (its row locks are released at once,
+    never held while other rows are locked; settling takes detection's advisory locks, never these
+    rows: `dashboard.detection.locks`). Completed slots are looked for after commit, so of two ranks
     committing at once the later sees both (`dashboard.ledger.slots.grads_ready_sql`), in one
     statement per run for all of its batches.
     """
