@@ -2,11 +2,11 @@
 run (the sweep) and settles the slots the ranks opened, so at 100,000 ranks their cost bounds how many
 such runs one worker follows.
 
-    python -m bench sweep [--ranks 100000] [--params 150] [--heartbeat 5] [-n 7] [--rebuild]
+    python -m bench sweep [--ranks 100000] [--params 150] [--heartbeat 5] [--compiles 1] [-n 7] [--rebuild]
 
 Uses its own database (`lockstep_bench_sweep` on the DATABASE_URL server) and one run of the
-"bench" project whose ranks are all running and fresh (reporting now), each of which reported one
-compile of the same frame at step 0 and passed that step, with start facts like a real job's (its
+"bench" project whose ranks are all running and fresh (reporting now), each of which reported
+`--compiles` compiles (one frame's, then a model's other frames', all settled) at step 0 and passed that step, with start facts like a real job's (its
 device, and a parameter layout of `--params` names and their buckets), and which sent a progress
 sample every `--heartbeat` seconds through the silent window, as agents do. Times, in this process,
 median (min-max) of N after one warm-up: `runs.view_of` (the ranks' liveness, crashes,
@@ -37,7 +37,7 @@ KEY = "sweep"
 FRAME = "model.py:10:forward"
 
 
-def populate(ranks: int, params: int) -> None:
+def populate(ranks: int, params: int, compiles: int) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
@@ -62,11 +62,24 @@ def populate(ranks: int, params: int) -> None:
         cur.execute(
             f"INSERT INTO {CompileEvent._meta.db_table} (run_id, rank, frame, index, compile_id, step, status,"
             " graph_raw, graph_norm, code_raw, code_norm, compile_time, cache, detail, ts)"
-            " SELECT %(run)s, r, %(frame)s, 0, '0/0', 0, 'ok', 'g', 'g', 'c', 'c', 2.0, '{}',"
-            ' \'{"counts": {"graph_op_count": 12}}\', now() FROM generate_series(0, %(ranks)s - 1) r',
-            {"run": run.id, "ranks": ranks, "frame": FRAME},
+            " SELECT %(run)s, r, CASE WHEN k = 0 THEN %(frame)s ELSE 'model.py:' || k || ':block' END, 0, '0/0', 0,"
+            " 'ok', 'g', 'g', 'c', 'c', 2.0, '{}', '{\"counts\": {\"graph_op_count\": 12}}', now()"
+            " FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, %(compiles)s - 1) k",
+            {"run": run.id, "ranks": ranks, "frame": FRAME, "compiles": compiles},
         )
-    CompileSlot.objects.create(run=run, frame=FRAME, index=0, step=0, reported=ranks, first_seen=timezone.now())
+    CompileSlot.objects.bulk_create(
+        CompileSlot(
+            run=run,
+            frame=FRAME if k == 0 else f"model.py:{k}:block",
+            index=0,
+            step=0,
+            reported=ranks,
+            first_seen=timezone.now(),
+            settled_at=timezone.now() if k else None,
+            settled_n=ranks if k else 0,
+        )
+        for k in range(compiles)
+    )
     common.analyze(Rank, CompileEvent)
 
 
@@ -151,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         default=5.0,
         help="seconds between a rank's progress samples (the agent's default); 0: none",
     )
+    parser.add_argument("--compiles", type=int, default=1, help="compiles each rank reported (frames of a model)")
     parser.add_argument("-n", type=int, default=7)
     parser.add_argument("--rebuild", action="store_true", help="make the run anew even if it exists")
     args = parser.parse_args(argv)
@@ -159,12 +173,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from dashboard.detection import runs, settle
     from dashboard.detection.rules import clean_subjects, evaluate
+    from dashboard.evidence.models import CompileEvent
     from dashboard.ledger.models import CompileSlot
     from dashboard.tenancy.models import Rank, Run
 
-    common.populate_once(KEY, args.rebuild, lambda: populate(args.ranks, args.params))
+    common.populate_once(KEY, args.rebuild, lambda: populate(args.ranks, args.params, args.compiles))
     run = Run.objects.get(project__name="bench", key=KEY)
     ranks = Rank.objects.filter(run=run).count()
+    compiles = CompileEvent.objects.filter(run=run).count()
 
     def fresh() -> None:  # every rank reported just now: nothing silent, nothing to page
         Rank.objects.filter(run=run).update(last_seen=timezone.now())
@@ -183,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_s, rows = timed(lambda: runs.rank_rows(run), args.n)
     evaluate_s, findings = timed(lambda: evaluate(view), args.n)
     clean_s, clean = timed(lambda: clean_subjects(view, findings), args.n)
+    compiled_s, _ = timed(lambda: runs.read_compiled(run), args.n)
     fresh()
     check_s, _ = timed(lambda: runs.check(run), args.n, steady)
     slot = CompileSlot.objects.get(run=run, frame=FRAME)
@@ -198,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     results.report(
         "sweep",
         argv,
-        f"the sweep's check of one run of {ranks:,} ranks",
+        f"the sweep's check of one run of {ranks:,} ranks, {compiles // max(ranks, 1)} compile(s) each",
         [
             ("runs.view_of", spread(view_s), detail),
             (
@@ -216,7 +233,12 @@ def main(argv: list[str] | None = None) -> int:
             ("runs.rank_rows", spread(rows_s), f"the same push's counts of {rows.reporting:,} ranks"),
             ("rules.evaluate", spread(evaluate_s), f"{len(findings)} findings"),
             ("rules.clean_subjects", spread(clean_s), f"{len(clean):,} subjects found clean"),
-            ("runs.check", spread(check_s), "the whole check, lifecycle included"),
+            (
+                "runs.read_compiled",
+                spread(compiled_s),
+                f"the check's aggregates over {compiles:,} compile rows, read once they changed (`compile_marks`)",
+            ),
+            ("runs.check", spread(check_s), "the whole check, lifecycle included, the compile rows unchanged"),
             (
                 "settle.settle_compile",
                 spread(settle_s),

@@ -143,10 +143,13 @@ def _no_cached_runs():
     """Ingest caches runs by key for a minute; a test's database may have another project's run of that key.
     Its load average starts idle too: a slow request of an earlier test must not slow this test's agents,
     nor may an earlier test's 503 hold this test's silent ranks back.
-    The partitions it knows are forgotten: a live stack's hourly prune drops old days behind its back."""
+    The partitions it knows are forgotten: a live stack's hourly prune drops old days behind its back;
+    and so are the runs' compile aggregates the checks kept (a test may write compile rows directly)."""
+    from dashboard.detection import compile_marks
     from dashboard.evidence import partitions
     from ingest import backpressure, writers
 
+    compile_marks.forget()
     writers.forget_runs()
     backpressure._load = backpressure._Load()
     forget_shed()

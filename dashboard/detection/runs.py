@@ -32,7 +32,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Now
 from django.utils import timezone
 
-from dashboard.detection import bills, flight, lifecycle, locks, tally, text
+from dashboard.detection import bills, compile_marks, flight, lifecycle, locks, tally, text
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import (
     CompiledWorkView,
@@ -332,12 +332,12 @@ def check(run: Run) -> list[int]:
     with transaction.atomic():
         if not locks.try_hold(locks.RUN_CHECK, run.id):
             return []
-        totals = tally.compile_totals(run)
-        view = view_of(run, totals)
-        tally.record(run, totals)  # for /metrics (detection/metrics.py)
+        compiled = compile_marks.of(run.id, lambda: read_compiled(run))
+        view = view_of(run, compiled.totals)
+        tally.record(run, compiled.totals, compiled.breaks)  # for /metrics (detection/metrics.py)
         findings = evaluate(view)
         clean = clean_subjects(view, findings)
-        work = compiled_work(run)
+        work = compiled_work(run, compiled)
         eager = evaluate(work)
         findings, clean = findings + eager, clean | clean_subjects(work, eager)
         lost = lost_ranks(view)
@@ -367,19 +367,26 @@ def check_ended(run: Run) -> list[int]:
     with transaction.atomic():
         if not locks.try_hold(locks.RUN_CHECK, run.id):
             return []
-        work = compiled_work(run)
+        work = compiled_work(run, read_compiled(run))
         eager = evaluate(work)
         return lifecycle.apply(run, after_the_end(run, eager), clean_subjects(work, eager), None)
 
 
-def compiled_work(run: Run) -> CompiledWorkView:
-    """The ranks whose compiles succeeded with empty graphs only (none holds an op), with where they
-    stand: one aggregate over the run's compiles, which returns no row for a run that compiles real graphs."""
-    rows = reads.empty_graph_ranks(run.id)
+def read_compiled(run: Run) -> compile_marks.Compiled:
+    """The check's aggregates over the run's compile rows (`compile_marks` keeps them while they hold)."""
+    empty = reads.empty_graph_ranks(run.id)
     frames: dict[int, list[str]] = {}
-    if rows:
-        for rank, frame in reads.empty_graph_frames(run.id, list(rows), EMPTY_FRAMES_SHOWN * len(rows)):
+    if empty:
+        for rank, frame in reads.empty_graph_frames(run.id, list(empty), EMPTY_FRAMES_SHOWN * len(empty)):
             frames.setdefault(rank, []).append(frame)
+    return compile_marks.Compiled(tally.compile_totals(run), reads.break_count(run.id), empty, frames)
+
+
+def compiled_work(run: Run, compiled: compile_marks.Compiled) -> CompiledWorkView:
+    """The ranks whose compiles succeeded with empty graphs only (none holds an op), with where they
+    stand now: an aggregate over the run's compiles (`read_compiled`), which finds no rank in a run that
+    compiles real graphs."""
+    rows, frames = compiled.empty, compiled.empty_frames
     ranks = list(Rank.objects.filter(run=run, rank__in=list(rows)).values_list("rank", "last_step", "status"))
     return CompiledWorkView(
         run_id=run.id,

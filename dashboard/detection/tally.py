@@ -29,9 +29,8 @@ def compile_totals(run: Run) -> CompileTotals:
     return CompileTotals(seconds=seconds, recompiles=recompiles)
 
 
-def record(run: Run, totals: CompileTotals) -> None:
-    """Keep the run's totals (one INSERT ... ON CONFLICT UPDATE), graph breaks counted now."""
-    breaks = reads.break_count(run.id)
+def record(run: Run, totals: CompileTotals, breaks: int) -> None:
+    """Keep the run's totals and its graph breaks (one INSERT ... ON CONFLICT UPDATE)."""
     RunTally.objects.bulk_create(
         [
             RunTally(

@@ -119,6 +119,15 @@ def count_compiles(run: Run, batches: list[list[protocol.Compile]]) -> tuple[lis
     return complete, len(complete) < len(rows)
 
 
+def compile_mark(run_id: int) -> tuple[int, int]:
+    """(compile slots, reports counted on them) of a run: both only grow while its compiles arrive
+    (`detection.compile_marks`); one index range of the run's few slots."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*), COALESCE(sum(reported), 0) FROM {COMPILE_SLOT} WHERE run_id = %s", [run_id])
+        slots_n, reports = cur.fetchone()
+    return int(slots_n), int(reports)
+
+
 def compiles_waiting_cte(source: str) -> str:
     """CTE `waiting` of ingest's claim statement: whether the run has an incomplete compile slot of a
     step below one of the batches' last steps (CTE `source`, column step), so that `compiles_passed`

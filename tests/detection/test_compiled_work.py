@@ -37,7 +37,7 @@ def test_compiled_ddp_of_a_model_with_its_own_blocks_is_compiled(post, tmp_path)
 
     run = _ingest(post, tmp_path, "realism_clean.tgz", "realism-compile-ddp-cold-shared")
     assert CompileEvent.objects.filter(run=run, frame=WRAPPER).count() == 3  # the wrappers are there, empty
-    assert runs.compiled_work(run).work == {}
+    assert runs.compiled_work(run, runs.read_compiled(run)).work == {}
     assert run.id in {r.id for r in runs.just_ended()}
     runs.check_ended(run)
     assert not Alert.objects.filter(run=run).exists()
@@ -49,7 +49,7 @@ def test_a_model_of_torch_nn_containers_under_compiled_ddp_runs_eager(post, tmp_
     from dashboard.detection.models import Alert
 
     run = _ingest(post, tmp_path, "realism_controls.tgz", "realism-containers-cold-private")
-    work = runs.compiled_work(run)
+    work = runs.compiled_work(run, runs.read_compiled(run))
     assert sorted(work.work) == [0, 1] and work.ended == {0, 1}
     assert all(w.graphs == 0 and w.empty == 3 and w.first_step == 0 for w in work.work.values())
     assert WRAPPER in work.work[0].empty_frames

@@ -1,0 +1,76 @@
+"""The periodic check reads a run's compile rows again only once its compiles changed (or after
+`compile_marks.REREAD_S`): a real model at 100,000 ranks leaves millions of them, and the check
+runs every 2 s. Through the real door, writers and PostgreSQL, in-process."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from dashboard.detection import compile_marks, runs
+from dashboard.detection.models import RunTally
+from dashboard.tenancy.models import Run
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db
+
+FRAME = "train.py:1:forward"
+
+
+def compile_(index: int, seconds: float) -> dict:
+    return {
+        "t": "compile",
+        "frame": FRAME,
+        "index": index,
+        "step": index,
+        "times": {"entire_frame_compile_time_s": seconds},
+    }
+
+
+def graph_break() -> dict:
+    return {"t": "graph_break", "frame": FRAME, "reason": "data-dependent branch", "step": 0}
+
+
+@pytest.fixture
+def send(post):
+    seqs: dict[int, int] = {}
+
+    def _send(rank: int, *events: dict) -> None:
+        seq = seqs[rank] = seqs.get(rank, -1) + 1
+        response = post(make_batch(rank=rank, seq=seq, events=list(events)))
+        assert response.status_code == 200, response.content
+
+    return _send
+
+
+def compile_reads(run: Run) -> int:
+    """Statements one check of the run sends to the compile rows' table."""
+    with CaptureQueriesContext(connection) as seen:
+        runs.check(run)
+    return sum("evidence_compileevent" in q["sql"] for q in seen.captured_queries)
+
+
+def test_the_check_reads_the_compile_rows_again_only_once_compiles_arrived(send, monkeypatch):
+    for rank in range(3):
+        send(rank, compile_(0, 2.0), {"t": "step", "step": 0})
+    run = Run.objects.get(key="run-a")
+    assert compile_reads(run) > 0
+    assert compile_reads(run) == 0  # nothing new: the aggregates read before
+    assert RunTally.objects.get(run=run).compile_seconds == pytest.approx(6.0)
+    send(1, compile_(1, 3.0), {"t": "step", "step": 1})  # a recompile: its slot counts it
+    assert compile_reads(run) > 0
+    tally = RunTally.objects.get(run=run)
+    assert (tally.compile_seconds, tally.recompiles) == (pytest.approx(9.0), 1)
+
+
+def test_what_no_slot_counts_is_read_within_the_reread_interval(send, monkeypatch):
+    for rank in range(3):
+        send(rank, compile_(0, 2.0), {"t": "step", "step": 0})
+    run = Run.objects.get(key="run-a")
+    compile_reads(run)
+    send(0, graph_break())  # a graph break alone moves no compile slot
+    assert compile_reads(run) == 0 and RunTally.objects.get(run=run).graph_breaks == 0
+    monkeypatch.setattr(compile_marks, "REREAD_S", 0.0)
+    assert compile_reads(run) > 0
+    assert RunTally.objects.get(run=run).graph_breaks == 1
