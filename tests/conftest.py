@@ -222,6 +222,19 @@ def post(client, token):
     return _post
 
 
+@pytest.fixture
+def send(post):
+    """Send one rank's events as its next batch of run-a (each rank's seqs in order); each must be accepted."""
+    seqs: dict[int, int] = {}
+
+    def _send(rank: int, *events: dict) -> None:
+        seq = seqs[rank] = seqs.get(rank, -1) + 1
+        response = post(make_batch(rank=rank, seq=seq, events=list(events)))
+        assert response.status_code == 200, response.content
+
+    return _send
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment, django_db_blocker):
     """The test database, always (pytest-django would skip it when only live_db tests run)."""

@@ -11,7 +11,6 @@ from django.test.utils import CaptureQueriesContext
 from dashboard.detection import compile_marks, runs
 from dashboard.detection.models import RunTally
 from dashboard.tenancy.models import Run
-from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -30,18 +29,6 @@ def compile_(index: int, seconds: float) -> dict:
 
 def graph_break() -> dict:
     return {"t": "graph_break", "frame": FRAME, "reason": "data-dependent branch", "step": 0}
-
-
-@pytest.fixture
-def send(post):
-    seqs: dict[int, int] = {}
-
-    def _send(rank: int, *events: dict) -> None:
-        seq = seqs[rank] = seqs.get(rank, -1) + 1
-        response = post(make_batch(rank=rank, seq=seq, events=list(events)))
-        assert response.status_code == 200, response.content
-
-    return _send
 
 
 def compile_reads(run: Run) -> int:

@@ -10,7 +10,6 @@ from dashboard.detection import settle
 from dashboard.detection.models import Alert
 from dashboard.ledger.models import CompileSlot
 from dashboard.ledger.signals import slots_ready
-from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -37,18 +36,6 @@ def announced():
     slots_ready.connect(receiver, dispatch_uid="test-compile-slots-passed")
     yield seen
     slots_ready.disconnect(dispatch_uid="test-compile-slots-passed")
-
-
-@pytest.fixture
-def send(post):
-    seqs: dict[int, int] = {}
-
-    def _send(rank: int, *events: dict) -> None:
-        seq = seqs[rank] = seqs.get(rank, -1) + 1
-        response = post(make_batch(rank=rank, seq=seq, events=list(events)))
-        assert response.status_code == 200, response.content
-
-    return _send
 
 
 def test_a_rank_that_recompiled_alone_is_ready_once_every_rank_passed_its_step(send, announced):
