@@ -84,19 +84,6 @@ class RankRows:
     min_step: int | None
     ended: list[dict[str, Any]]  # {"rank", "last_step", "status"}
 
-    @classmethod
-    def of(cls, rows: list[dict[str, Any]]) -> RankRows:
-        """The same from every rank's row (what `rank_rows` asks PostgreSQL for)."""
-        steps = [r["last_step"] for r in rows if r["last_step"] is not None]
-        gone = sorted((r for r in rows if r["status"] != "running"), key=lambda r: (r["status"] == "ok", r["rank"]))
-        return cls(
-            reporting=len(rows),
-            running=len(rows) - len(gone),
-            last_step=max(steps, default=None),
-            min_step=min(steps, default=None),
-            ended=gone[:STRIP_RANKS],
-        )
-
 
 def rank_rows(run: Run) -> RankRows:
     """The run's `RankRows` in two statements: the progress push goes out every 2 s for every active

@@ -13,12 +13,12 @@ import pytest
 import requests
 
 from dashboard.delivery import notify
-from dashboard.detection import runs
 from dashboard.tenancy.models import Run
 from tests.browser import chromium_page
 from tests.e2e.jobs import member_session, project_with_token
 from tests.fixtures.pages_data import Job, job_batches
 from tests.stack import unique
+from tests.web.test_page_left_open import rank_rows_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
@@ -95,7 +95,7 @@ def test_run_page_and_runs_list_follow_a_crash_and_the_end_without_reload(stack,
         # a push computed before rank 2's end was stored (a sweep that read the ranks just before) does not
         # bring its phase back, and one whose strip lacks rank 2 (its last sample aged out) does not drop it
         run = Run.objects.get(key=key)
-        stale_ranks = runs.RankRows.of([{"rank": r, "last_step": 4, "status": "running"} for r in range(4)])
+        stale_ranks = rank_rows_of([{"rank": r, "last_step": 4, "status": "running"} for r in range(4)])
         for mark, rows in (("stale-1", [2, 0]), ("stale-2", [0])):
             strip = [_stale_row(r, mark if r == 0 else "compiling") for r in rows]
             with ThreadPoolExecutor(1) as pool:  # a worker's push: asyncio.run, away from Playwright's loop

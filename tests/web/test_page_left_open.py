@@ -4,6 +4,7 @@ phase nor forgets a run whose last rank just ended."""
 
 from __future__ import annotations
 
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -12,6 +13,20 @@ from dashboard.delivery import notify, tasks
 from dashboard.detection import runs
 from dashboard.tenancy.models import Rank, Run
 from tests.conftest import make_batch
+
+
+def rank_rows_of(rows: list[dict[str, Any]]) -> runs.RankRows:
+    """`runs.RankRows` from every rank's row, in Python: what `runs.rank_rows` asks PostgreSQL for."""
+    steps = [r["last_step"] for r in rows if r["last_step"] is not None]
+    gone = sorted((r for r in rows if r["status"] != "running"), key=lambda r: (r["status"] == "ok", r["rank"]))
+    return runs.RankRows(
+        reporting=len(rows),
+        running=len(rows) - len(gone),
+        last_step=max(steps, default=None),
+        min_step=min(steps, default=None),
+        ended=gone[: runs.STRIP_RANKS],
+    )
+
 
 pytestmark = pytest.mark.django_db
 
@@ -79,7 +94,7 @@ def test_progress_shows_ended_ranks_as_ended_and_an_ended_run_without_a_strip():
     ]
     row = {"for_s": 14.0, "since_step_s": 20.0, "op": "/tmp/torchinductor/x.py", "where": "w", "holding": True}
     strip = [{**row, "rank": r, "phase": "compiling", "step": 0} for r in (1, 0, 2)]
-    shown = notify.ended_in_strip(strip, runs.RankRows.of(ranks).ended)
+    shown = notify.ended_in_strip(strip, rank_rows_of(ranks).ended)
     assert [(r["rank"], r["phase"], r.get("ended"), r["step"], r["holding"]) for r in shown] == [
         (0, "compiling", None, 0, True),
         (1, "ended", "error", 3, False),
@@ -88,11 +103,11 @@ def test_progress_shows_ended_ranks_as_ended_and_an_ended_run_without_a_strip():
         (3, "ended", "ok", 2, False),
     ]
     many = [{"rank": r, "last_step": 1, "status": "ok"} for r in range(100)]
-    assert len(notify.ended_in_strip(strip, runs.RankRows.of(many).ended)) == runs.STRIP_RANKS
+    assert len(notify.ended_in_strip(strip, rank_rows_of(many).ended)) == runs.STRIP_RANKS
     run = Run(id=7, key="k", world_size=3, project_id=1)
     with mock.patch.object(notify, "_send", mock.Mock()) as send, mock.patch.object(notify.asyncio, "run"):
-        notify.push_progress(run, runs.RankRows.of(ranks), strip)
-        notify.push_progress(run, runs.RankRows.of([{**r, "status": "ok"} for r in ranks]), strip)
+        notify.push_progress(run, rank_rows_of(ranks), strip)
+        notify.push_progress(run, rank_rows_of([{**r, "status": "ok"} for r in ranks]), strip)
     live, ended = (call.args[0] for call in send.call_args_list)  # (run group, project group) each
     assert [r["phase"] for r in live[0][1]["message"]["strip"]] == ["compiling"] + ["ended"] * 4
     assert "strip" not in ended[0][1]["message"] and ended[0][1]["message"]["ranks_ended"] == 5
@@ -108,7 +123,7 @@ def test_the_sweep_pushes_a_run_whose_last_rank_just_ended(post, running_run):
 
 
 def test_the_push_reads_counts_and_the_ended_ranks_the_strip_shows(post):
-    """PostgreSQL's answer (`runs.rank_rows`) is what every rank's row gives (`RankRows.of`): the
+    """PostgreSQL's answer (`runs.rank_rows`) is what every rank's row gives (`rank_rows_of`): the
     counts and steps over all ranks, by name only the first 64 that no longer run, failed ones first."""
     world = 160
     for rank in range(world):
@@ -120,6 +135,6 @@ def test_the_push_reads_counts_and_the_ended_ranks_the_strip_shows(post):
         Rank.objects.filter(run=run, rank=rank).update(status=status)
     rows = list(Rank.objects.filter(run=run).values("rank", "last_step", "status"))
     got = runs.rank_rows(run)
-    assert got == runs.RankRows.of(rows)
+    assert got == rank_rows_of(rows)
     assert (got.reporting, got.running, got.last_step, got.min_step) == (world, world - len(statuses), 8, 0)
     assert len(got.ended) == runs.STRIP_RANKS and [r["status"] for r in got.ended[:9]] == ["error"] * 8 + ["lost"]
