@@ -99,6 +99,7 @@ class Tally:
     refused: dict = field(default_factory=dict)  # status (or "timeout") -> count
     rank_steps: int = 0
     acked: dict = field(default_factory=dict)  # step -> [ranks acked, last ack time]
+    round_trips: list = field(default_factory=list)  # seconds from sending a request to its 200
 
 
 @dataclass(frozen=True)
@@ -301,8 +302,10 @@ class Simulation:
                 return  # the job ended and everything it made was accepted
             while sender.backlog and time.time() >= sender.not_before:
                 body, first, last_step = sender.backlog[0]
+                sent = time.perf_counter()
                 status, headers, payload = await self.post(body)
                 if status == 200:
+                    self.tally.round_trips.append(time.perf_counter() - sent)
                     self.accepted(sender, first, last_step, payload)
                     sender.backlog.pop(0)
                     sender.failures = 0
@@ -382,7 +385,7 @@ class Simulation:
             f" after the step's end, {len(roots)} incident(s) rooted at {roots} ({'right' if right else 'WRONG'})"
         )
 
-    def report(self, seconds: float, receiver: Receiver | None) -> tuple[str, str, str]:
+    def report(self, seconds: float, receiver: Receiver | None, split: str = "") -> tuple[str, str, str]:
         t = self.tally
         made = (self.step_now(self.t0 + seconds) + 1) * self.ranks
         late = [
@@ -396,6 +399,7 @@ class Simulation:
         intervals = sorted(s.interval for s in self.senders)
         asked = max(s.asked for s in self.senders)
         q = statistics.quantiles(late, n=100) if len(late) >= 2 else [float("nan")] * 99
+        trips = statistics.quantiles(t.round_trips, n=100) if len(t.round_trips) >= 2 else [float("nan")] * 99
         self.figures = {
             "accepted": t.rank_steps / seconds,
             "share": t.rank_steps / max(made, 1),
@@ -415,10 +419,54 @@ class Simulation:
             f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
             f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete); the first step,"
             f" with every rank's start (its rank_start and {len(self.compiles)} compile events), {start:.1f} s;"
-            f" the simulated agents' one process used {self.client_core:.0%} of a core"
+            f" the simulated agents' one process used {self.client_core:.0%} of a core;"
+            f" a request's round trip to its 200 p50 {trips[49]:.2f} s, p99 {trips[98]:.2f} s"
+            + split
             + (self.settled(seconds) if self.args.celery else "")
             + (self.paged(receiver) if receiver is not None else ""),
         )
+
+
+SPLIT = {
+    "lockstep_ingest_queued_seconds": "waited for a group writer",
+    "lockstep_ingest_group_write_seconds": "a group's write",
+}
+
+
+def histograms(url: str) -> dict[str, dict[float, float]]:
+    """Ingest's histograms of where a request's server time goes, summed over its processes:
+    name -> {bucket bound: observations at most it} (+inf: all of them)."""
+    from bench.ingest import scrape
+
+    found: dict[str, dict[float, float]] = {name: {} for name in [*SPLIT, "lockstep_ingest_group_batches"]}
+    for key, value in scrape(url).items():
+        name, _, labels = key.partition("_bucket{")
+        if name in found:
+            found[name][float(labels.split('le="')[1].split('"')[0])] = value
+    return found
+
+
+def server_split(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> str:
+    """Where the job's requests spent their server time, from the histograms' growth over the job: the
+    bucket bound each percentile falls under."""
+
+    def bound(counts: dict[float, float], q: float) -> str:
+        total = counts.get(float("inf"), 0.0)
+        for le in sorted(counts):
+            if total and counts[le] >= q * total:
+                return f"<= {le:g}" if le != float("inf") else "above the last bucket"
+        return "none"
+
+    parts = []
+    for name, what in SPLIT.items():
+        grown = {le: n - before[name].get(le, 0.0) for le, n in after[name].items()}
+        parts.append(f"{what} p50 {bound(grown, 0.5)} s, p99 {bound(grown, 0.99)} s")
+    batches = {
+        le: n - before["lockstep_ingest_group_batches"].get(le, 0.0)
+        for le, n in after["lockstep_ingest_group_batches"].items()
+    }
+    parts.append(f"batches per group p50 {bound(batches, 0.5).removesuffix(' s')}")
+    return "; in the server (its /metrics): " + ", ".join(parts)
 
 
 def summary(ranks: int, figures: list[dict[str, float]]) -> tuple[str, str, str]:
@@ -549,8 +597,10 @@ def main(argv: list[str] | None = None) -> int:
                 simulation = Simulation(args, servers.url, token, ranks)
                 if args.nodes_per_rack:
                     simulation.check_packing()
+                before = histograms(servers.url)
                 asyncio.run(simulation.run_for(args.seconds))
-                rows.append(simulation.report(args.seconds, receiver))
+                split = server_split(before, histograms(servers.url))
+                rows.append(simulation.report(args.seconds, receiver, split))
                 print(" | ".join(rows[-1]), flush=True)  # a long run's progress, and what a killed one got
                 figures.append(simulation.figures)
                 loads.append(os.getloadavg()[0])

@@ -212,6 +212,7 @@ class _Waiting:
     job: writers.Job
     arrived: float
     future: asyncio.Future[Answer]
+    queued: float = field(default_factory=time.monotonic)
 
 
 class LoopCommitter:
@@ -271,13 +272,20 @@ class LoopCommitter:
         if not group:
             return
         writer = self._free.pop()
-        self.queued_batches -= sum(len(w.job.items) for w in group)
+        batches = sum(len(w.job.items) for w in group)
+        self.queued_batches -= batches
+        for waiting in group:
+            metrics.QUEUED.observe(now - waiting.queued)
+        metrics.GROUP_BATCHES.observe(batches)
         done = asyncio.get_running_loop().run_in_executor(
             writer, _write_on_thread, [w.job for w in group], bool(self.queue) or self.young.loaded
         )
-        done.add_done_callback(lambda f: self._answer(group, writer, f))
+        done.add_done_callback(lambda f: self._answer(group, writer, f, now))
 
-    def _answer(self, group: list[_Waiting], writer: Executor, done: asyncio.Future[list[Answer]]) -> None:
+    def _answer(
+        self, group: list[_Waiting], writer: Executor, done: asyncio.Future[list[Answer]], began: float
+    ) -> None:
+        metrics.GROUP_WRITE.observe(time.monotonic() - began)
         error = done.exception()  # `_written` answers what escapes `write`: a thread's Exception at most
         answers = done.result() if not error else [cast(Exception, error)] * len(group)
         for waiting, answer in zip(group, answers):

@@ -38,7 +38,24 @@ SECONDS = Histogram(
     "lockstep_ingest_request_seconds",
     "Request handling time",
     ["endpoint"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+# where a stored request's server time goes: its wait for a free group writer, then its group's write
+GROUP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8)
+QUEUED = Histogram(
+    "lockstep_ingest_queued_seconds",
+    "Time a request's batches waited for a free group writer (a burst queues here)",
+    buckets=GROUP_BUCKETS,
+)
+GROUP_WRITE = Histogram(
+    "lockstep_ingest_group_write_seconds",
+    "Time one group's write took on its writer (its statements, commit and after-commit work)",
+    buckets=GROUP_BUCKETS,
+)
+GROUP_BATCHES = Histogram(
+    "lockstep_ingest_group_batches",
+    "Batches per group commit",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 # cluster-state collectors of the layers above ingest (detection's health), see `register`
 COLLECTORS: list[Collector] = []

@@ -208,6 +208,43 @@ def test_requests_arriving_while_a_group_is_written_share_the_next_one(app, toke
     assert GradReport.objects.count() == 2  # rank 0 alone, then the seven agreeing ranks of one group share a row
 
 
+def _histogram(name: str) -> tuple[float, float]:
+    """(observations, their sum) of one of ingest's histograms in this process."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(f"{name}_count") or 0.0, REGISTRY.get_sample_value(f"{name}_sum") or 0.0
+
+
+@on_loop
+def test_metrics_split_a_requests_server_time_into_its_wait_for_a_writer_and_its_groups_write(app, token, lock):
+    """While rank 0's group is held in PostgreSQL for HOLD_S, three requests queue for the one writer:
+    /metrics counts each one's wait (at least the hold), two groups of 1 and 3 batches, and a write of
+    the held group that lasted the hold."""
+    hold_s = 0.3
+    names = ("lockstep_ingest_queued_seconds", "lockstep_ingest_group_write_seconds", "lockstep_ingest_group_batches")
+    before = {name: _histogram(name) for name in names}
+
+    async def scenario() -> list[int]:
+        def send(rank: int):
+            body = make_batch(rank=rank, world_size=4, events=[{"t": "grad", "step": 0, "fps": [5]}])
+            return asyncio.create_task(acall(app, json.dumps(body).encode(), headers_for(token)))
+
+        first = send(0)
+        await _until(lambda: app.committer.writing)
+        rest = [send(r) for r in range(1, 4)]
+        await _until(lambda: len(app.committer.queue) == 3)
+        await asyncio.sleep(hold_s)
+        lock.commit()
+        return [(await t)[0] for t in [first, *rest]]
+
+    assert async_to_sync(scenario)() == [200] * 4
+    (queued, waited), (groups, wrote), (_, batches) = (
+        tuple(a - b for a, b in zip(_histogram(name), before[name])) for name in names
+    )
+    assert queued == 4 and waited >= 3 * hold_s  # rank 0 went straight to the writer, the others waited the hold
+    assert groups == 2 and wrote >= hold_s and batches == 4
+
+
 @on_loop
 def test_a_group_held_in_postgresql_does_not_hold_up_the_next_one(settings, token, groups):
     """With two writers, rank 0's group waits on a row lock another session holds (its session's
