@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import statistics
@@ -126,11 +127,11 @@ class Simulation:
             for r in range(0, ranks, per)
         ]
         self.tally = Tally()
-        self.pool: asyncio.Queue = asyncio.Queue()
+        self.pool: asyncio.Queue = asyncio.Queue()  # one process's connections (`_agents`)
         self.packed: dict[tuple[int, int], str] = {}  # every rank reports the same fingerprints for a step
         self.grads: dict[tuple[int, int], Any] = {}  # the same, as a `protocol.Grads` (the tree's agreed event)
         self.compiles = [e for e in recording() if e["t"] in ("compile", "graph_break")]  # every rank's alike
-        self.t0, self.client_core = 0.0, 0.0
+        self.t0, self.client_core, self.clients = 0.0, 0.0, 1
         middle = int(args.seconds / args.step_time / 2)
         self.divergence = Divergence(random.randrange(ranks), middle) if args.diverge else None
 
@@ -337,16 +338,61 @@ class Simulation:
             got[0] += len(sender.ranks)
             got[1] = now
 
-    async def run_for(self, seconds: float) -> None:
-        for _ in range(self.args.connections or len(self.senders)):
-            self.pool.put_nowait(None)
-        self.t0, cpu = time.time(), time.process_time()
-        until = self.t0 + seconds
-        for i, sender in enumerate(self.senders):
-            sender.next_heartbeat = self.t0 + self.args.heartbeat * i / len(self.senders)
-        await asyncio.gather(*(self.agent(s, until) for s in self.senders))
-        # the simulated agents are one process: near a whole core, its own lateness is in the figures
+    def run_for(self, seconds: float, clients: int = 1) -> None:
+        """The job, its senders split over `clients` processes sharing its clock: at 100,000 ranks one
+        process nears a core at a step's burst, and its own lateness would be in the figures."""
+        self.t0 = time.time()
+        if clients <= 1:
+            self._part(seconds, 0, 1)
+            return
+        context = multiprocessing.get_context("fork")  # the children share this process's simulation
+        pipes = [context.Pipe(duplex=False) for _ in range(clients)]
+        children = [
+            context.Process(target=self._child, args=(seconds, i, clients, send)) for i, (_, send) in enumerate(pipes)
+        ]
+        for child in children:
+            child.start()
+        parts = [receive.recv() for receive, _ in pipes]
+        for child in children:
+            child.join()
+        self.client_core = 0.0
+        for i, (tally, intervals, core) in enumerate(parts):
+            self._merge(tally)
+            for sender, (interval, asked) in zip(self.senders[i::clients], intervals):
+                sender.interval, sender.asked = interval, asked
+            self.client_core += core
+        self.clients = clients
+
+    def _child(self, seconds: float, part: int, parts: int, pipe: Any) -> None:
+        self._part(seconds, part, parts)
+        senders = self.senders[part::parts]
+        pipe.send((self.tally, [(s.interval, s.asked) for s in senders], self.client_core))
+
+    def _part(self, seconds: float, part: int, parts: int) -> None:
+        """Every `parts`-th sender from `part` on, in this process, on the job's clock (`t0`)."""
+        cpu = time.process_time()
+        asyncio.run(self._agents(self.senders[part::parts], self.t0 + seconds))
         self.client_core = (time.process_time() - cpu) / max(time.time() - self.t0, 1e-9)
+
+    async def _agents(self, senders: list[Sender], until: float) -> None:
+        for _ in range(self.args.connections or len(senders)):
+            self.pool.put_nowait(None)
+        place = {id(sender): i for i, sender in enumerate(self.senders)}
+        for sender in senders:  # racks heartbeat spread over the interval, by their place in the whole job
+            sender.next_heartbeat = self.t0 + self.args.heartbeat * place[id(sender)] / len(self.senders)
+        await asyncio.gather(*(self.agent(s, until) for s in senders))
+
+    def _merge(self, other: Tally) -> None:
+        t = self.tally
+        t.ok += other.ok
+        t.rank_steps += other.rank_steps
+        t.round_trips += other.round_trips
+        for status, n in other.refused.items():
+            t.refused[status] = t.refused.get(status, 0) + n
+        for step, (n, at) in other.acked.items():
+            got = t.acked.setdefault(step, [0, 0.0])
+            got[0] += n
+            got[1] = max(got[1], at)
 
     def settled(self, seconds: float) -> str:
         """When each step of the second half had its grad slot settled after the step ended."""
@@ -419,7 +465,7 @@ class Simulation:
             f" step fully accepted after its end: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s over {len(late)} steps"
             f" ({len([s for s, g in t.acked.items() if g[0] < self.ranks])} steps not yet complete); the first step,"
             f" with every rank's start (its rank_start and {len(self.compiles)} compile events), {start:.1f} s;"
-            f" the simulated agents' one process used {self.client_core:.0%} of a core;"
+            f" the simulated agents' {self.clients} process(es) used {self.client_core:.0%} of a core;"
             f" a request's round trip to its 200 p50 {trips[49]:.2f} s, p99 {trips[98]:.2f} s"
             + split
             + (self.settled(seconds) if self.args.celery else "")
@@ -560,6 +606,18 @@ def main(argv: list[str] | None = None) -> int:
         help="client connections the agents share (0: one each, as real agents have: the queue forms in the server)",
     )
     parser.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="processes the simulated agents are split over (a 100,000-rank job's one process nears a core)",
+    )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="processes the simulated agents are split over (a 100,000-rank job's one process nears a core)",
+    )
+    parser.add_argument(
         "--celery", type=int, default=0, help="Celery worker processes (with beat) settling the slots (0: ingest alone)"
     )
     parser.add_argument(
@@ -598,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.nodes_per_rack:
                     simulation.check_packing()
                 before = histograms(servers.url)
-                asyncio.run(simulation.run_for(args.seconds))
+                simulation.run_for(args.seconds, args.clients)
                 split = server_split(before, histograms(servers.url))
                 rows.append(simulation.report(args.seconds, receiver, split))
                 print(" | ".join(rows[-1]), flush=True)  # a long run's progress, and what a killed one got

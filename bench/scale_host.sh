@@ -18,9 +18,10 @@
 # Environment: SCALE_DATA (data folder, default /tmp/lockstep-scale), SCALE_VENV (default
 # .venv-scale), SCALE_INGEST (uvicorn workers, default: cores - 6), SCALE_CELERY (Celery worker
 # processes settling the slots and paging, default 2; the rest of the cores are PostgreSQL's and
-# the simulated agents'), PYTHON (default python3); the server's own variables pass through
-# (LOCKSTEP_INGEST_WRITERS: group writers per uvicorn worker, default 2). The job runs with one rank diverging at its
-# middle step (`--diverge`), timed to its page. The figures land in bench/RESULTS.md as the
+# the simulated agents'), SCALE_CLIENTS (processes the simulated agents are split over, default
+# 2), PYTHON (default python3); the server's own variables pass through (LOCKSTEP_INGEST_WRITERS:
+# group writers per uvicorn worker, default 2). The job runs with one rank diverging at its middle
+# step (`--diverge`), timed to its page. The figures land in bench/RESULTS.md as the
 # bench's own section, every 5 s the busiest processes in SCALE_DATA/top.log (where the host's
 # cores went), and every second what each busy PostgreSQL backend runs or waits on in
 # SCALE_DATA/pg.log (the embedded server has no pg_stat_statements); the embedded servers keep
@@ -39,7 +40,7 @@ venv="${SCALE_VENV:-.venv-scale}"
 data="${SCALE_DATA:-/tmp/lockstep-scale}"
 
 usage() {
-  sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 
@@ -125,7 +126,8 @@ run() {
   pg_log "$data/pg.log" &
   local pg_sampler=$!
   "$venv/bin/python" -m bench ingest_simulation --ranks 100000 --ranks-per-request 8 --nodes-per-rack 32 \
-    --step-time 1.0 --seconds 60 --repeats 3 --ingest "$ingest" --celery "$celery" --diverge "$@" || status=$?
+    --step-time 1.0 --seconds 60 --repeats 3 --ingest "$ingest" --celery "$celery" --clients "${SCALE_CLIENTS:-2}" \
+    --diverge "$@" || status=$?
   kill "$sampler" "$pg_sampler" 2>/dev/null || true
   return "${status:-0}"
 }

@@ -4,8 +4,10 @@ the at-scale figures measure another product (docs/scale-out.md)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
 
@@ -82,6 +84,43 @@ def test_the_report_says_how_much_of_a_core_the_simulated_agents_took():
     """At 100,000 ranks the one client process nears a core: the report says so beside the figures."""
     sim = simulation(256)
     sim.args.drain, sim.args.connections, sim.args.celery = 0.0, 0, 0
-    asyncio.run(sim.run_for(0.3))  # nothing listens on port 1: every agent keeps its batch and retries
+    sim.run_for(0.3)  # nothing listens on port 1: every agent keeps its batch and retries
     assert 0.0 < sim.client_core <= 1.0
-    assert f"used {sim.client_core:.0%} of a core" in sim.report(0.3, None)[2]
+    assert f"1 process(es) used {sim.client_core:.0%} of a core" in sim.report(0.3, None)[2]
+
+
+class _Accepting(BaseHTTPRequestHandler):
+    """Every request accepted, with the server asking for 2 s intervals: a stand-in server for the client."""
+
+    protocol_version = "HTTP/1.1"  # the simulated agents keep their connections
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"results": [{"accepted": 1, "flush_interval_s": 2.0}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_agents_split_over_processes_report_as_one_job():
+    """Two client processes, a rack each, on one clock: every step of every rank is counted once, each
+    rack keeps the interval the server asked of it, and the report names both processes."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Accepting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sim = simulation(512)
+        sim.host, sim.port = "127.0.0.1", server.server_address[1]
+        sim.divergence = None
+        sim.args.step_time, sim.args.drain, sim.args.connections, sim.args.celery = 0.1, 2.5, 0, 0
+        sim.run_for(0.6, clients=2)
+    finally:
+        server.shutdown()
+    steps = sim.step_now(sim.t0 + 0.6) + 1
+    assert steps >= 4 and sim.tally.rank_steps == steps * 512
+    assert {step: got[0] for step, got in sim.tally.acked.items()} == dict.fromkeys(range(steps), 512)
+    assert [s.interval for s in sim.senders] == [2.0, 2.0] and len(sim.tally.round_trips) == sim.tally.ok
+    assert "the simulated agents' 2 process(es) used" in sim.report(0.6, None)[2]
