@@ -85,7 +85,7 @@ def test_a_slow_server_slows_the_agents_flushes_and_lets_go_when_it_keeps_up(ser
     agent = _agent(server, token, key, tmp_path / "spool")
     stall = Stall()
     agent.put(protocol.Step(step=0, step_time=0.1, ts=time.time()))
-    time.sleep(2 * backpressure.TARGET_S * 4)  # the batch waits in the server meanwhile
+    time.sleep(backpressure.TARGET_S * 4)  # the batch waits in the server meanwhile (short of shedding)
     stall.release()
     _wait(lambda: agent.server_interval is not None)
     assert agent.flush_interval >= 2 * backpressure.BASE_INTERVAL_S > agent.cfg.flush_interval

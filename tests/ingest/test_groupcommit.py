@@ -110,9 +110,9 @@ def test_the_flush_interval_doubles_with_the_load_and_goes_away_when_it_falls(mo
     load = backpressure._Load()
     monkeypatch.setattr(backpressure, "_load", load)
     assert backpressure.flush_interval() is protocol.msgspec.UNSET
-    load.average, load.at = 0.2, time.monotonic()
+    load.average, load.at = 0.45, time.monotonic()  # answered within the agents' own interval
     assert backpressure.flush_interval() is protocol.msgspec.UNSET
-    load.average = 0.9  # 3.6x the target: two doublings of the agent's 0.5 s
+    load.average = 1.8  # 3.6x the target: two doublings of the agent's 0.5 s
     assert backpressure.flush_interval() == 2.0 and backpressure.retry_after() == 2
     load.average = 1000.0
     assert backpressure.flush_interval() == backpressure.MAX_INTERVAL_S
