@@ -612,12 +612,6 @@ def main(argv: list[str] | None = None) -> int:
         help="processes the simulated agents are split over (a 100,000-rank job's one process nears a core)",
     )
     parser.add_argument(
-        "--clients",
-        type=int,
-        default=1,
-        help="processes the simulated agents are split over (a 100,000-rank job's one process nears a core)",
-    )
-    parser.add_argument(
         "--celery", type=int, default=0, help="Celery worker processes (with beat) settling the slots (0: ingest alone)"
     )
     parser.add_argument(

@@ -10,9 +10,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
+import pytest
 
 from agents import agreement, protocol
-from bench.ingest_simulation import Divergence, Sender, Simulation
+from bench.ingest_simulation import Divergence, Sender, Simulation, main
 
 
 def simulation(ranks: int = 512) -> Simulation:
@@ -124,3 +125,9 @@ def test_agents_split_over_processes_report_as_one_job():
     assert {step: got[0] for step, got in sim.tally.acked.items()} == dict.fromkeys(range(steps), 512)
     assert [s.interval for s in sim.senders] == [2.0, 2.0] and len(sim.tally.round_trips) == sim.tally.ok
     assert "the simulated agents' 2 process(es) used" in sim.report(0.6, None)[2]
+
+
+def test_the_command_line_parses(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"])
+    assert exit.value.code == 0 and "--clients" in capsys.readouterr().out
