@@ -27,8 +27,11 @@ rate), the flush intervals the agents ended with, and the added detection latenc
 when the server had accepted the last rank's report of it (the moment its grad slot can be
 settled) after the step ended, over the second half of the run (percentiles of the steps), and
 the same for the first step, which every rank's start comes with. When the
-job stops making steps, its agents go on sending what was not accepted yet for `--drain` seconds:
-"accepted" counts what the server took by then, so 100% means nothing was lost or left behind.
+job stops making steps, each rank sends its rank_end, as an agent does when its process exits
+(`--abandon`: none, as when the scheduler kills the job), and the agents go on sending what was
+not accepted yet for `--drain` seconds: "accepted" counts what the server took by then, so 100%
+means nothing was lost or left behind. Every request has a connection of its own, as the agents'
+and relays' urllib opens one.
 
 With `--celery N` the server's Celery workers (with beat) settle the slots as they would in
 production, and the report adds, per step of the second half, when its grad slot was settled
@@ -86,6 +89,7 @@ class Sender:
     sessions: list[str]
     seq: int = 0
     sent_through: int = -1  # last step queued
+    ended: bool = False  # its ranks' rank_end is queued
     backlog: list[tuple[bytes, int, int]] = field(default_factory=list)  # (body, first step, last step)
     interval: float = 0.5
     asked: float = 0.5  # the longest interval the server asked for (kept only where it spares batches)
@@ -127,7 +131,7 @@ class Simulation:
             for r in range(0, ranks, per)
         ]
         self.tally = Tally()
-        self.pool: asyncio.Queue = asyncio.Queue()  # one process's connections (`_agents`)
+        self.slots = asyncio.Semaphore()  # one process's requests in flight at once (`_agents`)
         self.packed: dict[tuple[int, int], str] = {}  # every rank reports the same fingerprints for a step
         self.grads: dict[tuple[int, int], Any] = {}  # the same, as a `protocol.Grads` (the tree's agreed event)
         self.compiles = [e for e in recording() if e["t"] in ("compile", "graph_break")]  # every rank's alike
@@ -253,6 +257,22 @@ class Simulation:
         )
         return protocol.encode(packed)
 
+    def end_body(self, sender: Sender) -> bytes:
+        """Its ranks' rank_end, as each agent sends when its process exits: alike on every rank, so a
+        rack's travel once (`agreement.pack`)."""
+        from agents import agreement, protocol
+
+        seq, sender.seq = sender.seq, sender.seq + 1
+        run, now = protocol.RunInfo(**self.run), time.time()
+        batches = [
+            protocol.Batch(v=1, run=run, rank=rank, session=session, seq=seq, events=[protocol.RankEnd(ts=now)])
+            for rank, session in zip(sender.ranks, sender.sessions)
+        ]
+        if self.args.nodes_per_rack:
+            return gzip_body(agreement.pack(batches))
+        bodies = [protocol.encode(batch) for batch in batches]
+        return gzip_body(bodies[0] if len(bodies) == 1 else protocol.bulk_body(bodies))
+
     def check_packing(self) -> None:
         """`packed_body` is what the relays' own packing gives for the same batches."""
         from agents import agreement, protocol
@@ -267,27 +287,28 @@ class Simulation:
             raise AssertionError("the simulated rack body differs from agents.agreement.pack's")
 
     async def post(self, body: bytes) -> tuple[int, dict, bytes]:
-        conn = await self.pool.get()
-        try:
-            if conn is None:
-                conn = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), HTTP_TIMEOUT)
-            reader, writer = conn
-            path = "/api/v1/ingest" if len(self.senders[0].ranks) == 1 else "/api/v1/ingest/bulk"
-            writer.write(
-                (
-                    f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
-                    f"Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
-                ).encode()
-                + body
-            )
-            status, headers, payload = await asyncio.wait_for(_response(reader), HTTP_TIMEOUT)
-            self.pool.put_nowait(conn)
-            return status, headers, payload
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):  # a torn answer too
-            if conn is not None:
-                conn[1].close()
-            self.pool.put_nowait(None)
-            return 0, {}, b""
+        """One request on a connection of its own, as `agents.transport.exchange` (urllib) sends every
+        agent's and relay's: the server's processes take each request as they are free to accept it
+        (a connection kept per rack would pin a rack to one process for the whole job)."""
+        async with self.slots:
+            writer = None
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), HTTP_TIMEOUT)
+                path = "/api/v1/ingest" if len(self.senders[0].ranks) == 1 else "/api/v1/ingest/bulk"
+                writer.write(
+                    (
+                        f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
+                        f"Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n"
+                        "Connection: close\r\n\r\n"
+                    ).encode()
+                    + body
+                )
+                return await asyncio.wait_for(_response(reader), HTTP_TIMEOUT)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):  # a torn answer too
+                return 0, {}, b""
+            finally:
+                if writer is not None:
+                    writer.close()
 
     async def agent(self, sender: Sender, until: float) -> None:
         """The transport's loop: at each flush, queue the new steps; send the backlog, oldest first."""
@@ -299,6 +320,9 @@ class Simulation:
             if last > sender.sent_through:
                 sender.backlog.append((self.body(sender, sender.sent_through + 1, last), sender.sent_through + 1, last))
                 sender.sent_through = last
+            if now >= until and not sender.ended and not self.args.abandon:
+                sender.backlog.append((self.end_body(sender), sender.sent_through + 1, sender.sent_through))
+                sender.ended = True
             if now >= until and not sender.backlog:
                 return  # the job ended and everything it made was accepted
             while sender.backlog and time.time() >= sender.not_before:
@@ -375,8 +399,7 @@ class Simulation:
         self.client_core = (time.process_time() - cpu) / max(time.time() - self.t0, 1e-9)
 
     async def _agents(self, senders: list[Sender], until: float) -> None:
-        for _ in range(self.args.connections or len(senders)):
-            self.pool.put_nowait(None)
+        self.slots = asyncio.Semaphore(self.args.connections or len(senders))
         place = {id(sender): i for i, sender in enumerate(self.senders)}
         for sender in senders:  # racks heartbeat spread over the interval, by their place in the whole job
             sender.next_heartbeat = self.t0 + self.args.heartbeat * place[id(sender)] / len(self.senders)
@@ -603,7 +626,12 @@ def main(argv: list[str] | None = None) -> int:
         "--connections",
         type=int,
         default=0,
-        help="client connections the agents share (0: one each, as real agents have: the queue forms in the server)",
+        help="requests the agents have in flight at once (0: one each, as real agents have: the queue forms in the server)",
+    )
+    parser.add_argument(
+        "--abandon",
+        action="store_true",
+        help="the job's ranks stop without a rank_end, as a job the scheduler kills (default: each sends its rank_end)",
     )
     parser.add_argument(
         "--clients",
@@ -669,7 +697,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.cpu_count()} CPUs shared by the simulated agents, the servers, PostgreSQL (and whatever else runs)",
         )
     )
-    conns = f"{args.connections} client connections" if args.connections else "one client connection per agent"
+    conns = (
+        f"{args.connections} requests in flight at most" if args.connections else "one request in flight per agent"
+    ) + ", a connection each"
     report(
         f"ingest_simulation ({args.ranks_per_request} rank(s) per request)"
         if not args.nodes_per_rack

@@ -4,6 +4,7 @@ the at-scale figures measure another product (docs/scale-out.md)."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import threading
 import time
@@ -26,6 +27,7 @@ def simulation(ranks: int = 512) -> Simulation:
         diverge=True,
         heartbeat=5.0,
         param_every=50,
+        abandon=False,
     )
     sim = Simulation(args, "http://127.0.0.1:1", "token", ranks)
     sim.divergence = Divergence(rank=300, step=10)
@@ -93,10 +95,16 @@ def test_the_report_says_how_much_of_a_core_the_simulated_agents_took():
 class _Accepting(BaseHTTPRequestHandler):
     """Every request accepted, with the server asking for 2 s intervals: a stand-in server for the client."""
 
-    protocol_version = "HTTP/1.1"  # the simulated agents keep their connections
+    protocol_version = "HTTP/1.1"
+    ends: list[int] = []  # per request holding rank_end events: how many
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        body = gzip.decompress(self.rfile.read(int(self.headers["Content-Length"])))
+        if b"rank_end" in body:
+            packed = msgspec.json.decode(body, type=protocol.Packed)
+            self.ends.append(
+                sum(1 for b, _ in agreement.unpack(packed) if b and isinstance(b.events[-1], protocol.RankEnd))
+            )
         body = json.dumps({"results": [{"accepted": 1, "flush_interval_s": 2.0}]}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -109,7 +117,8 @@ class _Accepting(BaseHTTPRequestHandler):
 
 def test_agents_split_over_processes_report_as_one_job():
     """Two client processes, a rack each, on one clock: every step of every rank is counted once, each
-    rack keeps the interval the server asked of it, and the report names both processes."""
+    rack keeps the interval the server asked of it, every rank ends with its rank_end (once per rack),
+    and the report names both processes."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Accepting)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -124,6 +133,7 @@ def test_agents_split_over_processes_report_as_one_job():
     assert steps >= 4 and sim.tally.rank_steps == steps * 512
     assert {step: got[0] for step, got in sim.tally.acked.items()} == dict.fromkeys(range(steps), 512)
     assert [s.interval for s in sim.senders] == [2.0, 2.0] and len(sim.tally.round_trips) == sim.tally.ok
+    assert _Accepting.ends == [256, 256]
     assert "the simulated agents' 2 process(es) used" in sim.report(0.6, None)[2]
 
 
