@@ -629,6 +629,11 @@ def main(argv: list[str] | None = None) -> int:
         help="requests the agents have in flight at once (0: one each, as real agents have: the queue forms in the server)",
     )
     parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="each ingest process on a socket of its own with SO_REUSEPORT (default: uvicorn --workers, one socket)",
+    )
+    parser.add_argument(
         "--abandon",
         action="store_true",
         help="the job's ranks stop without a rank_end, as a job the scheduler kills (default: each sends its rank_end)",
@@ -665,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     receiver = Receiver() if args.diverge else None
     if receiver is not None:
         configure_webhook(project, receiver.url)
-    servers = start_servers(env, args.ingest, 0)
+    servers = start_servers(env, args.ingest, 0, reuse_port=args.reuse_port)
     if args.celery:
         servers.add_worker(env, "lockstep-bench-servers", args.celery)
     rows = []
@@ -706,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack}, {os.cpu_count()} cores)",
         argv,
         f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes"
+        f" ({'a socket each, SO_REUSEPORT' if args.reuse_port else 'uvicorn --workers, one socket'})"
         f" of {settings.LOCKSTEP_INGEST_WRITERS} group writers each, {args.celery} Celery worker processes, {conns},"
         f" {args.buckets} buckets, {cadence_of(args)}",
         rows,
