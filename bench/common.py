@@ -109,7 +109,7 @@ def free_port() -> int:
 
 @dataclass
 class Servers:
-    """N ingest server processes (`start_servers`) and M Celery workers, as process groups."""
+    """N ingest server processes (`dashboard.serve --workers N`) and M Celery workers, as process groups."""
 
     url: str
     procs: list[subprocess.Popen]
@@ -172,21 +172,20 @@ def postgres_cpu_seconds(database: str) -> float:
     return total / tick
 
 
-def start_servers(env: dict, ingest: int, celery: int, root: Path = ROOT, reuse_port: bool = False) -> Servers:
-    """`root`: the source tree the processes run (another checkout compares two versions side by side);
-    `reuse_port`: `ingest` processes each on a socket of its own (`bench.reuseport_server`) instead of
-    `uvicorn --workers` sharing one."""
+def start_servers(env: dict, ingest: int, celery: int, root: Path = ROOT) -> Servers:
+    """`root`: the source tree the processes run (another checkout compares two versions side by side)."""
     port = free_port()
     env = dict(env, PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="lockstep-prom-"), PYTHONPATH=str(root))
     log = open(Path(tempfile.gettempdir()) / "lockstep-bench-servers.log", "ab")
-    commands = (
-        [[sys.executable, "-m", "bench.reuseport_server", "127.0.0.1", str(port)]] * ingest
-        if reuse_port
-        else [server_command("127.0.0.1", port, "--workers", str(ingest), "--no-access-log")]
-    )
     procs = [
-        subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        for command in commands
+        subprocess.Popen(
+            server_command("127.0.0.1", port, "--workers", str(ingest), "--no-access-log"),
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     ]
     if celery:
         procs.append(

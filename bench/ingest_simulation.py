@@ -450,9 +450,22 @@ class Simulation:
         right = roots == [[self.divergence.rank]]
         self.figures.update(page=page, right=float(right))
         return (
-            f"; rank {self.divergence.rank}'s gradients differ at step {self.divergence.step}: paged {page:.1f} s"
+            f"; rank {self.divergence.rank}'s gradients differ at step {self.divergence.step}: its slot settled"
+            f" {self.settled_after(self.divergence.step):.1f} s and paged {page:.1f} s"
             f" after the step's end, {len(roots)} incident(s) rooted at {roots} ({'right' if right else 'WRONG'})"
         )
+
+    def settled_after(self, step: int) -> float:
+        """Seconds from the step's end to its grad slot's settle (nan: not settled): the rest of a page's
+        time is the alert's way to the webhook."""
+        from dashboard.ledger.models import GradSlot
+
+        at = GradSlot.objects.filter(run__key=self.run["key"], group="ddp", step=step).values_list(
+            "settled_at", flat=True
+        )
+        settled = next(iter(at), None)
+        end = self.t0 + (step + 1) * self.args.step_time
+        return float("nan") if settled is None else settled.timestamp() - end
 
     def report(self, seconds: float, receiver: Receiver | None, split: str = "") -> tuple[str, str, str]:
         t = self.tally
@@ -629,11 +642,6 @@ def main(argv: list[str] | None = None) -> int:
         help="requests the agents have in flight at once (0: one each, as real agents have: the queue forms in the server)",
     )
     parser.add_argument(
-        "--reuse-port",
-        action="store_true",
-        help="each ingest process on a socket of its own with SO_REUSEPORT (default: uvicorn --workers, one socket)",
-    )
-    parser.add_argument(
         "--abandon",
         action="store_true",
         help="the job's ranks stop without a rank_end, as a job the scheduler kills (default: each sends its rank_end)",
@@ -670,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     receiver = Receiver() if args.diverge else None
     if receiver is not None:
         configure_webhook(project, receiver.url)
-    servers = start_servers(env, args.ingest, 0, reuse_port=args.reuse_port)
+    servers = start_servers(env, args.ingest, 0)
     if args.celery:
         servers.add_worker(env, "lockstep-bench-servers", args.celery)
     rows = []
@@ -711,7 +719,6 @@ def main(argv: list[str] | None = None) -> int:
         else f"ingest_simulation (relay tree, {args.ranks_per_request} x {args.nodes_per_rack}, {os.cpu_count()} cores)",
         argv,
         f"a job at real cadence: {args.step_time:g} s per step, {args.seconds:g} s per job, {args.ingest} ingest processes"
-        f" ({'a socket each, SO_REUSEPORT' if args.reuse_port else 'uvicorn --workers, one socket'})"
         f" of {settings.LOCKSTEP_INGEST_WRITERS} group writers each, {args.celery} Celery worker processes, {conns},"
         f" {args.buckets} buckets, {cadence_of(args)}",
         rows,

@@ -1,6 +1,7 @@
 """Where the ASGI worker processes of one server keep their Prometheus counters, so /metrics sums them.
 
-`uvicorn --workers N` starts N processes (multiprocessing, spawn) under one supervisor. Each counts
+`python -m dashboard.serve --workers N` (as `uvicorn --workers N`) starts N processes
+(multiprocessing, spawn) under one supervisor. Each counts
 its own requests; without a shared folder (PROMETHEUS_MULTIPROC_DIR) a scrape reads whichever worker
 answered and counters jump between workers' values, which Prometheus takes for resets. Unless the
 operator set that variable, every worker of one supervisor uses `DATA_DIR/prometheus/<supervisor>`,
@@ -22,7 +23,7 @@ PREFIX = "server-"
 
 
 def supervisor() -> int | None:
-    """The pid of the process that spawned this one as a worker (uvicorn's supervisor), or None."""
+    """The pid of the process that spawned this one as a worker (the server's supervisor), or None."""
     parent = multiprocessing.parent_process()
     return parent.pid if parent is not None else None
 

@@ -12,21 +12,22 @@ from typing import Any
 
 from agents import procstat
 
-GRACEFUL_SHUTDOWN_S = 3  # then open websockets (pages, `alerts -f`) are closed; their clients reconnect
-
 
 def server_command(host: str, port: int, *options: str) -> list[str]:
-    """uvicorn serving the project's ASGI application; `options`: more of uvicorn's (--workers, ...).
-
-    A stop lets requests in flight finish for GRACEFUL_SHUTDOWN_S: without a bound, uvicorn waits for
-    every open websocket to close, and a browser tab left open held a stop until it was killed.
-    Headers have LOCKSTEP_HEADER_TIMEOUT (`dashboard.web.header_deadline`), and uvicorn's own proxy
-    headers are off: it would believe X-Forwarded-For from 127.0.0.1 (or FORWARDED_ALLOW_IPS); the
-    application believes it from LOCKSTEP_TRUSTED_PROXIES only (`dashboard.web.edge.ClientAddress`)."""
-    app = ["-m", "uvicorn", "dashboard.asgi:application", "--host", host, "--port", str(port)]
-    bound = ["--timeout-graceful-shutdown", str(GRACEFUL_SHUTDOWN_S)]
-    edge = ["--http", "dashboard.web.header_deadline:HeaderDeadline", "--no-proxy-headers"]
-    return [sys.executable, *app, "--log-level", "warning", *bound, *edge, *options]
+    """The ASGI server (`dashboard.serve`: uvicorn, each worker on a socket of its own); `options`:
+    more of its own (--workers N, --no-access-log)."""
+    return [
+        sys.executable,
+        "-m",
+        "dashboard.serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *options,
+    ]
 
 
 def worker_command(*options: str, loglevel: str = "warning", concurrency: int = 1) -> list[str]:

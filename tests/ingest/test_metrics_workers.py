@@ -1,17 +1,24 @@
-"""`uvicorn --workers 2` as the docs start it, PROMETHEUS_MULTIPROC_DIR unset: /metrics sums both
-workers on every scrape (a counter never jumps back), and a fresh start of the server starts from zero."""
+"""The server's two workers as the docs start them (`python -m dashboard.serve --workers 2`, each on a
+socket of its own), PROMETHEUS_MULTIPROC_DIR unset: /metrics sums both workers on every scrape (a
+counter never jumps back), and a fresh start of the server starts from zero; a worker that dies is
+replaced, a second server cannot share the port, and a stop ends every worker."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
+import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from dashboard.devstack.processes import group_members, survivors
 from dashboard.tenancy.models import Project, ProjectToken
 from tests.conftest import make_batch
-from tests.stack import Stack, free_port, spawn, unique, uvicorn
+from tests.stack import ROOT, Stack, free_port, spawn, unique, uvicorn
 
 ACCEPTED = 'lockstep_ingest_requests_total{endpoint="ingest",outcome="accepted",status="200"}'
 
@@ -76,3 +83,51 @@ def test_two_workers_count_together_and_a_fresh_start_counts_from_zero(stack_env
         assert [p.name for p in (tmp_path / "data" / "prometheus").iterdir()] != [folders[0].name]
     finally:
         again.server.stop()
+
+
+def _workers(server: Stack) -> set[int]:
+    """The pids of the server's worker processes (its supervisor's spawned children)."""
+    supervisor = server.server.popen.pid
+    found = set()
+    for pid in group_members(supervisor):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if pid != supervisor and b"spawn_main" in cmdline:
+            found.add(pid)
+    return found
+
+
+def _until(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def test_a_worker_that_dies_is_replaced_and_no_second_server_shares_the_port(stack_env, live_db, tmp_path):
+    token = ProjectToken.issue(Project.objects.create(name=unique("serve")))
+    env = {**stack_env, "LOCKSTEP_RATE_LIMIT": "0"}
+    server = _server(env, tmp_path)
+    try:
+        _until(lambda: len(_workers(server)) == 2)
+        first = _workers(server)
+        os.kill(min(first), signal.SIGKILL)
+        _until(lambda: len(_workers(server)) == 2 and _workers(server) != first)
+        run = unique("serve")
+        batches = [make_batch(run=run, rank=r, world_size=8, session=f"s-{run}-{r}") for r in range(8)]
+        with ThreadPoolExecutor(4) as pool:  # fresh connections, spread over both workers, the new one among them
+            assert list(pool.map(lambda b: _post(server.url, token, b), batches)) == [200] * 8
+
+        port = int(server.url.rsplit(":", 1)[1])
+        second = subprocess.run(uvicorn(port), cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and "in use" in second.stderr
+        assert _post(server.url, token, make_batch(run=run, rank=0, world_size=8, seq=1, session=f"s-{run}-0")) == 200
+
+        workers = _workers(server)
+        os.kill(server.server.popen.pid, signal.SIGTERM)  # the supervisor alone: it stops its workers
+        assert server.server.popen.wait(30) == 0
+        assert survivors(sorted(workers), timeout=10) == []
+    finally:
+        server.server.stop()
