@@ -6,6 +6,9 @@ active runs.
 Delivery subscribes to `detection.signals.alerts_changed` (an alert's change carries its incident's
 along) and to saved silences; the outbox state (`revision` against `notified_revision`, pending
 rows) is in PostgreSQL, so whatever a lost message misses, the sweep delivers.
+
+An alert's way to its destinations goes at the broker's top priority (`fairness.PAGES`), above
+every settle: on a busy worker the page had waited 2-3 s behind the settles queued before it.
 """
 
 from __future__ import annotations
@@ -17,19 +20,20 @@ from django.db import transaction
 
 from dashboard.delivery import mirror, notifications, notify
 from dashboard.detection import runs
+from dashboard.detection.fairness import PAGES
 from dashboard.detection.models import Silence
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, ignore_result=True, priority=PAGES)
 def deliver(alert_id: int) -> int:
     """The alert's revision to websockets, then its incident's revision everywhere."""
     incident_id = notify.deliver(alert_id)
     return deliver_incident(incident_id) if incident_id is not None else 0
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, ignore_result=True, priority=PAGES)
 def deliver_incident(incident_id: int) -> int:
     """The incident's revision to its destinations: the first notification's first attempt here (a
     page waits for no second task: under load a queued hop cost 1-1.7 s), the others as tasks of their
@@ -44,13 +48,13 @@ def deliver_incident(incident_id: int) -> int:
     return len(notes)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, ignore_result=True, priority=PAGES)
 def send_webhook(notification_id: int) -> None:
     """One attempt; a failed one is rescheduled in its row and re-queued by the sweep (`notifications.due`)."""
     notifications.send(notification_id)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, ignore_result=True, priority=PAGES)
 def refresh_webhook(notification_id: int) -> None:
     notifications.refresh(notification_id)
 

@@ -3,8 +3,9 @@
 Settle messages share one Celery queue, so a project that floods it (thousands of compile slots at
 once) would make every other project's slots wait behind its own. Each run's queued slots are
 counted in Redis (`claim` as a chunk is queued, `release` once it is settled); a chunk of a run with
-little queued goes at the broker's top priority, a chunk of a run with a backlog the lower the more
-it has queued (Celery's priorities: one Redis list per step, which BRPOP serves top list first). A
+little queued goes at the top priority of settling (just below the pages, PAGES), a chunk of a run
+with a backlog the lower the more it has queued (Celery's priorities: one Redis list per step, which
+BRPOP serves top list first). A
 slot of another run therefore passes the whole backlog and waits only for the tasks already in
 progress; the flooding run still settles everything, in order, as the workers get to it. A count
 left by a worker killed mid-task expires after BACKLOG_TTL_S.
@@ -18,7 +19,9 @@ import redis
 
 from ingest import ratelimit
 
-PRIORITY_BY_BACKLOG = ((64, 0), (1024, 3), (16_384, 6))  # (queued slots of the run below, priority); else 9
+PAGES = 0  # the broker's top: an alert's way to its destinations (`dashboard.delivery.tasks`) passes every settle
+TOP = 1  # settling and every other task (CELERY_TASK_DEFAULT_PRIORITY)
+PRIORITY_BY_BACKLOG = ((64, TOP), (1024, 3), (16_384, 6))  # (queued slots of the run below, priority); else 9
 LOWEST = 9
 BACKLOG_TTL_S = 120
 BACKLOG_CHUNK = 8  # slots per message once a run has a backlog: a short task, so a newcomer's wait is short too
@@ -31,7 +34,7 @@ def _key(run_id: int) -> str:
 
 
 def priority_for(queued: int) -> int:
-    """The broker priority of a chunk queued behind `queued` slots of its own run (0: the top)."""
+    """The broker priority of a chunk queued behind `queued` slots of its own run (TOP: settling's top)."""
     return next((priority for below, priority in PRIORITY_BY_BACKLOG if queued < below), LOWEST)
 
 
@@ -45,7 +48,7 @@ def claim(run_id: int, n: int) -> int:
         queued = int(pipe.execute()[0]) - n
     except redis.RedisError:
         log.warning("redis unavailable: settling run %d unranked", run_id, exc_info=True)
-        return 0
+        return TOP
     return priority_for(queued)
 
 

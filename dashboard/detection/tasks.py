@@ -85,7 +85,7 @@ def queue_settles(ready: list[slots.Ready], expires: float | None = None) -> Non
         while start < len(ids):
             chunk = ids[start : start + size]
             priority = fairness.claim(run_id, len(chunk))
-            if priority and len(chunk) > fairness.BACKLOG_CHUNK:  # behind its own run's backlog: short
+            if priority > fairness.TOP and len(chunk) > fairness.BACKLOG_CHUNK:  # behind its own run's backlog: short
                 fairness.release(run_id, len(chunk) - fairness.BACKLOG_CHUNK)  # messages, so others pass soon
                 chunk, size = chunk[: fairness.BACKLOG_CHUNK], fairness.BACKLOG_CHUNK
             start += len(chunk)
