@@ -31,6 +31,25 @@ def consensus(values: Mapping[int, H]) -> Consensus[H]:
     return Consensus(reference=value, dissenters=dissenters, tie=tie and bool(dissenters))
 
 
+def consensus_of_groups(groups: Iterable[tuple[Iterable[int], H]]) -> Consensus[H]:
+    """`consensus` of ranks given as stored agreement, each group a value and the ranks that reported it
+    (a rank in one group only): counted a group at a time, not a rank at a time. At 100,000 ranks a
+    grad slot is a few hundred stored rows, and counting each rank's fingerprints was a third of its
+    settle."""
+    ranks_of: dict[H, list[int]] = {}
+    for ranks, value in groups:
+        ranks_of.setdefault(value, []).extend(ranks)
+    if not ranks_of:
+        raise ValueError("consensus of no ranks")
+    total = sum(len(ranks) for ranks in ranks_of.values())
+    value = max(ranks_of, key=lambda v: len(ranks_of[v]))
+    tie = len(ranks_of[value]) * 2 <= total
+    if tie:
+        value = min(ranks_of.items(), key=lambda item: min(item[1]))[0]
+    dissenters = tuple(sorted(r for v, ranks in ranks_of.items() if v != value for r in ranks))
+    return Consensus(reference=value, dissenters=dissenters, tie=tie and bool(dissenters))
+
+
 def at_fault(verdict: Consensus[H], ranks: Iterable[int]) -> tuple[int, ...]:
     """The ranks a finding names: the dissenters, or every compared rank where no majority says which
     is off (two ranks that differ: blaming the higher one only because it is not the lowest is a guess)."""

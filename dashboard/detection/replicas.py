@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dashboard.evidence.reads import GradRow, grad_reports
+from dashboard.evidence.reads import GradRow, grad_reports, grad_rows
 from dashboard.ledger.models import GradSlot
 from dashboard.ledger.slots import PARAM_PREFIX, replicated
 from dashboard.tenancy.models import Run
@@ -38,4 +38,4 @@ def compared(run: Run, step: int, group: str) -> bool:
     shown = GradSlot.objects.filter(
         run=run, group=grads, step__lte=step, settled_at__isnull=False, consensus__replicas=True
     ).exists()
-    return shown or averaged(grad_reports(run.id, step, grads), run.world_size)
+    return shown or averaged(grad_reports(grad_rows(run.id, step, grads)), run.world_size)

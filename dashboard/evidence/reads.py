@@ -96,18 +96,24 @@ class GradRow:
     norm: float | None
 
 
-def grad_reports(run_id: int, step: int, group: str) -> dict[int, GradRow]:
-    """rank -> its report (a rank reported twice: the later report). One `GradRow` per stored row, shared
-    by its ranks: at 100,000 ranks a slot is a few hundred rows, and a row object per rank cost most
-    of its settling."""
+def grad_rows(run_id: int, step: int, group: str) -> list[tuple[tuple[int, ...], GradRow]]:
+    """The slot's reports as stored, in the order they came: each row's ranks (the agreeing ranks of a
+    request share one) and their report."""
     rows = (
         GradReport.objects.filter(run_id=run_id, step=step, group=group)
         .order_by("id")
         .values_list("ranks", "fps", "nonfinite", "norm")
     )
+    return [(tuple(ranks), GradRow(tuple(fps), nonfinite, norm)) for ranks, fps, nonfinite, norm in rows]
+
+
+def grad_reports(rows: list[tuple[tuple[int, ...], GradRow]]) -> dict[int, GradRow]:
+    """rank -> its report (a rank reported twice: the later report). One `GradRow` per stored row, shared
+    by its ranks: at 100,000 ranks a slot is a few hundred rows, and a row object per rank cost most
+    of its settling."""
     reports: dict[int, GradRow] = {}
-    for ranks, fps, nonfinite, norm in rows:
-        reports.update(dict.fromkeys(ranks, GradRow(tuple(fps), nonfinite, norm)))
+    for ranks, row in rows:
+        reports.update(dict.fromkeys(ranks, row))
     return reports
 
 

@@ -39,6 +39,20 @@ def test_grad_slot_settles_with_the_dissenter(post):
     assert (alert.kind, alert.ranks, alert.step, alert.details["buckets"]) == ("grad_divergence", [1], 1, [1])
 
 
+def test_a_rank_that_reported_a_step_twice_is_compared_by_its_later_report(post):
+    """Rank 2 reports the step otherwise, then again alike with ranks 0 and 1 (a later batch): the slot
+    is compared rank by rank, its later report counts, and nobody dissents (counted as stored, rank
+    2's first row would have made it a dissenter)."""
+    send(post, 2, 0, [grad(0, [8])])
+    send(post, 0, 0, [grad(0, [7])])
+    send(post, 1, 0, [grad(0, [7])])
+    send(post, 2, 1, [grad(0, [7])])
+    slot = GradSlot.objects.get()
+    settle.settle_grad(slot.id)
+    slot.refresh_from_db()
+    assert slot.dissenters == [] and not Alert.objects.exists()
+
+
 def test_settling_twice_is_a_no_op(post):
     for rank in range(3):
         send(post, rank, 0, [grad(0, [1 if rank else 2])])
