@@ -14,8 +14,10 @@ the longest wait in a collective, the compile bill), every rank's progress (`run
 which the view reads only once a wait could warn), what the pages' progress push reads every 2 s
 (`runs.strip`, `runs.rank_rows`), the rules on that view (`rules.evaluate`), the subjects found clean
 (`rules.clean_subjects`), the whole `runs.check` (those, the compiled-work view, and the
-alerts' lifecycle in one transaction), and the settle of the compile slot every rank reported
-(`settle.settle_compile`: its reports, where the ranks stand, their start facts, the rules).
+alerts' lifecycle in one transaction), the settle of the compile slot every rank reported
+(`settle.settle_compile`: its reports, where the ranks stand, their start facts, the rules), and
+that of one step's gradients, stored a row per 256 agreeing ranks as rack relays' requests leave
+them (`settle.settle_grad`).
 """
 
 from __future__ import annotations
@@ -35,14 +37,15 @@ KEY = "sweep"
 
 
 FRAME = "model.py:10:forward"
+GRAD_STEP = 998  # every rank's gradients of this step, in rows of a rack's 256 ranks
 
 
 def populate(ranks: int, params: int, compiles: int) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from dashboard.evidence.models import CompileEvent
-    from dashboard.ledger.models import CompileSlot
+    from dashboard.evidence.models import CompileEvent, GradReport
+    from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank
 
     run = common.fresh_run(KEY, ranks, 1000, "2.13.0+cpu")
@@ -67,6 +70,29 @@ def populate(ranks: int, params: int, compiles: int) -> None:
             " FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, %(compiles)s - 1) k",
             {"run": run.id, "ranks": ranks, "frame": FRAME, "compiles": compiles},
         )
+        cur.execute(  # a step's gradients, agreeing, stored as a rack relay's requests store them
+            f'INSERT INTO {GradReport._meta.db_table} (run_id, ranks, step, "group", fps, nonfinite, norm, ts)'
+            " SELECT %(run)s, array_agg(r ORDER BY r), %(step)s, 'ddp', %(fps)s, 0, 1.0, now()"
+            " FROM generate_series(0, %(ranks)s - 1) r GROUP BY r / %(rack)s",
+            {
+                "run": run.id,
+                "ranks": ranks,
+                "step": GRAD_STEP,
+                "fps": [f - (1 << 64) if f >= 1 << 63 else f for f in common.fingerprints(GRAD_STEP, 16)],
+                "rack": 256,
+            },
+        )
+    GradSlot.objects.create(
+        run=run,
+        step=GRAD_STEP,
+        group="ddp",
+        reported=ranks,
+        first_seen=timezone.now(),
+        settled_at=timezone.now(),
+        settled_n=ranks,
+        dissenters=[],
+        consensus={},
+    )
     CompileSlot.objects.bulk_create(
         CompileSlot(
             run=run,
@@ -173,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dashboard.detection import runs, settle
     from dashboard.detection.rules import clean_subjects, evaluate
-    from dashboard.evidence.models import CompileEvent
-    from dashboard.ledger.models import CompileSlot
+    from dashboard.evidence.models import CompileEvent, GradReport
+    from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank, Run
 
     common.populate_once(KEY, args.rebuild, lambda: populate(args.ranks, args.params, args.compiles))
@@ -210,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
 
     settle_s, changed = timed(settled, args.n)
     assert not changed and CompileSlot.objects.get(id=slot.id).settled_at is not None  # settled, all agreeing
+    grad_slot = GradSlot.objects.get(run=run, step=GRAD_STEP, group="ddp")
+
+    def grads_settled() -> list[int]:
+        GradSlot.objects.filter(id=grad_slot.id).update(settled_at=None, settled_n=0)
+        return settle.settle_grad(grad_slot.id)
+
+    grad_s, changed = timed(grads_settled, args.n)
+    assert not changed and GradSlot.objects.get(id=grad_slot.id).settled_at is not None
     print(f"{ranks:,} ranks, {len(clean):,} clean subjects, {len(findings)} findings", file=sys.stderr)
     detail = f"{ranks:,} running ranks, median (min-max) of {args.n} after a warm-up, python_speed {common.python_speed():.2f} s"
     results.report(
@@ -243,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
                 "settle.settle_compile",
                 spread(settle_s),
                 f"one compile every rank reported, {args.params} parameters in each start",
+            ),
+            (
+                "settle.settle_grad",
+                spread(grad_s),
+                f"one step's gradients, every rank agreeing, in {GradReport.objects.filter(run=run, step=GRAD_STEP).count()} stored rows",
             ),
         ],
     )
