@@ -45,6 +45,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from agents import procstat
+from dashboard.serve import port_free
 
 DB_NAME = "lockstep"
 PG_USER = "postgres"
@@ -322,13 +323,7 @@ def _redis_live(rdir: Path) -> int | None:
 
 def _port_free(port: int) -> bool:
     """We could bind 127.0.0.1:port now (SO_REUSEADDR, as redis-server: TIME_WAIT does not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((REDIS_HOST, port))
-        except OSError:
-            return False
-    return True
+    return port_free(REDIS_HOST, port)
 
 
 def _choose_redis_port(rdir: Path, wanted: int | None) -> int:
