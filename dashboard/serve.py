@@ -9,8 +9,9 @@ connections as each wakes first, and asyncio accepts every connection waiting at
 burst of rack relays' requests landed unevenly, one process doing three times another's work, and
 the step waited for the busiest (docs/scale-out.md, "One socket per ingest process").
 
-The supervisor restarts a worker that exits unasked, and on SIGTERM or SIGINT stops them all, each
-finishing its requests in flight for up to GRACEFUL_SHUTDOWN_S. Before its workers bind, it checks
+The supervisor restarts a worker that exits unasked (and exits 1 when workers fail as they start:
+`Supervisor`), and on SIGTERM or SIGINT stops them all, each finishing its requests in flight for
+up to GRACEFUL_SHUTDOWN_S. Before its workers bind, it checks
 that nothing else listens on the port: SO_REUSEPORT would otherwise let a second server share it.
 """
 
@@ -77,36 +78,48 @@ def worker(args: argparse.Namespace) -> None:
 
 
 class Supervisor:
-    """N workers (spawned: a fresh interpreter each, as uvicorn's), restarted when one exits unasked."""
+    """N workers (spawned: a fresh interpreter each, as uvicorn's), restarted when one exits unasked.
+    One that fails on its own (an exit status, not a signal) within STARTUP_S of its start is a
+    server that cannot start (its settings, an application that does not load): the supervisor then
+    stops them all and exits 1, rather than restarting it forever."""
+
+    STARTUP_S = 10.0
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.context = multiprocessing.get_context("spawn")
-        self.workers: list[BaseProcess] = []
+        self.workers: list[tuple[BaseProcess, float]] = []  # each with the moment it started
         self.stopping = False
+        self.failed = False
 
-    def start(self) -> BaseProcess:
+    def start(self) -> tuple[BaseProcess, float]:
         process = self.context.Process(target=worker, args=(self.args,), name="lockstep-serve-worker")
         process.start()
-        return process
+        return process, time.monotonic()
 
-    def run(self) -> None:
+    def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.stop)
         self.workers = [self.start() for _ in range(self.args.workers)]
         while not self.stopping:
             time.sleep(0.5)
-            for i, process in enumerate(self.workers):
-                if not process.is_alive() and not self.stopping:
-                    log.warning("worker %s exited with %s: starting another", process.pid, process.exitcode)
-                    self.workers[i] = self.start()
-        for process in self.workers:
+            for i, (process, started) in enumerate(self.workers):
+                if process.is_alive() or self.stopping:
+                    continue
+                if (process.exitcode or 0) > 0 and time.monotonic() - started < self.STARTUP_S:
+                    log.error("worker %s exited with %s as it started: stopping", process.pid, process.exitcode)
+                    self.stopping = self.failed = True
+                    break
+                log.warning("worker %s exited with %s: starting another", process.pid, process.exitcode)
+                self.workers[i] = self.start()
+        for process, _ in self.workers:
             process.terminate()  # SIGTERM: uvicorn finishes its requests in flight
-        for process in self.workers:
+        for process, _ in self.workers:
             process.join(GRACEFUL_SHUTDOWN_S + 5)
             if process.is_alive():
                 process.kill()
                 process.join()
+        return 1 if self.failed else 0
 
     def stop(self, signum: int, frame: object) -> None:
         self.stopping = True
@@ -127,9 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     if args.workers == 1:
         worker(args)
-    else:
-        Supervisor(args).run()
-    return 0
+        return 0
+    return Supervisor(args).run()
 
 
 if __name__ == "__main__":

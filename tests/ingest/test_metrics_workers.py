@@ -131,3 +131,15 @@ def test_a_worker_that_dies_is_replaced_and_no_second_server_shares_the_port(sta
         assert survivors(sorted(workers), timeout=10) == []
     finally:
         server.server.stop()
+
+
+def test_workers_that_cannot_start_stop_the_server_with_an_error(stack_env, tmp_path):
+    """An application that does not load fails each worker as it starts: the server exits 1, saying
+    so, instead of restarting them forever."""
+    env = {**stack_env, "DJANGO_SETTINGS_MODULE": "dashboard.no_such_settings"}
+    started = time.monotonic()
+    failed = subprocess.run(
+        uvicorn(free_port(), "--workers", "2"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=90
+    )
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert "as it started: stopping" in failed.stderr and time.monotonic() - started < 60
