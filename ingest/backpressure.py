@@ -11,8 +11,9 @@ average falls back, the field goes away and agents return to their own interval.
 
 The target is the agents' own flush interval: an agent sends one request at a time, so a server
 that answers within the interval holds no agent back, and asking for a longer one only holds each
-step's report back by that much. (At a quarter of it, a 100,000-rank job's bursts, answered in
-0.1-0.4 s, kept a few racks of every step on 2-8 s intervals, and with them the whole step.)
+step's report back by that much. (At a quarter of it, a 100,000-rank job's bursts, answered in a
+few tenths of a second, asked the agents for 2-8 s intervals; the steps' lateness with either
+target stayed within the spread of the runs, docs/scale-out.md.)
 
 A request that already waited SHED_AFTER_S in the server (queued for its group commit) is answered 503 without being stored, with Retry-After: its agent
 keeps the batch in its spool and resends it, where waiting longer would have run into the
