@@ -229,9 +229,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Priorities (0 the top): a run with a backlog of slots queues its settles lower (detection/fairness.py)
 # Priorities (0 the top; dashboard/detection/fairness.py): an alert's way to its destinations at 0, so a
-# page never waits behind the settles queued before it; every other task at 1 and below.
+# page never waits behind the settles queued before it; every other task at 1, and a run with a backlog
+# of slots queues its settles lower.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300, "priority_steps": [0, 1, 3, 6, 9]}
 CELERY_TASK_DEFAULT_PRIORITY = 1
 CELERY_IMPORTS = ("dashboard.evidence.tasks",)

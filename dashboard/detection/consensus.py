@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -21,14 +20,10 @@ class Consensus(Generic[H]):
 
 def consensus(values: Mapping[int, H]) -> Consensus[H]:
     """Strict majority wins; otherwise (2 ranks, or a split) the lowest rank's value is the reference."""
-    if not values:
-        raise ValueError("consensus of no ranks")
-    value, count = Counter(values.values()).most_common(1)[0]
-    tie = count * 2 <= len(values)
-    if tie:
-        value = values[min(values)]
-    dissenters = tuple(sorted(rank for rank, v in values.items() if v != value))
-    return Consensus(reference=value, dissenters=dissenters, tie=tie and bool(dissenters))
+    ranks_of: dict[H, list[int]] = {}
+    for rank, value in values.items():
+        ranks_of.setdefault(value, []).append(rank)
+    return _verdict(ranks_of)
 
 
 def consensus_of_groups(groups: Iterable[tuple[Iterable[int], H]]) -> Consensus[H]:
@@ -39,6 +34,11 @@ def consensus_of_groups(groups: Iterable[tuple[Iterable[int], H]]) -> Consensus[
     ranks_of: dict[H, list[int]] = {}
     for ranks, value in groups:
         ranks_of.setdefault(value, []).extend(ranks)
+    return _verdict(ranks_of)
+
+
+def _verdict(ranks_of: dict[H, list[int]]) -> Consensus[H]:
+    """The verdict on each value's ranks: a strict majority, else the lowest rank's value."""
     if not ranks_of:
         raise ValueError("consensus of no ranks")
     total = sum(len(ranks) for ranks in ranks_of.values())
