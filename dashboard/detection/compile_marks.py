@@ -32,7 +32,7 @@ class Compiled:
 
     totals: tally.CompileTotals
     breaks: int
-    empty: dict[int, dict[str, Any]]  # rank -> its compiles, of the ranks whose graphs are all empty
+    empty: dict[int, dict[str, Any]]  # rank -> its compiles and where it stood, of the ranks whose graphs are all empty
     empty_frames: dict[int, list[str]]  # rank -> frames of its empty graphs, for the ranks above
 
 
@@ -42,10 +42,15 @@ _seen: dict[int, tuple[tuple[int, int], float, Compiled]] = {}
 def of(run_id: int, read: Callable[[], Compiled]) -> Compiled:
     """The run's compile aggregates: those read before while its compile slots stand as they did
     then (and for REREAD_S at most), else `read()` now."""
-    mark, now = slots.compile_mark(run_id), time.monotonic()
     seen = _seen.get(run_id)
-    if seen is not None and seen[0] == mark and now - seen[1] < REREAD_S:
+    if seen is not None and seen[0] == slots.compile_mark(run_id) and time.monotonic() - seen[1] < REREAD_S:
         return seen[2]
+    return renew(run_id, read)
+
+
+def renew(run_id: int, read: Callable[[], Compiled]) -> Compiled:
+    """The run's compile aggregates read now, kept until its compile slots move (or REREAD_S)."""
+    mark, now = slots.compile_mark(run_id), time.monotonic()
     if len(_seen) >= KEPT_RUNS:
         for stale in [r for r, (_, at, _) in _seen.items() if now - at >= REREAD_S]:
             del _seen[stale]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -370,20 +370,36 @@ def read_compiled(run: Run) -> compile_marks.Compiled:
 
 
 def compiled_work(run: Run, compiled: compile_marks.Compiled) -> CompiledWorkView:
-    """The ranks whose compiles succeeded with empty graphs only (none holds an op), with where they
-    stand now: an aggregate over the run's compiles (`read_compiled`), which finds no rank in a run that
-    compiles real graphs."""
+    """The ranks whose compiles succeeded with empty graphs only (none holds an op), judged on where
+    they stood when their compiles were read (`reads.empty_graph_ranks`: one statement). Where one has
+    moved on since (kept aggregates, `compile_marks`), its compiles are read again: those of the steps
+    it has now passed may have come after the kept ones."""
+    view = _work_view(run.id, compiled)
+    if not view.work:
+        return view
+    now = _now(run, view)
+    if any(now.known(r) and not view.known(r) for r in view.work):
+        view = _work_view(run.id, compile_marks.renew(run.id, lambda: read_compiled(run)))
+    return view
+
+
+def _work_view(run_id: int, compiled: compile_marks.Compiled) -> CompiledWorkView:
     rows, frames = compiled.empty, compiled.empty_frames
-    ranks = list(Rank.objects.filter(run=run, rank__in=list(rows)).values_list("rank", "last_step", "status"))
     return CompiledWorkView(
-        run_id=run.id,
+        run_id=run_id,
         work={
             r: RankWork(row["graphs"], row["empty"], row["first_step"], tuple(frames.get(r, ())[:EMPTY_FRAMES_SHOWN]))
             for r, row in rows.items()
         },
-        last_step={r: step for r, step, _ in ranks},
-        ended={r for r, _, status in ranks if status != "running"},  # ended, or lost: it reports nothing more
+        last_step={r: row["last_step"] for r, row in rows.items()},
+        ended={r for r, row in rows.items() if row["status"] not in (None, "running")},  # ended, or lost
     )
+
+
+def _now(run: Run, view: CompiledWorkView) -> CompiledWorkView:
+    """The same ranks' work, with where they stand now."""
+    ranks = list(Rank.objects.filter(run=run, rank__in=list(view.work)).values_list("rank", "last_step", "status"))
+    return replace(view, last_step={r: step for r, step, _ in ranks}, ended={r for r, _, s in ranks if s != "running"})
 
 
 def lost_ranks(view: RunView) -> set[int]:

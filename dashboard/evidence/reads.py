@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from django.db.models import Avg, Count, FloatField, Max, Min, Q, QuerySet, Subquery, Sum, TextField
+from django.db.models import Avg, Count, FloatField, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, TextField
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Left
 
@@ -28,7 +28,7 @@ from dashboard.evidence.models import (
     GraphBreakEvent,
     StepReport,
 )
-from dashboard.tenancy.models import Run
+from dashboard.tenancy.models import Rank, Run
 
 # --- one slot's reports ------------------------------------------------------------------
 
@@ -221,14 +221,19 @@ def last_compiles(run_id: int, ranks: list[int]) -> dict[int, dict[str, Any]]:
 
 
 def empty_graph_ranks(run_id: int) -> dict[int, dict[str, Any]]:
-    """rank -> {graphs, empty, first_step} of the ranks whose compiles succeeded with empty graphs
-    only (none holds an op): one aggregate, which returns no row for a run that compiles real graphs."""
+    """rank -> {graphs, empty, first_step, last_step, status} of the ranks whose compiles succeeded with
+    empty graphs only (none holds an op): one aggregate, which returns no row for a run that compiles
+    real graphs. Each rank's progress (`last_step`, `status`) comes from the same statement: a rank's
+    batches commit in order, so the compiles read are every one the rank sent before the progress read
+    (read apart, a rank could be seen past a step whose compiles the aggregate missed)."""
     has_ops = Q(detail__counts__graph_op_count__gt=0)
+    state = Rank.objects.filter(run_id=run_id, rank=OuterRef("rank"))
     rows = (
         CompileEvent.objects.filter(run_id=run_id)
         .values("rank")
         .annotate(graphs=Count("id", filter=has_ops), empty=Count("id", filter=_EMPTY), first_step=Min("step"))
         .filter(graphs=0, empty__gt=0)
+        .annotate(last_step=Subquery(state.values("last_step")[:1]), status=Subquery(state.values("status")[:1]))
     )
     return {row["rank"]: row for row in plain(rows)}
 

@@ -61,3 +61,25 @@ def test_what_no_slot_counts_is_read_within_the_reread_interval(send, monkeypatc
     monkeypatch.setattr(compile_marks, "REREAD_S", 0.0)
     assert compile_reads(run) > 0
     assert RunTally.objects.get(run=run).graph_breaks == 1
+
+
+def compile_of(frame: str, ops: int) -> dict:
+    return {"t": "compile", "frame": frame, "step": 0, "counts": {"graph_op_count": ops}}
+
+
+def test_a_rank_is_judged_eager_only_on_compiles_read_after_it_was_seen_past_them(send, monkeypatch):
+    """A rank's empty wrapper compile came first; its model's real graph came with the steps after it,
+    in batches whose compile count was lost (a process stopped between its commit and its count): the
+    kept aggregates predate the rank's progress, and must not be judged against it."""
+    from dashboard.detection.models import Alert
+    from ingest import writers
+
+    send(1, compile_of("train.py:20:forward", 12))  # the model's slot is open: rank 0's adds no slot
+    send(0, compile_of("train.py:9:step via contextlib.__init__", 0))
+    run = Run.objects.get(key="run-a")
+    runs.check(run)  # kept: rank 0 has compiled only an empty graph, at step 0, and has not passed it
+    monkeypatch.setattr(writers, "_count_compiles", lambda of_run: None)
+    send(0, compile_of("train.py:20:forward", 12), {"t": "step", "step": 0})
+    send(0, {"t": "step", "step": 1})
+    runs.check(run)
+    assert not Alert.objects.filter(run=run, kind="ineffective_compile").exists()

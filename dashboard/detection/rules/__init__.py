@@ -176,8 +176,14 @@ class CompiledWorkView:
 
     run_id: int
     work: dict[int, RankWork]  # for the ranks with an empty compile
-    last_step: dict[int, int | None]  # rank -> its last completed step (None before the first)
+    last_step: dict[int, int | None]  # rank -> its last completed step (None before the first), as the
+    # aggregates of `work` saw it (`runs.compiled_work`)
     ended: set[int]
+
+    def known(self, rank: int) -> bool:
+        """The rank's compiles of its first compiled step are all in: it finished a later step, or ended."""
+        last, first = self.last_step.get(rank), self.work[rank].first_step
+        return rank in self.ended or (last is not None and first is not None and last > first)
 
 
 @dataclass(frozen=True)

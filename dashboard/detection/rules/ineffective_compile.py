@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from agents.normalize import frame_label
 from dashboard.detection import subjects
-from dashboard.detection.rules import CompiledWorkView, CompileSlotView, Finding, RankWork, ranks_text, rule
+from dashboard.detection.rules import CompiledWorkView, CompileSlotView, Finding, ranks_text, rule
 
 MANY_BREAKS = 8
 
@@ -31,7 +31,7 @@ def headline(reason: str) -> str:
 
 @rule("ineffective_compile", CompiledWorkView, subject=lambda v: subjects.RUN)
 def model_runs_eager(view: CompiledWorkView) -> Iterator[Finding]:
-    eager = sorted(r for r, work in view.work.items() if work.empty and not work.graphs and _known(view, r, work))
+    eager = sorted(r for r, work in view.work.items() if work.empty and not work.graphs and view.known(r))
     if not eager:
         return
     frames = sorted({f for r in eager for f in view.work[r].empty_frames})
@@ -47,12 +47,6 @@ def model_runs_eager(view: CompiledWorkView) -> Iterator[Finding]:
         "compile the model inside DDP instead, DDP(torch.compile(model)))",
         details={"empty_graph_ranks": eager, "empty_frames": frames[:20]},
     )
-
-
-def _known(view: CompiledWorkView, rank: int, work: RankWork) -> bool:
-    """The rank's compiles of its first compiled step are all in: it finished a later step, or ended."""
-    last = view.last_step.get(rank)
-    return rank in view.ended or (last is not None and work.first_step is not None and last > work.first_step)
 
 
 @rule("ineffective_compile", CompileSlotView)
