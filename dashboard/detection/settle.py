@@ -30,8 +30,9 @@ def settle_compile(slot_id: int) -> list[int]:
         slot = CompileSlot.objects.select_related("run").filter(id=slot_id).first()
         if slot is None or not slot.pending:
             return []
-        reports = reads.compile_reports(slot.run_id, slot.frame, slot.index)
-        step = min((e.step for e in reports.values() if e.step is not None), default=None)
+        stored = reads.compile_reports(slot.run_id, slot.frame, slot.index)
+        reports = stored.by_rank()
+        step = min((e.step for _, e in stored.groups if e.step is not None), default=None)
         state = ranks.rank_state(slot.run, step, slot.first_seen, settings.LOCKSTEP_SILENT_AFTER)
         waited = (timezone.now() - slot.first_seen).total_seconds()
         if (
@@ -48,9 +49,10 @@ def settle_compile(slot_id: int) -> list[int]:
             slot.run.world_size,
             rank_info=ranks.start_facts(slot.run),
             graph_breaks=reads.break_reasons(slot.run_id, slot.frame),
+            times=stored.times,
         )
-        hashes = {r: e.graph_norm for r, e in reports.items() if e.graph_norm}
-        changed, _ = _conclude(slot, view, consensus(hashes) if hashes else None, len(reports))
+        hashes = [(ranks, e.graph_norm) for ranks, e in stored.groups if e.graph_norm]
+        changed, _ = _conclude(slot, view, consensus_of_groups(hashes) if hashes else None, len(reports))
         return changed
 
 

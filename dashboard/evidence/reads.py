@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from django.db.models import Avg, Count, FloatField, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, TextField
+from django.db.models import Avg, Count, FloatField, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Left
 
@@ -35,12 +35,12 @@ from dashboard.tenancy.models import Rank, Run
 
 @dataclass(frozen=True, slots=True)
 class CompileReport:
-    """What detection and the pages read of one rank's compile: plain values, not ORM objects (a
-    slot's 100,000 reports as model instances cost its settle 4 s at a job's start), the JSON bodies
-    of ranks that compiled alike decoded once and shared: read them, never change them."""
+    """What detection and the pages read of one compile, as every rank that compiled alike reported
+    it: plain values, not ORM objects, one for all of those ranks (at 100,000 ranks a slot is a few
+    such groups, and an object per rank cost most of its settle). What each rank reports of its own
+    (its clock, its timings) is not in it: `CompileReports.times`. Read it, never change it."""
 
     run_id: int
-    rank: int
     frame: str
     index: int
     compile_id: str
@@ -53,29 +53,54 @@ class CompileReport:
     graph_norm: str
     code_raw: str
     code_norm: str
-    compile_time: float | None
     cache: dict[str, Any]
-    detail: dict[str, Any]
+    detail: dict[str, Any]  # without `times`, each rank's own
 
 
-_COMPILE_FIELDS = [f for f in CompileReport.__slots__ if f not in ("cache", "detail")]
+@dataclass(frozen=True)
+class CompileReports:
+    """A compile slot's reports as agreement: the ranks that compiled alike, once each group."""
+
+    groups: list[tuple[tuple[int, ...], CompileReport]]  # by their lowest rank
+    times: dict[int, float]  # rank -> its compile's seconds (`entire_frame_compile_time_s`), where it sent them
+
+    def by_rank(self) -> dict[int, CompileReport]:
+        """rank -> its group's report, in rank order (shared objects: a dict entry per rank, no more)."""
+        reports: dict[int, CompileReport] = {}
+        for ranks, report in self.groups:
+            reports.update(dict.fromkeys(ranks, report))
+        return dict(sorted(reports.items()))
 
 
-def compile_reports(run_id: int, frame: str, index: int) -> dict[int, CompileReport]:
-    """rank -> its report of the frame's index-th compile (a rank reported twice: the later report)."""
-    rows = (
-        CompileEvent.objects.filter(run_id=run_id, frame=frame, index=index)
-        .order_by("id")
-        .values_list(*_COMPILE_FIELDS, Cast("cache", TextField()), Cast("detail", TextField()))
+_ALIKE = [f for f in CompileReport.__slots__ if f not in ("run_id", "frame", "index", "cache", "detail")]
+
+
+def compile_reports(run_id: int, frame: str, index: int) -> CompileReports:
+    """The slot's reports (a rank reported twice: the later report), grouped by PostgreSQL into the
+    ranks that compiled alike: everything but a rank's own clock and timings equal."""
+    alike = ", ".join(_ALIKE)
+    rows = fetch_binary(
+        f"""
+        SELECT array_agg(rank ORDER BY rank), array_agg(compile_time ORDER BY rank), {alike},
+               cache::text, (detail - 'times')::text
+        FROM (SELECT DISTINCT ON (rank) * FROM {CompileEvent._meta.db_table}
+              WHERE run_id = %s AND frame = %s AND index = %s ORDER BY rank, id DESC) AS latest
+        GROUP BY {alike}, cache::text, (detail - 'times')::text
+        ORDER BY min(rank)
+        """,
+        [run_id, frame, index],
     )
     bodies: dict[str, Any] = {}
-    reports = {}
-    for *fields, cache, detail in rows:
+    groups: list[tuple[tuple[int, ...], CompileReport]] = []
+    times: dict[int, float] = {}
+    for ranks, seconds, *fields, cache, detail in rows:
+        fixed = dict(zip(_ALIKE, fields, strict=True))
         report = CompileReport(
-            **dict(zip(_COMPILE_FIELDS, fields)), cache=_decoded(bodies, cache), detail=_decoded(bodies, detail)
+            run_id, frame, index, **fixed, cache=_decoded(bodies, cache), detail=_decoded(bodies, detail)
         )
-        reports[report.rank] = report
-    return reports
+        groups.append((tuple(ranks), report))
+        times.update((r, t) for r, t in zip(ranks, seconds, strict=True) if t is not None)
+    return CompileReports(groups, times)
 
 
 def _decoded(seen: dict[str, Any], text: str) -> Any:

@@ -60,6 +60,7 @@ def compile_view(
         len(rows),
         rank_info or {},
         graph_breaks or [],
+        {r: row.compile_time for r, row in rows.items() if row.compile_time is not None},
     )
 
 

@@ -15,7 +15,7 @@ import math
 import pkgutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from functools import wraps
+from functools import cached_property, wraps
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from dashboard.detection.consensus import Consensus, consensus
@@ -55,11 +55,21 @@ class CompileSlotView:
 
     frame: str
     index: int
-    reports: dict[int, CompileReport]  # rank -> its compile (`dashboard.evidence.reads.compile_reports`)
+    reports: dict[int, CompileReport]  # rank -> its compile, one object for ranks alike (`reads.compile_reports`)
     accountable: set[int]  # ranks whose silence means "did not compile this"
     world_size: int
     rank_info: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its `RANK_FACTS`, shared where alike
     graph_breaks: list[tuple[int, str]] = field(default_factory=list)  # (rank, reason) of this frame
+    times: dict[int, float] = field(default_factory=dict)  # rank -> its compile's seconds, where it sent them
+
+    @cached_property
+    def alike(self) -> list[tuple[list[int], CompileReport]]:
+        """Each report once, with its ranks: what a rule derives from a report is derived once for all
+        the ranks that compiled alike, not 100,000 times."""
+        by_report: dict[int, tuple[list[int], CompileReport]] = {}
+        for rank, report in self.reports.items():
+            by_report.setdefault(id(report), ([], report))[0].append(rank)
+        return list(by_report.values())
 
 
 @dataclass

@@ -56,8 +56,8 @@ def cache_divergence(view: CompileSlotView) -> Iterator[Finding]:
 
 def outcomes(view: CompileSlotView, stage: str) -> dict[int, str]:
     """rank -> hit | miss | bypass of one cache stage in this slot (ranks that looked it up)."""
-    found = {r: cache_outcome(e.cache or {}, stage) for r, e in view.reports.items()}
-    return {r: o for r, o in found.items() if o in OUTCOMES}
+    found = ((ranks, cache_outcome(e.cache or {}, stage)) for ranks, e in view.alike)
+    return dict(sorted((r, o) for ranks, o in found if o in OUTCOMES for r in ranks))
 
 
 def odd_ranks(by_rank: dict[int, str]) -> set[int]:

@@ -25,7 +25,7 @@ def straggles(seconds: float, mid: float) -> bool:
 
 @rule("compile_straggler", CompileSlotView, subject=lambda v: subjects.frame(v.frame))
 def compile_straggler(view: CompileSlotView) -> Iterator[Finding]:
-    times = {r: e.compile_time for r, e in view.reports.items() if e.compile_time is not None}
+    times = view.times
     if len(times) < 2:
         return
     mid = median(times.values())

@@ -253,7 +253,7 @@ def sharing_groups(view: CompileSlotView) -> dict[Location, list[int]]:
 
 
 def problems(view: CompileSlotView) -> Iterator[Finding]:
-    if len({e.graph_norm for e in view.reports.values() if e.graph_norm}) > 1:
+    if len({e.graph_norm for _, e in view.alike if e.graph_norm}) > 1:
         return  # the ranks traced different graphs: graph_divergence's slot, whatever the cache did
     for location, ranks in sharing_groups(view).items():
         place = describe(location, view.rank_info[ranks[0]])

@@ -140,7 +140,7 @@ def slot_diff(
 ) -> tuple[int | None, int | None, list[DiffLine], CodeDiff | None]:
     """Majority rank vs the first dissenter of one slot (where the ranks traced one graph: the first rank
     an alert of this compile names), and the same for its Inductor code."""
-    events = reads.compile_reports(run.id, slot.frame, slot.index)
+    events = reads.compile_reports(run.id, slot.frame, slot.index).by_rank()
     if not events:
         return None, None, [], None
     code = code_diff(events)
