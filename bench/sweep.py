@@ -17,7 +17,8 @@ which the view reads only once a wait could warn), what the pages' progress push
 alerts' lifecycle in one transaction), the settle of the compile slot every rank reported
 (`settle.settle_compile`: its reports, where the ranks stand, their start facts, the rules), and
 that of one step's gradients, stored a row per 256 agreeing ranks as rack relays' requests leave
-them (`settle.settle_grad`).
+them (`settle.settle_grad`), and the first settle of a step whose gradients one rank holds apart
+(the alert opened and every rank asked for its weights, all before the commit that lets the page go).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ KEY = "sweep"
 
 FRAME = "model.py:10:forward"
 GRAD_STEP = 998  # every rank's gradients of this step, in rows of a rack's 256 ranks
+DIVERGED_STEP = 997  # ... and of this one, but rank APART's, which differ
+APART = 777
 
 
 def populate(ranks: int, params: int, compiles: int) -> None:
@@ -82,16 +85,32 @@ def populate(ranks: int, params: int, compiles: int) -> None:
                 "rack": 256,
             },
         )
-    GradSlot.objects.create(
-        run=run,
-        step=GRAD_STEP,
-        group="ddp",
-        reported=ranks,
-        first_seen=timezone.now(),
-        settled_at=timezone.now(),
-        settled_n=ranks,
-        dissenters=[],
-        consensus={},
+    diverged = [f - (1 << 64) if f >= 1 << 63 else f for f in common.fingerprints(DIVERGED_STEP, 16)]
+    with transaction.atomic(), connection.cursor() as cur:  # a step whose gradients one rank holds apart
+        insert = f'INSERT INTO {GradReport._meta.db_table} (run_id, ranks, step, "group", fps, nonfinite, norm, ts)'
+        params = {"run": run.id, "ranks": ranks, "step": DIVERGED_STEP, "fps": diverged, "apart": APART, "rack": 256}
+        cur.execute(
+            f"{insert} SELECT %(run)s, array_agg(r ORDER BY r), %(step)s, 'ddp', %(fps)s, 0, 1.0, now()"
+            " FROM generate_series(0, %(ranks)s - 1) r WHERE r <> %(apart)s GROUP BY r / %(rack)s",
+            params,
+        )
+        cur.execute(
+            f"{insert} VALUES (%(run)s, ARRAY[%(apart)s], %(step)s, 'ddp', %(fps)s, 0, 1.0, now())",
+            {**params, "fps": [diverged[0] ^ 1, *diverged[1:]]},
+        )
+    GradSlot.objects.bulk_create(
+        GradSlot(
+            run=run,
+            step=step,
+            group="ddp",
+            reported=ranks,
+            first_seen=timezone.now(),
+            settled_at=timezone.now(),
+            settled_n=ranks,
+            dissenters=[],
+            consensus={},
+        )
+        for step in (DIVERGED_STEP, GRAD_STEP)
     )
     CompileSlot.objects.bulk_create(
         CompileSlot(
@@ -198,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     from django.utils import timezone
 
     from dashboard.detection import runs, settle
+    from dashboard.detection.models import Alert, Incident
     from dashboard.detection.rules import clean_subjects, evaluate
     from dashboard.evidence.models import CompileEvent, GradReport
-    from dashboard.ledger.models import CompileSlot, GradSlot
+    from dashboard.ledger.models import CompileSlot, DetailRequest, GradSlot
     from dashboard.tenancy.models import Rank, Run
 
     common.populate_once(KEY, args.rebuild, lambda: populate(args.ranks, args.params, args.compiles))
@@ -244,6 +264,17 @@ def main(argv: list[str] | None = None) -> int:
 
     grad_s, changed = timed(grads_settled, args.n)
     assert not changed and GradSlot.objects.get(id=grad_slot.id).settled_at is not None
+    diverged = GradSlot.objects.get(run=run, step=DIVERGED_STEP, group="ddp")
+
+    def undiverged() -> None:  # the divergence not found yet: no alert, nobody asked for weights
+        Alert.objects.filter(run=run).delete()
+        Incident.objects.filter(run=run).delete()
+        DetailRequest.objects.filter(run=run).delete()
+        GradSlot.objects.filter(id=diverged.id).update(settled_at=None, settled_n=0)
+
+    diverged_s, changed = timed(lambda: settle.settle_grad(diverged.id), args.n, undiverged)
+    assert changed and Alert.objects.get(id=changed[0]).ranks == [APART]
+    asked = DetailRequest.objects.filter(run=run).count()
     print(f"{ranks:,} ranks, {len(clean):,} clean subjects, {len(findings)} findings", file=sys.stderr)
     detail = f"{ranks:,} running ranks, median (min-max) of {args.n} after a warm-up, python_speed {common.python_speed():.2f} s"
     results.report(
@@ -282,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
                 "settle.settle_grad",
                 spread(grad_s),
                 f"one step's gradients, every rank agreeing, in {GradReport.objects.filter(run=run, step=GRAD_STEP).count()} stored rows",
+            ),
+            (
+                "settle.settle_grad, diverged",
+                spread(diverged_s),
+                f"the same, one rank apart: the alert opened and {asked:,} ranks asked for their weights, before the"
+                " commit that lets the page go",
             ),
         ],
     )
