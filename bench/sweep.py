@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bench import common, results
 
@@ -88,15 +88,22 @@ def populate(ranks: int, params: int, compiles: int) -> None:
     diverged = [f - (1 << 64) if f >= 1 << 63 else f for f in common.fingerprints(DIVERGED_STEP, 16)]
     with transaction.atomic(), connection.cursor() as cur:  # a step whose gradients one rank holds apart
         insert = f'INSERT INTO {GradReport._meta.db_table} (run_id, ranks, step, "group", fps, nonfinite, norm, ts)'
-        params = {"run": run.id, "ranks": ranks, "step": DIVERGED_STEP, "fps": diverged, "apart": APART, "rack": 256}
+        values: dict[str, Any] = {
+            "run": run.id,
+            "ranks": ranks,
+            "step": DIVERGED_STEP,
+            "fps": diverged,
+            "apart": APART,
+            "rack": 256,
+        }
         cur.execute(
             f"{insert} SELECT %(run)s, array_agg(r ORDER BY r), %(step)s, 'ddp', %(fps)s, 0, 1.0, now()"
             " FROM generate_series(0, %(ranks)s - 1) r WHERE r <> %(apart)s GROUP BY r / %(rack)s",
-            params,
+            values,
         )
         cur.execute(
             f"{insert} VALUES (%(run)s, ARRAY[%(apart)s], %(step)s, 'ddp', %(fps)s, 0, 1.0, now())",
-            {**params, "fps": [diverged[0] ^ 1, *diverged[1:]]},
+            {**values, "fps": [diverged[0] ^ 1, *diverged[1:]]},
         )
     GradSlot.objects.bulk_create(
         GradSlot(
