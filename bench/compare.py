@@ -37,7 +37,7 @@ def configure() -> None:
 
 def models() -> dict[str, type[Model]]:
     """The models whose tables the bench fills, by a short name."""
-    from dashboard.evidence.models import CompileEvent, GradReport, GraphBreakEvent, StepReport
+    from dashboard.evidence.models import CompileAgreement, GradReport, GraphBreakEvent, StepReport
     from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank
 
@@ -45,7 +45,7 @@ def models() -> dict[str, type[Model]]:
         "rank": Rank,
         "grad_slot": GradSlot,
         "compile_slot": CompileSlot,
-        "compile": CompileEvent,
+        "compile": CompileAgreement,
         "grad": GradReport,
         "graph_break": GraphBreakEvent,
         "step": StepReport,
@@ -115,14 +115,15 @@ def populate(key: str, ranks: int, steps: int, newer: bool) -> None:
         )
         cur.execute(
             f"""
-            INSERT INTO {t["compile"]} (run_id, rank, frame, index, compile_id, step, status, graph_raw, graph_norm, code_raw,
-                                        code_norm, compile_time, cache, detail, ts)
-            SELECT %(run)s, r, 'model.py:' || (10 * f) || ':Block' || f || '.forward', i, f || '/' || i, i * 1000, 'ok',
-                   'g' || f || i, 'g' || f || i, 'c', 'c', (1.0 + (r %% 7) * 0.1) * CASE WHEN f = 3 THEN %(slow)s ELSE 1 END,
+            INSERT INTO {t["compile"]} (run_id, ranks, frame, index, compile_id, step, status, graph_raw, graph_norm, code_raw,
+                                        code_norm, times, cache, detail, ends)
+            SELECT %(run)s, ARRAY[r], 'model.py:' || (10 * f) || ':Block' || f || '.forward', i, f || '/' || i, i * 1000, 'ok',
+                   'g' || f || i, 'g' || f || i, 'c', 'c',
+                   ARRAY[(1.0 + (r %% 7) * 0.1) * CASE WHEN f = 3 THEN %(slow)s ELSE 1 END],
                    CASE WHEN (r + f) %% 5 = 0 THEN '{{"inductor": "miss"}}' ELSE '{{"inductor": "hit"}}' END::jsonb,
                    jsonb_build_object('counts', jsonb_build_object('graph_op_count', 40, 'guard_count', 90 + f,
                                                                    'kernel_count', 6 + f)),
-                   to_timestamp(%(t0)s + f * 20 + i * 600)
+                   ARRAY[to_timestamp(%(t0)s + f * 20 + i * 600)]
             FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, generate_series(0, 2) i""",
             p,
         )

@@ -47,7 +47,7 @@ QUEUE = "lockstep-bench-cost"  # the bench's own Celery queue: its Redis databas
 def populate(key: str, ranks: int, steps: int) -> None:
     from django.db import connection, transaction
 
-    from dashboard.evidence.models import CollectiveWait, CompileEvent, EventLog, GraphBreakEvent
+    from dashboard.evidence.models import CollectiveWait, CompileAgreement, EventLog, GraphBreakEvent
     from dashboard.tenancy.models import Rank
 
     run = common.fresh_run(key, ranks, steps, "2.13.0+cpu")
@@ -67,13 +67,14 @@ def populate(key: str, ranks: int, steps: int) -> None:
         common.today_partitions()
         common.finished_ranks(run, {"ts": t0, "versions": {"torch": "2.13.0+cpu"}})
         compile_sql = """
-            INSERT INTO evidence_compileevent (run_id, rank, frame, index, compile_id, step, status, recompile_reason,
-                                             graph_raw, graph_norm, code_raw, code_norm, compile_time, cache, detail, ts)
-            SELECT %(run)s, r, 'model.py:' || f || ':block' || f, i, f || '/' || i, {step}, 'ok', {reason},
-                   'aa', 'aa', 'cc', 'cc', {seconds},
+            INSERT INTO evidence_compileagreement (run_id, ranks, frame, index, compile_id, step, status,
+                                                 recompile_reason, graph_raw, graph_norm, code_raw, code_norm, times, cache,
+                                                 detail, ends)
+            SELECT %(run)s, ARRAY[r], 'model.py:' || f || ':block' || f, i, f || '/' || i, {step}, 'ok', {reason},
+                   'aa', 'aa', 'cc', 'cc', ARRAY[{seconds}],
                    jsonb_build_object('inductor', CASE WHEN (r + f + i) %% 5 = 0 THEN 'miss' ELSE 'hit' END),
                    jsonb_build_object('cache_keys', jsonb_build_object('inductor', 'fx' || f || '-' || i)),
-                   to_timestamp({ts})
+                   ARRAY[to_timestamp({ts})]
             FROM {source}
         """
         cur.execute(
@@ -152,7 +153,7 @@ def populate(key: str, ranks: int, steps: int) -> None:
             """,
             params,
         )
-    common.analyze(Rank, CompileEvent, GraphBreakEvent, EventLog, CollectiveWait, vacuum=True)
+    common.analyze(Rank, CompileAgreement, GraphBreakEvent, EventLog, CollectiveWait, vacuum=True)
 
 
 def forget(key: str) -> None:

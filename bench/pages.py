@@ -32,7 +32,7 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
     from django.db import connection, transaction
 
     from dashboard.detection.models import Alert
-    from dashboard.evidence.models import CompileEvent, GraphBreakEvent, StepReport
+    from dashboard.evidence.models import CompileAgreement, GraphBreakEvent, StepReport
     from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank
 
@@ -70,13 +70,13 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
         )
         cur.execute(
             """
-            INSERT INTO evidence_compileevent (run_id, rank, frame, index, compile_id, step, status, graph_raw, graph_norm,
-                                             code_raw, code_norm, compile_time, cache, detail, ts)
-            SELECT %(run)s, r, 'model.py:' || f || ':block' || f, i, f || '/' || i, i * 1000, 'ok', 'aa', 'aa', 'cc', 'cc',
-                   1.0 + (r %% 7) * 0.1,
+            INSERT INTO evidence_compileagreement (run_id, ranks, frame, index, compile_id, step, status, graph_raw,
+                                                 graph_norm, code_raw, code_norm, times, cache, detail, ends)
+            SELECT %(run)s, ARRAY[r], 'model.py:' || f || ':block' || f, i, f || '/' || i, i * 1000, 'ok', 'aa', 'aa',
+                   'cc', 'cc', ARRAY[1.0 + (r %% 7) * 0.1],
                    CASE WHEN (r + f) %% 5 = 0 THEN '{"inductor": "miss"}' ELSE '{"inductor": "hit"}' END::jsonb,
                    '{"counts": {"graph_op_count": 40}}'::jsonb,
-                   to_timestamp(%(t0)s + f * 20 + i * 600 + (r %% 13) * 0.2)
+                   ARRAY[to_timestamp(%(t0)s + f * 20 + i * 600 + (r %% 13) * 0.2)]
             FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, 7) f, generate_series(0, 2) i
             """,
             params,
@@ -131,7 +131,7 @@ def populate(key: str, ranks: int, steps: int, raw: bool) -> None:
             )
             for kind, severity, alert_ranks, step, frame, message in alerts
         )
-    common.analyze(Rank, GradSlot, CompileSlot, CompileEvent, GraphBreakEvent, StepReport, Alert)
+    common.analyze(Rank, GradSlot, CompileSlot, CompileAgreement, GraphBreakEvent, StepReport, Alert)
 
 
 def main(argv: list[str] | None = None) -> int:

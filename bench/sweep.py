@@ -47,7 +47,7 @@ def populate(ranks: int, params: int, compiles: int) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from dashboard.evidence.models import CompileEvent, GradReport
+    from dashboard.evidence.models import CompileAgreement, GradReport
     from dashboard.ledger.models import CompileSlot, GradSlot
     from dashboard.tenancy.models import Rank
 
@@ -65,13 +65,14 @@ def populate(ranks: int, params: int, compiles: int) -> None:
             " FROM generate_series(0, %(ranks)s - 1) r",
             {"run": run.id, "ranks": ranks, "params": params},
         )
-        cur.execute(
-            f"INSERT INTO {CompileEvent._meta.db_table} (run_id, rank, frame, index, compile_id, step, status,"
-            " graph_raw, graph_norm, code_raw, code_norm, compile_time, cache, detail, ts)"
-            " SELECT %(run)s, r, CASE WHEN k = 0 THEN %(frame)s ELSE 'model.py:' || k || ':block' END, 0, '0/0', 0,"
-            " 'ok', 'g', 'g', 'c', 'c', 2.0, '{}', '{\"counts\": {\"graph_op_count\": 12}}', now()"
-            " FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, %(compiles)s - 1) k",
-            {"run": run.id, "ranks": ranks, "frame": FRAME, "compiles": compiles},
+        cur.execute(  # every rank's compiles, alike, stored as a rack relay's requests store them
+            f"INSERT INTO {CompileAgreement._meta.db_table} (run_id, ranks, frame, index, compile_id, step, status,"
+            " graph_raw, graph_norm, code_raw, code_norm, times, cache, detail, ends)"
+            " SELECT %(run)s, array_agg(r ORDER BY r), CASE WHEN k = 0 THEN %(frame)s ELSE 'model.py:' || k || ':block'"
+            " END, 0, '0/0', 0, 'ok', 'g', 'g', 'c', 'c', array_agg(2.0 + r %% 7 * 0.01 ORDER BY r), '{}',"
+            ' \'{"counts": {"graph_op_count": 12}}\', array_agg(now() ORDER BY r)'
+            " FROM generate_series(0, %(ranks)s - 1) r, generate_series(0, %(compiles)s - 1) k GROUP BY k, r / %(rack)s",
+            {"run": run.id, "ranks": ranks, "frame": FRAME, "compiles": compiles, "rack": 256},
         )
         cur.execute(  # a step's gradients, agreeing, stored as a rack relay's requests store them
             f'INSERT INTO {GradReport._meta.db_table} (run_id, ranks, step, "group", fps, nonfinite, norm, ts)'
@@ -132,7 +133,7 @@ def populate(ranks: int, params: int, compiles: int) -> None:
         )
         for k in range(compiles)
     )
-    common.analyze(Rank, CompileEvent)
+    common.analyze(Rank, CompileAgreement)
 
 
 SAMPLE = (

@@ -72,7 +72,44 @@ class RawEvent(models.Model):
         abstract = True
 
 
-class CompileEvent(RawEvent):
+class CompileAgreement(RawEvent):
+    """A compile that several ranks reported alike, stored once: the ranks that sent it in one group
+    of requests (`ranks`), with what each reported of its own in the same order (`times`: its
+    compile's seconds, `ends`: its clock when the compile ended); the rest is theirs alike, `detail`
+    too, whose `times` are the first rank's. A 100,000-rank job's compile of a frame is a few hundred
+    rows (one per relay request) instead of 100,000. Compile slots are settled on these rows
+    (`reads.compile_reports`); the readers that ask about ranks read `CompileEvent`."""
+
+    ranks = ArrayField(models.IntegerField())
+    frame = models.CharField(max_length=512)
+    index = models.PositiveIntegerField()
+    compile_id = models.CharField(max_length=64, blank=True)
+    step = models.BigIntegerField(null=True)
+    status = models.CharField(max_length=16)
+    fail_type = models.TextField(null=True)
+    fail_reason = models.TextField(null=True)
+    recompile_reason = models.TextField(null=True)
+    graph_raw = models.CharField(max_length=64, blank=True)
+    graph_norm = models.CharField(max_length=64, blank=True)
+    code_raw = models.CharField(max_length=64, blank=True)
+    code_norm = models.CharField(max_length=64, blank=True)
+    times = ArrayField(models.FloatField(null=True))
+    ends = ArrayField(models.DateTimeField())
+    cache = models.JSONField(default=dict)
+    detail = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "frame", "index"], name="compileevent_run_frame")]
+
+
+class CompileEvent(models.Model):
+    """One rank's compile: `CompileAgreement`'s rows a rank at a time (a view, read only), for the
+    readers that ask about ranks (the pages, the compile bill, a rank's last compile). `id` is its
+    agreement row's, shared by the ranks of that row."""
+
+    id = models.BigIntegerField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False)
+    received = models.DateTimeField()
     rank = models.PositiveIntegerField()
     frame = models.CharField(max_length=512)
     index = models.PositiveIntegerField()
@@ -92,7 +129,8 @@ class CompileEvent(RawEvent):
     ts = models.DateTimeField()
 
     class Meta:
-        indexes = [models.Index(fields=["run", "frame", "index"], name="compileevent_run_frame")]
+        managed = False
+        db_table = "evidence_compileevent"
 
 
 class GraphBreakEvent(RawEvent):

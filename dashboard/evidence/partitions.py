@@ -14,9 +14,9 @@ from datetime import date, datetime, timedelta
 
 from django.db import OperationalError, connection, transaction
 
-from dashboard.evidence.models import CompileEvent, EventLog, GradReport, GraphBreakEvent, StepReport
+from dashboard.evidence.models import CompileAgreement, EventLog, GradReport, GraphBreakEvent, StepReport
 
-RAW_TABLES = tuple(m._meta.db_table for m in (CompileEvent, GraphBreakEvent, GradReport, StepReport, EventLog))
+RAW_TABLES = tuple(m._meta.db_table for m in (CompileAgreement, GraphBreakEvent, GradReport, StepReport, EventLog))
 _SUFFIX = re.compile(r"_p(\d{8})$")
 
 

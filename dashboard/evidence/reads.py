@@ -21,6 +21,7 @@ from dashboard.evidence.binary_copy import fetch_binary
 from dashboard.evidence.models import (
     Blob,
     CollectiveWait,
+    CompileAgreement,
     CompileEvent,
     EventLog,
     FlightRecord,
@@ -76,31 +77,44 @@ _ALIKE = [f for f in CompileReport.__slots__ if f not in ("run_id", "frame", "in
 
 
 def compile_reports(run_id: int, frame: str, index: int) -> CompileReports:
-    """The slot's reports (a rank reported twice: the later report), grouped by PostgreSQL into the
-    ranks that compiled alike: everything but a rank's own clock and timings equal."""
-    alike = ", ".join(_ALIKE)
+    """The slot's reports as stored, a row per compile that ranks reported alike (`CompileAgreement`),
+    rows alike across requests joined; a rank that reported the slot twice counts by its later report."""
     rows = fetch_binary(
         f"""
-        SELECT array_agg(rank ORDER BY rank), array_agg(compile_time ORDER BY rank), {alike},
-               cache::text, (detail - 'times')::text
-        FROM (SELECT DISTINCT ON (rank) * FROM {CompileEvent._meta.db_table}
-              WHERE run_id = %s AND frame = %s AND index = %s ORDER BY rank, id DESC) AS latest
-        GROUP BY {alike}, cache::text, (detail - 'times')::text
-        ORDER BY min(rank)
+        SELECT ranks, times, {", ".join(_ALIKE)}, cache::text, (detail - 'times')::text
+        FROM {CompileAgreement._meta.db_table} WHERE run_id = %s AND frame = %s AND index = %s ORDER BY id
         """,
         [run_id, frame, index],
     )
+    latest: dict[int, int] = {}
+    for i, (ranks, *_) in enumerate(rows):
+        latest.update(dict.fromkeys(ranks, i))
+    twice = len(latest) < sum(len(ranks) for ranks, *_ in rows)
     bodies: dict[str, Any] = {}
-    groups: list[tuple[tuple[int, ...], CompileReport]] = []
+    alike: dict[tuple[Any, ...], tuple[list[int], CompileReport]] = {}
     times: dict[int, float] = {}
-    for ranks, seconds, *fields, cache, detail in rows:
-        fixed = dict(zip(_ALIKE, fields, strict=True))
-        report = CompileReport(
-            run_id, frame, index, **fixed, cache=_decoded(bodies, cache), detail=_decoded(bodies, detail)
-        )
-        groups.append((tuple(ranks), report))
-        times.update((r, t) for r, t in zip(ranks, seconds, strict=True) if t is not None)
+    for i, (ranks, seconds, *fields, cache, detail) in enumerate(rows):
+        if twice:
+            ranks, seconds = _latest(i, latest, ranks, seconds)
+        group = alike.get(key := (*fields, cache, detail))
+        if group is None:
+            fixed = dict(zip(_ALIKE, fields, strict=True))
+            report = CompileReport(
+                run_id, frame, index, **fixed, cache=_decoded(bodies, cache), detail=_decoded(bodies, detail)
+            )
+            group = alike[key] = ([], report)
+        group[0].extend(ranks)
+        times.update({r: t for r, t in zip(ranks, seconds, strict=True) if t is not None})
+    groups = sorted(((tuple(sorted(ranks)), report) for ranks, report in alike.values() if ranks), key=lambda g: g[0])
     return CompileReports(groups, times)
+
+
+def _latest(
+    row: int, latest: dict[int, int], ranks: list[int], seconds: list[float | None]
+) -> tuple[list[int], list[float | None]]:
+    """The ranks of a row (and their seconds) whose latest report it is, each once."""
+    kept = list({r: t for r, t in zip(ranks, seconds, strict=True) if latest[r] == row}.items())
+    return [r for r, _ in kept], [t for _, t in kept]
 
 
 def _decoded(seen: dict[str, Any], text: str) -> Any:

@@ -32,7 +32,7 @@ from dashboard.evidence.binary_copy import (
 from dashboard.evidence.models import (
     RECENT_SEQS,
     CollectiveWait,
-    CompileEvent,
+    CompileAgreement,
     EventLog,
     GradReport,
     GraphBreakEvent,
@@ -126,9 +126,13 @@ def write_events(batches: Sequence[tuple[Run, int, Mapping[type, list[Any]]]], n
     """Several batches' other events, one COPY per table for all of them (a job's start is every
     rank's compile events at once); kinds without a table of their own go to the log."""
     rows: dict[Table, list[Rows]] = {}
+    compiles: list[tuple[Run, int, list[protocol.Compile]]] = []
     for run, rank, by_type in batches:
         for kind, events in by_type.items():
             if kind in FOLDED:
+                continue
+            if kind is protocol.Compile:
+                compiles.append((run, rank, events))
                 continue
             table = TABLES.get(kind, LOG)
             rows.setdefault(table, []).append(table.rows(run, rank, events, now))
@@ -136,12 +140,48 @@ def write_events(batches: Sequence[tuple[Run, int, Mapping[type, list[Any]]]], n
                 _keep_waits(run, rank, events, now)
     for table, parts in rows.items():
         copy_rows(table.name, table.columns, itertools.chain.from_iterable(parts))
+    if compiles:
+        copy_rows(CompileAgreement._meta.db_table, COMPILE_COLUMNS, _compile_rows(compiles, now))
 
 
-def _compile_rows(run: Run, rank: int, events: list[protocol.Compile], now: datetime) -> Rows:
-    for e in events:
-        dynamo = e.hashes.get("dynamo")
-        code = e.hashes.get("inductor")
+COMPILE_COLUMNS = (
+    ("run_id", "int8"),
+    ("ranks", "int4[]"),
+    ("frame", "text"),
+    ("index", "int4"),
+    ("compile_id", "text"),
+    ("step", "int8"),
+    ("status", "text"),
+    ("fail_type", "text"),
+    ("fail_reason", "text"),
+    ("recompile_reason", "text"),
+    ("graph_raw", "text"),
+    ("graph_norm", "text"),
+    ("code_raw", "text"),
+    ("code_norm", "text"),
+    ("times", "float8[]"),
+    ("ends", "timestamptz[]"),
+    ("cache", "jsonb"),
+    ("detail", "jsonb"),
+    ("received", "timestamptz"),
+)
+_alike_key = msgspec.json.Encoder(order="deterministic").encode
+
+
+def _compile_rows(compiles: list[tuple[Run, int, list[protocol.Compile]]], now: datetime) -> Rows:
+    """One row per compile that ranks of these batches reported alike (everything but a rank's clock
+    and timings equal), with their ranks, each one's seconds and end in the same order; `detail`'s
+    `times` are the first rank's."""
+    alike: dict[tuple[Any, ...], tuple[protocol.Compile, list[int], list[float | None], list[datetime]]] = {}
+    for run, rank, events in compiles:
+        for e in events:
+            key = (run.id, _alike_key(msgspec.structs.replace(e, ts=0.0, times={})))
+            _, ranks, seconds, ends = alike.setdefault(key, (e, [], [], []))
+            ranks.append(rank)
+            seconds.append(e.times.get("entire_frame_compile_time_s"))
+            ends.append(when(e.ts, now))
+    for (run_id, _), (e, ranks, seconds, ends) in alike.items():
+        dynamo, code = e.hashes.get("dynamo"), e.hashes.get("inductor")
         detail = {
             "times": e.times,
             "counts": e.counts,
@@ -150,8 +190,8 @@ def _compile_rows(run: Run, rank: int, events: list[protocol.Compile], now: date
             "hashes": msgspec.to_builtins(e.hashes),
         }
         yield (
-            run.id,
-            rank,
+            run_id,
+            ranks,
             e.frame,
             e.index,
             e.compile_id,
@@ -164,10 +204,10 @@ def _compile_rows(run: Run, rank: int, events: list[protocol.Compile], now: date
             dynamo.norm if dynamo else "",
             code.raw if code else "",
             code.norm if code else "",
-            e.times.get("entire_frame_compile_time_s"),
+            seconds,
+            ends,
             Jsonb(e.cache),
             Jsonb(detail),
-            when(e.ts, now),
             now,
         )
 
@@ -219,30 +259,6 @@ LOG = Table(
     _log_rows,
 )
 TABLES: dict[type, Table] = {
-    protocol.Compile: Table(
-        CompileEvent._meta.db_table,
-        (
-            *RAW,
-            ("frame", "text"),
-            ("index", "int4"),
-            ("compile_id", "text"),
-            ("step", "int8"),
-            ("status", "text"),
-            ("fail_type", "text"),
-            ("fail_reason", "text"),
-            ("recompile_reason", "text"),
-            ("graph_raw", "text"),
-            ("graph_norm", "text"),
-            ("code_raw", "text"),
-            ("code_norm", "text"),
-            ("compile_time", "float8"),
-            ("cache", "jsonb"),
-            ("detail", "jsonb"),
-            ("ts", "timestamptz"),
-            ("received", "timestamptz"),
-        ),
-        _compile_rows,
-    ),
     protocol.Step: Table(
         StepReport._meta.db_table,
         (
