@@ -72,7 +72,29 @@ class RawEvent(models.Model):
         abstract = True
 
 
-class CompileAgreement(RawEvent):
+class Compiled(models.Model):
+    """What a compile report holds that ranks can share: the slot it fills and what came of it."""
+
+    frame = models.CharField(max_length=512)
+    index = models.PositiveIntegerField()
+    compile_id = models.CharField(max_length=64, blank=True)
+    step = models.BigIntegerField(null=True)
+    status = models.CharField(max_length=16)
+    fail_type = models.TextField(null=True)
+    fail_reason = models.TextField(null=True)
+    recompile_reason = models.TextField(null=True)
+    graph_raw = models.CharField(max_length=64, blank=True)
+    graph_norm = models.CharField(max_length=64, blank=True)
+    code_raw = models.CharField(max_length=64, blank=True)
+    code_norm = models.CharField(max_length=64, blank=True)
+    cache = models.JSONField(default=dict)
+    detail = models.JSONField(default=dict)
+
+    class Meta:
+        abstract = True
+
+
+class CompileAgreement(RawEvent, Compiled):
     """A compile that several ranks reported alike, stored once: the ranks that sent it in one group
     of requests (`ranks`), with what each reported of its own in the same order (`times`: its
     compile's seconds, `ends`: its clock when the compile ended); the rest is theirs alike, `detail`
@@ -81,28 +103,14 @@ class CompileAgreement(RawEvent):
     (`reads.compile_reports`); the readers that ask about ranks read `CompileEvent`."""
 
     ranks = ArrayField(models.IntegerField())
-    frame = models.CharField(max_length=512)
-    index = models.PositiveIntegerField()
-    compile_id = models.CharField(max_length=64, blank=True)
-    step = models.BigIntegerField(null=True)
-    status = models.CharField(max_length=16)
-    fail_type = models.TextField(null=True)
-    fail_reason = models.TextField(null=True)
-    recompile_reason = models.TextField(null=True)
-    graph_raw = models.CharField(max_length=64, blank=True)
-    graph_norm = models.CharField(max_length=64, blank=True)
-    code_raw = models.CharField(max_length=64, blank=True)
-    code_norm = models.CharField(max_length=64, blank=True)
     times = ArrayField(models.FloatField(null=True))
     ends = ArrayField(models.DateTimeField())
-    cache = models.JSONField(default=dict)
-    detail = models.JSONField(default=dict)
 
     class Meta:
         indexes = [models.Index(fields=["run", "frame", "index"], name="compileevent_run_frame")]
 
 
-class CompileEvent(models.Model):
+class CompileEvent(Compiled):
     """One rank's compile: `CompileAgreement`'s rows a rank at a time (a view, read only), for the
     readers that ask about ranks (the pages, the compile bill, a rank's last compile). `id` is its
     agreement row's, shared by the ranks of that row."""
@@ -111,21 +119,7 @@ class CompileEvent(models.Model):
     run = models.ForeignKey(Run, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False)
     received = models.DateTimeField()
     rank = models.PositiveIntegerField()
-    frame = models.CharField(max_length=512)
-    index = models.PositiveIntegerField()
-    compile_id = models.CharField(max_length=64, blank=True)
-    step = models.BigIntegerField(null=True)
-    status = models.CharField(max_length=16)
-    fail_type = models.TextField(null=True)
-    fail_reason = models.TextField(null=True)
-    recompile_reason = models.TextField(null=True)
-    graph_raw = models.CharField(max_length=64, blank=True)
-    graph_norm = models.CharField(max_length=64, blank=True)
-    code_raw = models.CharField(max_length=64, blank=True)
-    code_norm = models.CharField(max_length=64, blank=True)
     compile_time = models.FloatField(null=True)
-    cache = models.JSONField(default=dict)
-    detail = models.JSONField(default=dict)
     ts = models.DateTimeField()
 
     class Meta:

@@ -9,19 +9,25 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-TO_AGREEMENT = """
-ALTER TABLE evidence_compileevent RENAME TO evidence_compileagreement;
-DO $do$
+
+def rename_partitions(old: str, new: str) -> str:
+    """SQL: rename the day partitions of the table now named `evidence_compileagreement` from `old`'s
+    names to `new`'s (the partition function finds a day's partition by its name)."""
+    return f"""DO $do$
 DECLARE
   part text;
 BEGIN
   FOR part IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
               WHERE i.inhparent = 'evidence_compileagreement'::regclass LOOP
-    EXECUTE format('ALTER TABLE %I RENAME TO %I', part,
-                   replace(part, 'evidence_compileevent', 'evidence_compileagreement'));
+    EXECUTE format('ALTER TABLE %I RENAME TO %I', part, replace(part, '{old}', '{new}'));
   END LOOP;
 END
-$do$;
+$do$;"""
+
+
+TO_AGREEMENT = f"""
+ALTER TABLE evidence_compileevent RENAME TO evidence_compileagreement;
+{rename_partitions("evidence_compileevent", "evidence_compileagreement")}
 ALTER TABLE evidence_compileagreement
   ADD COLUMN ranks integer[], ADD COLUMN times double precision[], ADD COLUMN ends timestamptz[];
 UPDATE evidence_compileagreement SET ranks = ARRAY[rank], times = ARRAY[compile_time], ends = ARRAY[ts];
@@ -50,17 +56,7 @@ DELETE FROM evidence_compileagreement WHERE rank IS NULL;
 ALTER TABLE evidence_compileagreement
   ALTER COLUMN rank SET NOT NULL, ALTER COLUMN ts SET NOT NULL, ADD CHECK (rank >= 0),
   DROP COLUMN ranks, DROP COLUMN times, DROP COLUMN ends;
-DO $do$
-DECLARE
-  part text;
-BEGIN
-  FOR part IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-              WHERE i.inhparent = 'evidence_compileagreement'::regclass LOOP
-    EXECUTE format('ALTER TABLE %I RENAME TO %I', part,
-                   replace(part, 'evidence_compileagreement', 'evidence_compileevent'));
-  END LOOP;
-END
-$do$;
+{rename_partitions("evidence_compileagreement", "evidence_compileevent")}
 ALTER TABLE evidence_compileagreement RENAME TO evidence_compileevent;
 """
 
