@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.detection import baseline, detail, lifecycle, locks, ranks, replicas, subjects
-from dashboard.detection.consensus import Consensus, consensus, consensus_of_groups
+from dashboard.detection.consensus import Consensus, consensus_of_groups
 from dashboard.detection.models import Alert
 from dashboard.detection.rules import CompileSlotView, Finding, GradSlotView, clean_subjects, evaluate, position
 from dashboard.evidence import reads
@@ -66,7 +66,7 @@ def settle_grad(slot_id: int) -> list[int]:
         reports = reads.grad_reports(rows)
         if not replicas.compared(slot.run, slot.step, slot.group):
             return _set_aside(slot, len(reports))
-        verdict = _grad_consensus(rows, reports) if reports else None
+        verdict = consensus_of_groups((ranks, row.fps) for ranks, row in rows) if reports else None
         ref, ref_key = baseline.reference(slot.run, slot.step, slot.group)
         off_baseline = verdict is not None and ref is not None and tuple(verdict.reference) != tuple(ref)
         layout = _layout(slot.run_id, verdict) if verdict and (verdict.dissenters or off_baseline) else {}
@@ -119,16 +119,6 @@ def _ask_for_weights(slot: GradSlot, kinds: set[str]) -> None:
     alert = alerts.first()
     if alert is not None:
         detail.ask_for_weights(alert, slot.group, slot)
-
-
-def _grad_consensus(
-    rows: list[tuple[tuple[int, ...], reads.GradRow]], reports: dict[int, reads.GradRow]
-) -> Consensus[tuple[int, ...]]:
-    """The ranks' fingerprints compared as stored, a row at a time; rank by rank only where a rank
-    reported twice (a resend under a new seq), whose later report counts."""
-    if sum(len(ranks) for ranks, _ in rows) == len(reports):
-        return consensus_of_groups((ranks, row.fps) for ranks, row in rows)
-    return consensus({r: g.fps for r, g in reports.items()})
 
 
 def _ask_for_parameters(slot: GradSlot, verdict: Consensus[tuple[int, ...]] | None) -> None:

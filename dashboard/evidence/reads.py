@@ -8,7 +8,7 @@ as plain values, or as model instances where a reader shows many of their fields
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -86,16 +86,13 @@ def compile_reports(run_id: int, frame: str, index: int) -> CompileReports:
         """,
         [run_id, frame, index],
     )
-    latest: dict[int, int] = {}
-    for i, (ranks, *_) in enumerate(rows):
-        latest.update(dict.fromkeys(ranks, i))
-    twice = len(latest) < sum(len(ranks) for ranks, *_ in rows)
     bodies: dict[str, Any] = {}
     alike: dict[tuple[Any, ...], tuple[list[int], CompileReport]] = {}
     times: dict[int, float] = {}
+    places = latest_places([row[0] for row in rows])
     for i, (ranks, seconds, *fields, cache, detail) in enumerate(rows):
-        if twice:
-            ranks, seconds = _latest(i, latest, ranks, seconds)
+        if places is not None:
+            ranks, seconds = [ranks[j] for j in places[i]], [seconds[j] for j in places[i]]
         group = alike.get(key := (*fields, cache, detail))
         if group is None:
             fixed = dict(zip(_ALIKE, fields, strict=True))
@@ -109,12 +106,16 @@ def compile_reports(run_id: int, frame: str, index: int) -> CompileReports:
     return CompileReports(groups, times)
 
 
-def _latest(
-    row: int, latest: dict[int, int], ranks: list[int], seconds: list[float | None]
-) -> tuple[list[int], list[float | None]]:
-    """The ranks of a row (and their seconds) whose latest report it is, each once."""
-    kept = list({r: t for r, t in zip(ranks, seconds, strict=True) if latest[r] == row}.items())
-    return [r for r, _ in kept], [t for _, t in kept]
+def latest_places(ranks_of_rows: Sequence[Sequence[int]]) -> list[list[int]] | None:
+    """For each stored row of a slot, in the order they came, the places of the ranks whose latest
+    report it is, each rank once (a rank that reported the slot twice, a resend under a new seq, counts
+    by its later report); None where no rank reported twice, the rows then counted as they are."""
+    last: dict[int, int] = {}
+    for i, ranks in enumerate(ranks_of_rows):
+        last.update(dict.fromkeys(ranks, i))
+    if len(last) == sum(len(ranks) for ranks in ranks_of_rows):
+        return None
+    return [list({r: j for j, r in enumerate(ranks) if last[r] == i}.values()) for i, ranks in enumerate(ranks_of_rows)]
 
 
 def _decoded(seen: dict[str, Any], text: str) -> Any:
@@ -137,13 +138,17 @@ class GradRow:
 
 def grad_rows(run_id: int, step: int, group: str) -> list[tuple[tuple[int, ...], GradRow]]:
     """The slot's reports as stored, in the order they came: each row's ranks (the agreeing ranks of a
-    request share one) and their report."""
+    request share one) and their report, a rank that reported twice in its later row only."""
     rows = (
         GradReport.objects.filter(run_id=run_id, step=step, group=group)
         .order_by("id")
         .values_list("ranks", "fps", "nonfinite", "norm")
     )
-    return [(tuple(ranks), GradRow(tuple(fps), nonfinite, norm)) for ranks, fps, nonfinite, norm in rows]
+    stored = [(ranks, GradRow(tuple(fps), nonfinite, norm)) for ranks, fps, nonfinite, norm in rows]
+    places = latest_places([ranks for ranks, _ in stored])
+    if places is None:
+        return [(tuple(ranks), row) for ranks, row in stored]
+    return [(tuple(ranks[j] for j in kept), row) for (ranks, row), kept in zip(stored, places, strict=True) if kept]
 
 
 def grad_reports(rows: list[tuple[tuple[int, ...], GradRow]]) -> dict[int, GradRow]:
