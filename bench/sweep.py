@@ -18,7 +18,8 @@ alerts' lifecycle in one transaction), the settle of the compile slot every rank
 (`settle.settle_compile`: its reports, where the ranks stand, their start facts, the rules), and
 that of one step's gradients, stored a row per 256 agreeing ranks as rack relays' requests leave
 them (`settle.settle_grad`), and the first settle of a step whose gradients one rank holds apart
-(the alert opened and every rank asked for its weights, all before the commit that lets the page go).
+(the alert opened, the differing ranks asked for their parameters and every rank for its weights,
+all before the commit that lets the page go).
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     from dashboard.detection.models import Alert, Incident
     from dashboard.detection.rules import clean_subjects, evaluate
     from dashboard.evidence.models import CompileEvent, GradReport
-    from dashboard.ledger.models import CompileSlot, DetailRequest, GradSlot
+    from dashboard.ledger.models import CompileSlot, DetailRequest, GradSlot, WeightsRequest
     from dashboard.tenancy.models import Rank, Run
 
     common.populate_once(KEY, args.rebuild, lambda: populate(args.ranks, args.params, args.compiles))
@@ -278,11 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         Alert.objects.filter(run=run).delete()
         Incident.objects.filter(run=run).delete()
         DetailRequest.objects.filter(run=run).delete()
+        WeightsRequest.objects.filter(run=run).delete()
         GradSlot.objects.filter(id=diverged.id).update(settled_at=None, settled_n=0)
 
     diverged_s, changed = timed(lambda: settle.settle_grad(diverged.id), args.n, undiverged)
     assert changed and Alert.objects.get(id=changed[0]).ranks == [APART]
-    asked = DetailRequest.objects.filter(run=run).count()
+    asked = DetailRequest.objects.filter(run=run).count(), WeightsRequest.objects.filter(run=run).count()
     print(f"{ranks:,} ranks, {len(clean):,} clean subjects, {len(findings)} findings", file=sys.stderr)
     detail = f"{ranks:,} running ranks, median (min-max) of {args.n} after a warm-up, python_speed {common.python_speed():.2f} s"
     results.report(
@@ -325,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             (
                 "settle.settle_grad, diverged",
                 spread(diverged_s),
-                f"the same, one rank apart: the alert opened and {asked:,} ranks asked for their weights, before the"
-                " commit that lets the page go",
+                f"the same, one rank apart: the alert opened, {asked[0]:,} parameter request(s) and {asked[1]} weights"
+                " request(s) for every rank, before the commit that lets the page go",
             ),
         ],
     )

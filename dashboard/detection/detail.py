@@ -117,15 +117,14 @@ def _params(run_id: int, rank: int, step: int, group: str) -> dict[str, int]:
 
 
 def ask_for_weights(alert: Alert, group: str, slot: GradSlot) -> int:
-    """Ask every running rank for a weight fingerprint of `group` after one step to come, the same
-    for all (a weight slot compares the ranks at one step): where the ranks will be WEIGHTS_LEAD_S
-    from now at the run's pace, two steps past the furthest step known at least. Returns that step."""
+    """Ask every rank for a weight fingerprint of `group` after one step to come, the same for all
+    (a weight slot compares the ranks at one step): where the ranks will be WEIGHTS_LEAD_S from now
+    at the run's pace, two steps past the furthest step known at least. Returns that step."""
     run = Run.objects.get(id=alert.run_id)
-    ranks = set(Rank.objects.filter(run=run, status="running").values_list("rank", flat=True))
     ahead = (timezone.now() - slot.first_seen).total_seconds() + WEIGHTS_LEAD_S
     expected = slot.step + math.ceil(pace(slot) * ahead)
     step = min(max(expected, max(run.last_step or 0, slot.step) + 2), slot.step + MAX_LEAD_STEPS)
-    details.ask_weights(run.id, ranks, step, group, alert.id)
+    details.ask_weights(run.id, step, group, alert.id)
     return step
 
 

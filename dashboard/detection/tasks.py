@@ -60,14 +60,18 @@ def settle_slot(kind: str, slot_id: int) -> int:
 @shared_task(acks_late=True, ignore_result=True)
 def settle_slots(kind: str, slot_ids: list[int], run_id: int | None = None) -> int:
     """Settle the slots one batch completed (the last rank of a 256-step batch completes 256 at once),
-    all of one run (`run_id`, whose queued count they leave: `fairness`)."""
+    all of one run (`run_id`, whose queued count they leave: `fairness`). Each slot's alerts are
+    announced as it commits: a page does not wait for the rest of its message."""
+    changed = 0
     try:
-        changed = [alert_id for slot_id in slot_ids for alert_id in settle_one(kind, slot_id)]
+        for slot_id in slot_ids:
+            alert_ids = settle_one(kind, slot_id)
+            announce(alert_ids)
+            changed += len(alert_ids)
     finally:
         if run_id is not None:
             fairness.release(run_id, len(slot_ids))
-    announce(changed)
-    return len(changed)
+    return changed
 
 
 SWEEP_EXPIRES_S = 10.0  # a sweep's settle message not started by then is dropped: the next sweep queues it again

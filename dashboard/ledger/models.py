@@ -125,6 +125,24 @@ class DetailRequest(models.Model):
         ]
 
 
+class WeightsRequest(models.Model):
+    """The server wants every rank's weight fingerprint of `group` after one step (a `param` event, as
+    every `LOCKSTEP_PARAM_EVERY` steps), to confirm a divergence of the weights' inputs. One row for
+    every rank, as agreement is stored: it is handed out in each batch's reply while its rank is
+    still below the step (a reply lost on the way is made good by the next), and the weight slot of
+    that step is the answer. A row per rank cost a 100,000-rank divergence 100,000 rows in the
+    settle that pages it, and as many updates in the ingest of the step after."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE)
+    step = models.BigIntegerField()
+    group = models.CharField(max_length=64)
+    alert_id = models.BigIntegerField()  # detection's alert; no foreign key: the ledger sits below it
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step", "group"], name="weights_once")]
+
+
 class FlightRecorderRequest(models.Model):
     """The server wants one rank's Flight Recorder dump (a `hang_forecast` alert asked, at one of its
     revisions). Handed out in the rank's next ingest reply (`flight_recorder: true`), answered by the

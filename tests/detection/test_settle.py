@@ -179,3 +179,24 @@ def test_nan_on_every_rank_is_rooted_at_the_rank_whose_loss_went_non_finite_firs
         {"rank": 2, "step": 1},
     )
     assert alert.message.startswith("Gradients non-finite on all ranks from step 1: rank 2's loss went non-finite")
+
+
+def test_a_slots_alerts_are_announced_before_the_next_slot_of_its_message_settles(post):
+    """A settle message holds up to 32 slots (a batch of many steps completes them at once): the page
+    of the first must not wait for the others' settles."""
+    from dashboard.detection import signals, tasks
+
+    for rank in range(3):  # rank 1 differs at step 0; step 1 agrees
+        send(post, rank, 0, [grad(0, [1, 2 + (rank == 1)]), grad(1, [3, 4])])
+    first, second = GradSlot.objects.order_by("step").values_list("id", flat=True)
+    seen: list[tuple[list[int], bool]] = []
+
+    def heard(sender, alert_ids, **kwargs):
+        seen.append((alert_ids, GradSlot.objects.get(id=second).settled_at is not None))
+
+    signals.alerts_changed.connect(heard, dispatch_uid="test-heard")
+    try:
+        tasks.settle_slots(slots.GRAD, [first, second])
+    finally:
+        signals.alerts_changed.disconnect(dispatch_uid="test-heard")
+    assert seen == [([Alert.objects.get(kind="grad_divergence").id], False)]

@@ -8,7 +8,7 @@ import pytest
 
 from dashboard.detection import settle
 from dashboard.detection.models import Alert
-from dashboard.ledger.models import DetailRequest, GradSlot
+from dashboard.ledger.models import GradSlot, WeightsRequest
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
@@ -32,24 +32,21 @@ def test_a_divergence_asks_for_weights_and_stays_open_until_they_agree(post):
     settle_all(3)
     alert = Alert.objects.get(kind="grad_divergence")
     assert alert.ranks == [1] and alert.state == "firing"
-    [asked] = {r.step for r in DetailRequest.objects.filter(group="param:ddp")}
-    assert asked > 3 and set(DetailRequest.objects.filter(group="param:ddp").values_list("rank", flat=True)) == {
-        0,
-        1,
-        2,
-    }
+    [(asked, group, alert_id)] = WeightsRequest.objects.values_list("step", "group", "alert_id")
+    assert asked > 3 and (group, alert_id) == ("ddp", alert.id)  # one row asks every rank
 
     replies = {rank: send(post, rank, 1, [{"t": "grad", "step": 4, "fps": [7, 8]}]) for rank in range(RANKS)}
     assert all(reply["weights_at"] == [asked] for reply in replies.values())  # the same step for every rank
     assert replies[1]["detail"] == [3] and replies[0]["detail"] == [3]  # the parameters still get named
     again = send(post, 0, 2, [{"t": "heartbeat", "step": 5}])
-    assert "weights_at" not in again  # handed out once: the weight slot is the answer
+    assert again["weights_at"] == [asked]  # told again while below it: a reply lost on the way is made good
 
     settle_all(4)  # clean gradients: the weights still differ
     assert Alert.objects.get(id=alert.id).state == "firing"
 
     for rank in range(RANKS):  # rank 1's weights differ: param_divergence confirms it
-        send(post, rank, 3, [{"t": "param", "step": asked, "fps": [5, 6 + (rank == 1)]}])
+        answered = send(post, rank, 3, [{"t": "param", "step": asked, "fps": [5, 6 + (rank == 1)]}])
+        assert "weights_at" not in answered  # at the step: the weight slot is the answer
     settle_all(asked, "param:ddp")
     assert Alert.objects.get(kind="param_divergence").ranks == [1]
     assert Alert.objects.get(id=alert.id).state == "firing"
