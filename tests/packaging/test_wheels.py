@@ -5,8 +5,6 @@ server's unpacked next to the test environment's packages."""
 
 from __future__ import annotations
 
-import base64
-import gzip
 import importlib.metadata as metadata
 import json
 import os
@@ -22,6 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from agents.launch import torchrun
+from tests.agents import two_rank_job
 from tests.stack import ROOT, free_port
 
 pytestmark = pytest.mark.e2e  # real torchrun jobs, like tests/e2e/
@@ -192,51 +191,13 @@ def test_agent_from_the_wheel_runs_a_two_rank_job_offline(agent_venv, tmp_path):
     assert "Lockstep per-rank agent" in _run([agent_venv / "bin" / "lockstep-agent", "--help"], cwd=job, env=env)
     assert "usage: lockstep" in _run([agent_venv / "bin" / "lockstep", "--help"], cwd=job, env=env)
 
-    steps = 3
     _run(
-        torchrun(
-            2, "ddp_job.py", "--steps", str(steps), "--depth", "1", "--backend", "gloo", port=free_port(), python=python
-        ),
+        torchrun(2, "ddp_job.py", *two_rank_job.ARGS, "--backend", "gloo", port=free_port(), python=python),
         cwd=job,
         env=env,
         timeout=240,
     )
-
-    events = _spooled_events(spool)
-    assert set(events) == {0, 1}
-    grads = {rank: _grad_steps(evs) for rank, evs in events.items()}
-    assert sorted(grads[0]) == sorted(grads[1]) == list(range(steps))
-    assert grads[0] == grads[1]  # DDP replicas: bitwise-equal gradients, fingerprinted alike on both ranks
-    for evs in events.values():
-        kinds = [e["t"] for e in evs]
-        assert kinds.count("rank_start") >= 1 and kinds[-1] == "rank_end", kinds
-        assert any(e["t"] == "compile" and e.get("status", "ok") == "ok" for e in evs)  # torch.compile's graphs
-        assert [e for e in evs if e["t"] == "rank_end"][-1].get("status", "ok") == "ok"  # the default is left out
-
-
-def _spooled_events(spool: Path) -> dict[int, list[dict]]:
-    """Every spooled batch's events by rank, in batch order (file names sort by rank, session, seq)."""
-    by_rank: dict[int, list[dict]] = {}
-    for path in sorted(spool.glob("r*.json*")):
-        raw = path.read_bytes()
-        batch = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
-        assert batch["run"]["key"] == "from-wheel" and batch["run"]["world_size"] == 2
-        by_rank.setdefault(batch["rank"], []).extend(batch["events"])
-    return by_rank
-
-
-def _grad_steps(events: list[dict]) -> dict[int, list[int]]:
-    """step -> bucket fingerprints, from `grad` and compact `grads` events alike (agents/protocol.py)."""
-    steps: dict[int, list[int]] = {}
-    for e in events:
-        if e["t"] == "grad":
-            steps[e["step"]] = e["fps"]
-        elif e["t"] == "grads":
-            raw, n = base64.b64decode(e["fps"]), e["buckets"]
-            values = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
-            for i in range(e.get("steps", 1)):
-                steps[e["step"] + i * e.get("stride", 1)] = values[i * n : (i + 1) * n]
-    return steps
+    two_rank_job.check_spool(str(spool), "from-wheel")
 
 
 def test_server_wheel_holds_settings_templates_static_and_migrations(dist, tmp_path):
