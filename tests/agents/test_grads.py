@@ -113,11 +113,12 @@ def test_fsdp2_shards_get_shard_groups_never_ddp_or_local():
     import subprocess
     import sys
 
+    from tests.stack import free_port
+
     from .conftest import REPO
-    from .test_process import _free_port
 
     out = subprocess.run(
-        [sys.executable, "-c", _FSDP2, str(_free_port())], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _FSDP2, str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GROUPS")]
@@ -150,11 +151,12 @@ def test_ddp_made_before_attach_is_still_the_ddp_group():
     import subprocess
     import sys
 
+    from tests.stack import free_port
+
     from .conftest import REPO
-    from .test_process import _free_port
 
     out = subprocess.run(
-        [sys.executable, "-c", _LATE_ATTACH, str(_free_port())], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _LATE_ATTACH, str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "GROUPS ['ddp']" in out.stdout
