@@ -164,12 +164,13 @@ def test_follow_check_ack_silence_on_a_live_divergence(stack, team, tmp_path):
             assert as_json["ok"] is False and [i["root"]["kind"] for i in as_json["firing"]] == ["recompile_divergence"]
             assert as_json["firing"][0]["root"]["ranks"] == [1]
             listed = lockstep(stack, home, "incidents", key)
-            assert listed.returncode == 0 and listed.stdout.splitlines()[1].split()[1:5] == [
-                "firing",
-                "critical",
-                "recompile_divergence",
-                "1",
-            ], listed.stdout
+            # the recompile's incident; on a loaded machine rank 1's recompile can also hold rank 0 in the
+            # all-reduce long enough for a hang_forecast of its own (a warning, resolved once it compiled)
+            rows = [
+                words[1:5] for words in map(str.split, listed.stdout.splitlines()[1:]) if words and words[0].isdigit()
+            ]
+            assert listed.returncode == 0 and ["firing", "critical", "recompile_divergence", "1"] in rows, listed.stdout
+            assert all(row[2] in ("recompile_divergence", "hang_forecast") for row in rows), listed.stdout
 
             [alert] = [
                 a
