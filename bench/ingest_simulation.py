@@ -513,6 +513,7 @@ SPLIT = {
     "lockstep_ingest_queued_seconds": "waited for a group writer",
     "lockstep_ingest_group_write_seconds": "a group's write",
 }
+SHED, SHED_WHY = "lockstep_ingest_shed_total", ("waited", "queue_full")  # requests refused 503 for load, by why
 
 
 def histograms(url: str) -> dict[str, dict[float, float]]:
@@ -520,11 +521,13 @@ def histograms(url: str) -> dict[str, dict[float, float]]:
     name -> {bucket bound: observations at most it} (+inf: all of them)."""
     from bench.ingest import scrape
 
-    found: dict[str, dict[float, float]] = {name: {} for name in [*SPLIT, "lockstep_ingest_group_batches"]}
+    found: dict[str, dict[float, float]] = {name: {} for name in [*SPLIT, "lockstep_ingest_group_batches", SHED]}
     for key, value in scrape(url).items():
         name, _, labels = key.partition("_bucket{")
         if name in found:
             found[name][float(labels.split('le="')[1].split('"')[0])] = value
+        elif key.startswith(SHED + "{"):  # a counter, not a histogram: keyed by its one label's place in SHED_WHY
+            found[SHED][float(SHED_WHY.index(key.split('why="')[1].split('"')[0]))] = value
     return found
 
 
@@ -548,6 +551,8 @@ def server_split(before: dict[str, dict[float, float]], after: dict[str, dict[fl
         for le, n in after["lockstep_ingest_group_batches"].items()
     }
     parts.append(f"batches per group p50 {bound(batches, 0.5).removesuffix(' s')}")
+    shed = [int(after[SHED].get(float(i), 0.0) - before[SHED].get(float(i), 0.0)) for i in range(len(SHED_WHY))]
+    parts.append(f"shed for load {shed[0]} after waiting past the bound, {shed[1]} with the queue full")
     return "; in the server (its /metrics): " + ", ".join(parts)
 
 

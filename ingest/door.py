@@ -46,7 +46,7 @@ from django.db import connections
 
 from agents import protocol
 from dashboard.tenancy.models import Project
-from ingest import admission, backpressure, blobs, bodies, flight, groupcommit, metrics, shed, validation, writers
+from ingest import admission, blobs, bodies, flight, groupcommit, metrics, shed, validation, writers
 from ingest.headerpolicy import HeaderPolicy, Headers
 from ingest.refusals import Refusal
 
@@ -119,8 +119,10 @@ class Door:
             return 400, msgspec.json.encode({"error": "invalid Host header"}), []
         if scope["method"] != "POST":
             return 405, msgspec.json.encode({"error": f"method {scope['method']} not allowed"}), [(b"allow", b"POST")]
-        if self.committer.oldest_wait() > backpressure.SHED_AFTER_S or self.committer.full():
+        crowded = self.committer.crowded()
+        if crowded:
             # this one would wait past its shedding point, into its agent's timeout: refused at once, its body unread
+            metrics.SHED.labels(crowded).inc()
             self._shed(None)
             return _refused(Refusal(503, "server overloaded; retry later"))
         project: Project | None = None

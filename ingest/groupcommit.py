@@ -247,8 +247,14 @@ class LoopCommitter:
         """Seconds the longest-waiting queued request has waited (0: none waits)."""
         return time.monotonic() - self.queue[0].arrived if self.queue else 0.0
 
-    def full(self) -> bool:
-        return self.queued_batches >= self.MAX_QUEUED_BATCHES
+    def crowded(self) -> str | None:
+        """Why a new request would be refused at once (None: it is queued): the oldest queued one
+        waited past its shedding point ("waited"), or the queue holds its most batches ("queue_full")."""
+        if self.oldest_wait() > backpressure.SHED_AFTER_S:
+            return "waited"
+        if self.queued_batches >= self.MAX_QUEUED_BATCHES:
+            return "queue_full"
+        return None
 
     async def store(self, job: writers.Job, arrived: float) -> Answer:
         """The request's answer, once the commit that holds it is done (or why it was refused)."""
@@ -265,6 +271,7 @@ class LoopCommitter:
         while self.queue and now - self.queue[0].arrived > backpressure.SHED_AFTER_S:
             shed = self.queue.pop(0)  # it waited into its agent's timeout: refused unstored, resent after Retry-After
             self.queued_batches -= len(shed.job.items)
+            metrics.SHED.labels("waited").inc()
             shed.future.set_result(
                 Refusal(503, f"server overloaded (the batch waited {now - shed.arrived:.1f} s); retry later")
             )

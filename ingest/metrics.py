@@ -32,6 +32,12 @@ REQUESTS = Counter(
     "uploads by outcome and HTTP status; a refused request counts once",
     ["endpoint", "outcome", "status"],
 )
+SHED = Counter(
+    "lockstep_ingest_shed",
+    "Requests answered 503 for load, unstored: the oldest queued one had waited past the shedding "
+    "bound (why=waited), or the process's queue held its most batches (why=queue_full)",
+    ["why"],
+)
 EVENTS = Counter("lockstep_ingest_events", "Events accepted (one entry of `events`)", ["type"])
 RANK_STEPS = Counter("lockstep_ingest_rank_steps", "Grad rank-steps accepted (a `grads` event counts each step)")
 SECONDS = Histogram(

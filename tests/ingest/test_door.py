@@ -19,6 +19,7 @@ from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 from django.db import connection
 from django.test import Client
+from prometheus_client import REGISTRY
 
 from agents import protocol
 from dashboard.evidence.models import GradReport, IngestSession
@@ -376,6 +377,7 @@ def test_a_large_body_is_decoded_off_the_loop(app, token, monkeypatch):
 def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, project, token, lock, monkeypatch):
     monkeypatch.setattr(groupcommit.LoopCommitter, "MAX_QUEUED_BATCHES", 1)
     committer = app.committer
+    before = _shed()
 
     def send(rank: int):
         return asyncio.create_task(acall(app, json.dumps(make_batch(rank=rank)).encode(), headers_for(token)))
@@ -393,6 +395,7 @@ def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, project
     assert (held, queued) == (200, 200)
     assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded" in json.loads(content)["error"]
     assert claims.ranks() == [0, 1]
+    assert _shed(before) == {"queue_full": 1, "waited": 0}  # /metrics says why
     # refused before its token was read: the silence of every project's ranks counts from here
     # (`rules.rank_silent`); the door records it on one of its threads, after answering
     deadline = time.monotonic() + 5
@@ -685,6 +688,7 @@ def test_while_the_oldest_queued_request_is_past_shedding_a_new_one_is_refused_a
     one event loop, as a server process runs them."""
     monkeypatch.setattr(backpressure, "SHED_AFTER_S", 0.3)
     committer = app.committer
+    before = _shed()
 
     async def scenario():
         held = asyncio.create_task(acall(app, json.dumps(make_batch(rank=0)).encode(), headers_for(token)))
@@ -701,3 +705,13 @@ def test_while_the_oldest_queued_request_is_past_shedding_a_new_one_is_refused_a
     assert status == 503 and int(headers["retry-after"]) >= 1 and still_held  # answered without waiting for the group
     assert (held, waiting) == (200, 503)
     assert claims.ranks() == [0]
+    assert _shed(before) == {"queue_full": 0, "waited": 2}  # the new one at the door, the queued one at its turn
+
+
+def _shed(before: dict[str, float] | None = None) -> dict[str, float]:
+    """/metrics' count of requests shed for load, by why (less `before`)."""
+    now = {
+        why: REGISTRY.get_sample_value("lockstep_ingest_shed_total", {"why": why}) or 0.0
+        for why in ("queue_full", "waited")
+    }
+    return {why: n - (before or {}).get(why, 0.0) for why, n in now.items()}
