@@ -59,7 +59,7 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -513,27 +513,33 @@ SPLIT = {
     "lockstep_ingest_queued_seconds": "waited for a group writer",
     "lockstep_ingest_group_write_seconds": "a group's write",
 }
-SHED, SHED_WHY = "lockstep_ingest_shed_total", ("waited", "queue_full")  # requests refused 503 for load, by why
+SHED = "lockstep_ingest_shed_total"  # requests refused 503 for load, by why (`ingest.metrics.SHED`)
 
 
-def histograms(url: str) -> dict[str, dict[float, float]]:
-    """Ingest's histograms of where a request's server time goes, summed over its processes:
-    name -> {bucket bound: observations at most it} (+inf: all of them)."""
+class Served(NamedTuple):
+    """What ingest's /metrics says of the requests so far, summed over its processes."""
+
+    histograms: dict[str, dict[float, float]]  # name -> {bucket bound: observations at most it} (+inf: all)
+    shed: dict[str, float]  # why -> requests shed for load
+
+
+def served(url: str) -> Served:
+    """Ingest's histograms of where a request's server time goes, and its count of requests shed."""
     from bench.ingest import scrape
 
-    found: dict[str, dict[float, float]] = {name: {} for name in [*SPLIT, "lockstep_ingest_group_batches", SHED]}
+    found = Served({name: {} for name in [*SPLIT, "lockstep_ingest_group_batches"]}, {})
     for key, value in scrape(url).items():
         name, _, labels = key.partition("_bucket{")
-        if name in found:
-            found[name][float(labels.split('le="')[1].split('"')[0])] = value
-        elif key.startswith(SHED + "{"):  # a counter, not a histogram: keyed by its one label's place in SHED_WHY
-            found[SHED][float(SHED_WHY.index(key.split('why="')[1].split('"')[0]))] = value
+        if name in found.histograms:
+            found.histograms[name][float(labels.split('le="')[1].split('"')[0])] = value
+        elif key.startswith(SHED + "{"):
+            found.shed[key.split('why="')[1].split('"')[0]] = value
     return found
 
 
-def server_split(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> str:
+def server_split(before: Served, after: Served) -> str:
     """Where the job's requests spent their server time, from the histograms' growth over the job: the
-    bucket bound each percentile falls under."""
+    bucket bound each percentile falls under; and how many were shed for load, by why."""
 
     def bound(counts: dict[float, float], q: float) -> str:
         total = counts.get(float("inf"), 0.0)
@@ -542,17 +548,17 @@ def server_split(before: dict[str, dict[float, float]], after: dict[str, dict[fl
                 return f"<= {le:g}" if le != float("inf") else "above the last bucket"
         return "none"
 
-    parts = []
-    for name, what in SPLIT.items():
-        grown = {le: n - before[name].get(le, 0.0) for le, n in after[name].items()}
-        parts.append(f"{what} p50 {bound(grown, 0.5)} s, p99 {bound(grown, 0.99)} s")
-    batches = {
-        le: n - before["lockstep_ingest_group_batches"].get(le, 0.0)
-        for le, n in after["lockstep_ingest_group_batches"].items()
-    }
-    parts.append(f"batches per group p50 {bound(batches, 0.5).removesuffix(' s')}")
-    shed = [int(after[SHED].get(float(i), 0.0) - before[SHED].get(float(i), 0.0)) for i in range(len(SHED_WHY))]
-    parts.append(f"shed for load {shed[0]} after waiting past the bound, {shed[1]} with the queue full")
+    def grown(name: str) -> dict[float, float]:
+        return {le: n - before.histograms[name].get(le, 0.0) for le, n in after.histograms[name].items()}
+
+    parts = [
+        f"{what} p50 {bound(grown(name), 0.5)} s, p99 {bound(grown(name), 0.99)} s" for name, what in SPLIT.items()
+    ]
+    parts.append(f"batches per group p50 {bound(grown('lockstep_ingest_group_batches'), 0.5).removesuffix(' s')}")
+    shed = {why: int(after.shed.get(why, 0.0) - before.shed.get(why, 0.0)) for why in ("waited", "queue_full")}
+    parts.append(
+        f"shed for load {shed['waited']} after waiting past the bound, {shed['queue_full']} with the queue full"
+    )
     return "; in the server (its /metrics): " + ", ".join(parts)
 
 
@@ -695,9 +701,9 @@ def main(argv: list[str] | None = None) -> int:
                 simulation = Simulation(args, servers.url, token, ranks)
                 if args.nodes_per_rack:
                     simulation.check_packing()
-                before = histograms(servers.url)
+                before = served(servers.url)
                 simulation.run_for(args.seconds, args.clients)
-                split = server_split(before, histograms(servers.url))
+                split = server_split(before, served(servers.url))
                 rows.append(simulation.report(args.seconds, receiver, split))
                 print(" | ".join(rows[-1]), flush=True)  # a long run's progress, and what a killed one got
                 figures.append(simulation.figures)

@@ -66,7 +66,7 @@ def handout_cte() -> str:
             ),{flight.unasked_cte()},
             weights_due AS MATERIALIZED (
               SELECT step FROM {WEIGHTS}
-              WHERE run_id = %(run)s::bigint AND step > (SELECT COALESCE(min(COALESCE(step, -1)), -1) FROM b)
+              WHERE run_id = %(run)s::bigint AND step > (SELECT min(COALESCE(step, -1)) FROM b)
             ), weights_asked AS (
               SELECT b.rank, {WEIGHTS_HANDOUT} - w.step AS step FROM weights_due w JOIN b ON w.step > COALESCE(b.step, -1)
             ),
