@@ -13,7 +13,8 @@ Every request takes the same steps, whichever endpoint:
 
 1. the header policy's host check (400) and the method (405; `ingest.headerpolicy`);
 2. shedding: while the oldest batch waiting for its group is past SHED_AFTER_S, or the queue is
-   full, a 503 + Retry-After at once, the body unread (`ingest.backpressure`);
+   full (the batches ahead would wait past it: `groupcommit.LoopCommitter.crowded`), a 503 +
+   Retry-After at once, the body unread (`ingest.backpressure`);
 3. the declared length (413; `ingest.bodies`, whose route table gives these endpoints
    LOCKSTEP_MAX_BODY), the token (401) and the content type (415), the body unread
    (`ingest.admission`; a token not in the cache is looked up on a thread);

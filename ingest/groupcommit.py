@@ -26,6 +26,7 @@ one request leaves the others stored: `writers.store_group`); durability is Post
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -207,6 +208,28 @@ def release_connection() -> None:
         connection.close()
 
 
+class Pace:
+    """Batches a second this process's writers get through, as their latest groups went: a moving
+    average of each group's batches over its write time, times the writers (their groups overlap,
+    and the contention between them is in each group's time). Why: how long a new request would
+    wait is the batches queued ahead of it over this pace, and a bound in batches alone is a
+    different wait on every host (`LoopCommitter.crowded`)."""
+
+    WEIGHT = 0.2  # of the latest group: about the last five groups count
+
+    def __init__(self, writers: int) -> None:
+        self.writers = writers
+        self.per_writer = 0.0  # batches a second of one writer's group (0: none written yet)
+
+    def observe(self, batches: int, seconds: float) -> None:
+        rate = batches / max(seconds, 1e-6)
+        self.per_writer = rate if not self.per_writer else self.per_writer + (rate - self.per_writer) * self.WEIGHT
+
+    def seconds_for(self, batches: int) -> float:
+        """How long the writers would take for `batches` (unknown, infinite, until a group was written)."""
+        return batches / (self.per_writer * self.writers) if self.per_writer else math.inf
+
+
 @dataclass
 class _Waiting:
     job: writers.Job
@@ -218,12 +241,15 @@ class _Waiting:
 class LoopCommitter:
     """Group commit for requests served on the event loop: no thread per request, a few writer
     threads per process (`writers`, each an executor of one thread that keeps its own connection).
-    The queue is also the process's load: its oldest job's wait is what sheds new requests
-    (`backpressure.SHED_AFTER_S`), and its length bounds the batches held in memory."""
+    The queue is also the process's load: a new request is refused at once when it would wait past
+    its shedding point (`backpressure.SHED_AFTER_S`), by the oldest job's wait or by the batches
+    ahead of it at the writers' pace, and the queue's length bounds the batches held in memory."""
 
-    # a whole 16k-rank job's flush: agents flush at the same wall-clock instants, so a burst of a
-    # job's batches is the normal case and must queue; past this the process answers 503 at once
-    MAX_QUEUED_BATCHES = 16_384
+    # a whole 16k-rank job's flush queues whatever the pace: agents flush at the same wall-clock
+    # instants, so a burst of a job's batches is the normal case and must queue
+    MIN_QUEUED_BATCHES = 16_384
+    # the most held in memory (a steady batch about 1.5 KB of objects): past this a 503 at once
+    MAX_QUEUED_BATCHES = 65_536
 
     def __init__(self, writers: list[Executor] | None = None) -> None:
         self.queue: list[_Waiting] = []
@@ -237,6 +263,7 @@ class LoopCommitter:
             for i in range(settings.LOCKSTEP_INGEST_WRITERS)
         ]
         self._free = list(self._writers)  # the writers not writing a group now
+        self.pace = Pace(len(self._writers))
 
     @property
     def writing(self) -> bool:
@@ -249,10 +276,17 @@ class LoopCommitter:
 
     def crowded(self) -> str | None:
         """Why a new request would be refused at once (None: it is queued): the oldest queued one
-        waited past its shedding point ("waited"), or the queue holds its most batches ("queue_full")."""
+        waited past its shedding point ("waited"), or the queue is full ("queue_full"): it holds what
+        the writers take SHED_AFTER_S for at their pace, or MAX_QUEUED_BATCHES; never fewer than
+        MIN_QUEUED_BATCHES. Why a pace: a fixed count was about 1.5 s of a 16-core host's process
+        at a 100,000-rank job's bursts, so requests that would have been written within the
+        bound were refused, and each one held its whole step back by a Retry-After."""
         if self.oldest_wait() > backpressure.SHED_AFTER_S:
             return "waited"
-        if self.queued_batches >= self.MAX_QUEUED_BATCHES:
+        if self.queued_batches >= self.MIN_QUEUED_BATCHES and (
+            self.queued_batches >= self.MAX_QUEUED_BATCHES
+            or self.pace.seconds_for(self.queued_batches) > backpressure.SHED_AFTER_S
+        ):
             return "queue_full"
         return None
 
@@ -292,7 +326,9 @@ class LoopCommitter:
     def _answer(
         self, group: list[_Waiting], writer: Executor, done: asyncio.Future[list[Answer]], began: float
     ) -> None:
-        metrics.GROUP_WRITE.observe(time.monotonic() - began)
+        took = time.monotonic() - began
+        metrics.GROUP_WRITE.observe(took)
+        self.pace.observe(sum(len(w.job.items) for w in group), took)
         error = done.exception()  # `_written` answers what escapes `write`: a thread's Exception at most
         answers = done.result() if not error else [cast(Exception, error)] * len(group)
         for waiting, answer in zip(group, answers):

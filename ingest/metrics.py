@@ -35,7 +35,8 @@ REQUESTS = Counter(
 SHED = Counter(
     "lockstep_ingest_shed",
     "Requests answered 503 for load, unstored: the oldest queued one had waited past the shedding "
-    "bound (why=waited), or the process's queue held its most batches (why=queue_full)",
+    "bound (why=waited), or the process's queue held what it writes within that bound, or its most "
+    "batches (why=queue_full)",
     ["why"],
 )
 EVENTS = Counter("lockstep_ingest_events", "Events accepted (one entry of `events`)", ["type"])

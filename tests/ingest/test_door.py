@@ -375,6 +375,7 @@ def test_a_large_body_is_decoded_off_the_loop(app, token, monkeypatch):
 
 @on_loop
 def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, project, token, lock, monkeypatch):
+    monkeypatch.setattr(groupcommit.LoopCommitter, "MIN_QUEUED_BATCHES", 1)
     monkeypatch.setattr(groupcommit.LoopCommitter, "MAX_QUEUED_BATCHES", 1)
     committer = app.committer
     before = _shed()

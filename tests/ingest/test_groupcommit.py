@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import DataError, connection
@@ -11,7 +12,7 @@ from django.db import DataError, connection
 from agents import protocol
 from dashboard.evidence.models import GradReport, IngestSession
 from dashboard.tenancy.models import Project
-from ingest import backpressure, validation, writers
+from ingest import backpressure, groupcommit, validation, writers
 from ingest.refusals import Refusal
 from tests import claims
 from tests.conftest import make_batch, per_rank
@@ -118,6 +119,44 @@ def test_the_flush_interval_doubles_with_the_load_and_goes_away_when_it_falls(mo
     assert backpressure.flush_interval() == backpressure.MAX_INTERVAL_S
     load.at = time.monotonic() - 30 * backpressure.TAU_S  # nothing observed for a minute: not loaded
     assert backpressure.flush_interval() is protocol.msgspec.UNSET
+
+
+@pytest.mark.parametrize(
+    ("group_seconds", "queued", "crowded"),
+    [
+        (None, groupcommit.LoopCommitter.MIN_QUEUED_BATCHES - 1, None),  # no group written yet: the least bound
+        (None, groupcommit.LoopCommitter.MIN_QUEUED_BATCHES, "queue_full"),
+        (0.05, 20_000, None),  # 5,120 batches/s a writer, two writers: 4 s is 40,960 batches
+        (0.05, 40_000, None),
+        (0.05, 41_000, "queue_full"),
+        (0.2, groupcommit.LoopCommitter.MIN_QUEUED_BATCHES - 1, None),  # a slow pace: a burst still queues
+        (0.2, groupcommit.LoopCommitter.MIN_QUEUED_BATCHES, "queue_full"),
+        (0.001, groupcommit.LoopCommitter.MAX_QUEUED_BATCHES - 1, None),  # a fast one: memory bounds it
+        (0.001, groupcommit.LoopCommitter.MAX_QUEUED_BATCHES, "queue_full"),
+    ],
+)
+def test_a_request_is_refused_once_the_batches_ahead_would_take_past_the_shedding_bound(group_seconds, queued, crowded):
+    """The queue's bound is what the process's writers take SHED_AFTER_S for, at the pace of their
+    latest groups, between a 16k-rank job's burst and what memory allows."""
+    writers_ = [ThreadPoolExecutor(1), ThreadPoolExecutor(1)]
+    try:
+        committer = groupcommit.LoopCommitter(writers_)
+        if group_seconds is not None:
+            committer.pace.observe(256, group_seconds)
+        committer.queued_batches = queued
+        assert committer.crowded() == crowded
+    finally:
+        for w in writers_:
+            w.shutdown()
+
+
+def test_the_pace_follows_the_latest_groups():
+    pace = groupcommit.Pace(writers=2)
+    pace.observe(256, 0.1)  # 2,560 a second a writer
+    assert pace.seconds_for(5_120) == pytest.approx(1.0)
+    for _ in range(30):
+        pace.observe(256, 0.025)  # four times faster since
+    assert pace.seconds_for(5_120) == pytest.approx(0.25, rel=0.01)
 
 
 @pytest.fixture
