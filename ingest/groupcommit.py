@@ -213,9 +213,11 @@ class Pace:
     average of each group's batches over its write time, times the writers (their groups overlap,
     and the contention between them is in each group's time). Why: how long a new request would
     wait is the batches queued ahead of it over this pace, and a bound in batches alone is a
-    different wait on every host (`LoopCommitter.crowded`)."""
+    different wait on every host (`LoopCommitter.crowded`). A group counts by its size: a lone
+    batch's group is mostly the statements every group pays, and says little of how fast a
+    queue of them would go."""
 
-    WEIGHT = 0.2  # of the latest group: about the last five groups count
+    WEIGHT = 0.2  # of a full group (MAX_GROUP_BATCHES): about the last five such groups count
 
     def __init__(self, writers: int) -> None:
         self.writers = writers
@@ -223,7 +225,8 @@ class Pace:
 
     def observe(self, batches: int, seconds: float) -> None:
         rate = batches / max(seconds, 1e-6)
-        self.per_writer = rate if not self.per_writer else self.per_writer + (rate - self.per_writer) * self.WEIGHT
+        weight = self.WEIGHT * min(1.0, batches / MAX_GROUP_BATCHES)
+        self.per_writer = rate if not self.per_writer else self.per_writer + (rate - self.per_writer) * weight
 
     def seconds_for(self, batches: int) -> float:
         """How long the writers would take for `batches` (unknown, infinite, until a group was written)."""
@@ -278,9 +281,10 @@ class LoopCommitter:
         """Why a new request would be refused at once (None: it is queued): the oldest queued one
         waited past its shedding point ("waited"), or the queue is full ("queue_full"): it holds what
         the writers take SHED_AFTER_S for at their pace, or MAX_QUEUED_BATCHES; never fewer than
-        MIN_QUEUED_BATCHES. Why a pace: a fixed count was about 1.5 s of a 16-core host's process
-        at a 100,000-rank job's bursts, so requests that would have been written within the
-        bound were refused, and each one held its whole step back by a Retry-After."""
+        MIN_QUEUED_BATCHES. Why a pace: with a fixed count, a process that takes more batches a
+        step than the count refused every step's last requests, though they would have been written
+        well within the bound, and each one held its whole step back by a Retry-After
+        (docs/scale-out.md, "A full queue is one that would wait past the bound")."""
         if self.oldest_wait() > backpressure.SHED_AFTER_S:
             return "waited"
         if self.queued_batches >= self.MIN_QUEUED_BATCHES and (

@@ -157,6 +157,9 @@ def test_the_pace_follows_the_latest_groups():
     for _ in range(30):
         pace.observe(256, 0.025)  # four times faster since
     assert pace.seconds_for(5_120) == pytest.approx(0.25, rel=0.01)
+    for _ in range(30):
+        pace.observe(1, 0.005)  # lone batches between bursts: their groups' own cost, not the pace
+    assert pace.seconds_for(5_120) == pytest.approx(0.25, rel=0.1)
 
 
 @pytest.fixture
