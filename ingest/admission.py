@@ -132,10 +132,10 @@ def job_of(project: Project, body: bytes, bulk: bool) -> writers.Job:
                 quotas.check_ranks(batch)
             except Refusal as refusal:
                 raise refusal.within(f"batches[{i}]") from None
-        return writers.Job(project, [(batch, writers.digest(raw)) for batch, raw in batches], bulk=True)
+        return writers.Job(project, [(batch, writers.digest(raw)) for batch, raw in batches], bulk=True, size=len(body))
     batch = validation.decode(body)
     quotas.check_ranks(batch)
-    return writers.Job(project, [(batch, writers.digest(body))])
+    return writers.Job(project, [(batch, writers.digest(body))], size=len(body))
 
 
 def reply_content(replies: list[protocol.IngestReply], bulk: bool) -> protocol.IngestReply | protocol.BulkReply:

@@ -253,10 +253,13 @@ class LoopCommitter:
     MIN_QUEUED_BATCHES = 16_384
     # the most held in memory (a steady batch about 1.5 KB of objects): past this a 503 at once
     MAX_QUEUED_BATCHES = 65_536
+    # and in bytes of the queued requests' bodies, whatever their batches: large batches are large objects
+    MAX_QUEUED_BYTES = 512 * 1024 * 1024
 
     def __init__(self, writers: list[Executor] | None = None) -> None:
         self.queue: list[_Waiting] = []
         self.queued_batches = 0
+        self.queued_bytes = 0
         self.coalescing = False  # the next group waits COALESCE_S for the batches on their way
         self.young = collector.YoungGeneration(
             on_idle=self._idle
@@ -280,16 +283,19 @@ class LoopCommitter:
     def crowded(self) -> str | None:
         """Why a new request would be refused at once (None: it is queued): the oldest queued one
         waited past its shedding point ("waited"), or the queue is full ("queue_full"): it holds what
-        the writers take SHED_AFTER_S for at their pace, or MAX_QUEUED_BATCHES; never fewer than
-        MIN_QUEUED_BATCHES. Why a pace: with a fixed count, a process that takes more batches a
+        the writers take SHED_AFTER_S for at their pace, or MAX_QUEUED_BATCHES (never fewer than
+        MIN_QUEUED_BATCHES), or MAX_QUEUED_BYTES of bodies. Why a pace: with a fixed count, a process that takes more batches a
         step than the count refused every step's last requests, though they would have been written
         well within the bound, and each one held its whole step back by a Retry-After
         (docs/scale-out.md, "A full queue is one that would wait past the bound")."""
         if self.oldest_wait() > backpressure.SHED_AFTER_S:
             return "waited"
-        if self.queued_batches >= self.MIN_QUEUED_BATCHES and (
-            self.queued_batches >= self.MAX_QUEUED_BATCHES
-            or self.pace.seconds_for(self.queued_batches) > backpressure.SHED_AFTER_S
+        if self.queued_bytes >= self.MAX_QUEUED_BYTES or (
+            self.queued_batches >= self.MIN_QUEUED_BATCHES
+            and (
+                self.queued_batches >= self.MAX_QUEUED_BATCHES
+                or self.pace.seconds_for(self.queued_batches) > backpressure.SHED_AFTER_S
+            )
         ):
             return "queue_full"
         return None
@@ -299,6 +305,7 @@ class LoopCommitter:
         future = asyncio.get_running_loop().create_future()
         self.queue.append(_Waiting(job, arrived, future))
         self.queued_batches += len(job.items)
+        self.queued_bytes += job.size
         if self._free and not self.coalescing:
             self._next()
         return with_interval(await future, arrived)
@@ -309,6 +316,7 @@ class LoopCommitter:
         while self.queue and now - self.queue[0].arrived > backpressure.SHED_AFTER_S:
             shed = self.queue.pop(0)  # it waited into its agent's timeout: refused unstored, resent after Retry-After
             self.queued_batches -= len(shed.job.items)
+            self.queued_bytes -= shed.job.size
             metrics.SHED.labels("waited").inc()
             shed.future.set_result(
                 Refusal(503, f"server overloaded (the batch waited {now - shed.arrived:.1f} s); retry later")
@@ -319,6 +327,7 @@ class LoopCommitter:
         writer = self._free.pop()
         batches = sum(len(w.job.items) for w in group)
         self.queued_batches -= batches
+        self.queued_bytes -= sum(w.job.size for w in group)
         for waiting in group:
             metrics.QUEUED.observe(now - waiting.queued)
         metrics.GROUP_BATCHES.observe(batches)

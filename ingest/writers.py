@@ -162,6 +162,7 @@ class Job:
     project: Project
     items: list[tuple[protocol.Batch, str]]
     bulk: bool = False
+    size: int = 0  # bytes of its request's body, inflated: what it holds in memory while it queues, roughly
     prepared: list[Prepared] = field(init=False)
 
     def __post_init__(self) -> None:

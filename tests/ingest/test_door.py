@@ -374,9 +374,16 @@ def test_a_large_body_is_decoded_off_the_loop(app, token, monkeypatch):
 
 
 @on_loop
-def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, project, token, lock, monkeypatch):
-    monkeypatch.setattr(groupcommit.LoopCommitter, "MIN_QUEUED_BATCHES", 1)
-    monkeypatch.setattr(groupcommit.LoopCommitter, "MAX_QUEUED_BATCHES", 1)
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"MIN_QUEUED_BATCHES": 1, "MAX_QUEUED_BATCHES": 1},  # a batch queued is all it holds
+        {"MAX_QUEUED_BYTES": 100},  # one queued body's bytes are (a batch's JSON is longer)
+    ],
+)
+def test_past_the_queue_bound_a_request_is_refused_at_once_unstored(app, project, token, lock, monkeypatch, bounds):
+    for name, value in bounds.items():
+        monkeypatch.setattr(groupcommit.LoopCommitter, name, value)
     committer = app.committer
     before = _shed()
 

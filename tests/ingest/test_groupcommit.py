@@ -150,6 +150,19 @@ def test_a_request_is_refused_once_the_batches_ahead_would_take_past_the_sheddin
             w.shutdown()
 
 
+def test_a_queue_of_large_bodies_is_full_by_their_bytes_whatever_its_batches():
+    writers_ = [ThreadPoolExecutor(1)]
+    try:
+        committer = groupcommit.LoopCommitter(writers_)
+        committer.pace.observe(256, 0.001)
+        committer.queued_batches, committer.queued_bytes = 64, groupcommit.LoopCommitter.MAX_QUEUED_BYTES - 1
+        assert committer.crowded() is None
+        committer.queued_bytes += 1  # 64 requests of 8 MiB each
+        assert committer.crowded() == "queue_full"
+    finally:
+        writers_[0].shutdown()
+
+
 def test_the_pace_follows_the_latest_groups():
     pace = groupcommit.Pace(writers=2)
     pace.observe(256, 0.1)  # 2,560 a second a writer
