@@ -393,8 +393,11 @@ def _wait_redis_ready(rdir: Path, port: int, log: Path) -> None:
     """Poll until Redis answers; raise with the log tail if the daemon dies or hangs."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while _redis_live(rdir) is None:
-        pid = _read_int(rdir / "redis.pid")  # written before Redis retitles itself: match loosely
-        died = pid is not None and not _process_runs(pid, "redis-server")
+        # the pid file is the new daemon's (the stale one was removed before it started), so its state
+        # says whether it died; its command line does not: Redis rewrites it as it retitles itself, and
+        # a read in that moment found no "redis-server" in a daemon that went on to start
+        pid = _read_int(rdir / "redis.pid")
+        died = pid is not None and _exited(pid)
         if died or time.monotonic() > deadline:
             why = "exited" if died else f"is not answering PING after {START_TIMEOUT_S}s"
             raise RuntimeError(f"embedded redis-server on {REDIS_HOST}:{port} {why}; log: {log}\n{log_tail(log)}")
