@@ -340,8 +340,9 @@ class LoopCommitter:
         self, group: list[_Waiting], writer: Executor, done: asyncio.Future[list[Answer]], began: float
     ) -> None:
         took = time.monotonic() - began
+        batches = sum(len(w.job.items) for w in group)
         metrics.GROUP_WRITE.observe(took)
-        self.pace.observe(sum(len(w.job.items) for w in group), took)
+        self.pace.observe(batches, took)
         error = done.exception()  # `_written` answers what escapes `write`: a thread's Exception at most
         answers = done.result() if not error else [cast(Exception, error)] * len(group)
         for waiting, answer in zip(group, answers):
@@ -350,7 +351,7 @@ class LoopCommitter:
         self._free.append(writer)
         # batches, not requests: a rack relay's one request of 256 batches is load (the collector's young
         # generation, the writer's connection kept), as 256 ranks posting at once are
-        loaded = sum(len(w.job.items) for w in group) >= COALESCE_AFTER
+        loaded = batches >= COALESCE_AFTER
         if loaded:
             self.young.busy()
         if loaded and not self.queue:
