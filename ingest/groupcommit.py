@@ -284,10 +284,10 @@ class LoopCommitter:
         """Why a new request would be refused at once (None: it is queued): the oldest queued one
         waited past its shedding point ("waited"), or the queue is full ("queue_full"): it holds what
         the writers take SHED_AFTER_S for at their pace, or MAX_QUEUED_BATCHES (never fewer than
-        MIN_QUEUED_BATCHES), or MAX_QUEUED_BYTES of bodies. Why a pace: with a fixed count, a process that takes more batches a
-        step than the count refused every step's last requests, though they would have been written
-        well within the bound, and each one held its whole step back by a Retry-After
-        (docs/scale-out.md, "A full queue is one that would wait past the bound")."""
+        MIN_QUEUED_BATCHES), or MAX_QUEUED_BYTES of bodies. Why a pace: with a fixed count, a
+        process that takes more batches a step than the count refused every step's last requests,
+        though they would have been written well within the bound, and each one held its whole step
+        back by a Retry-After (docs/scale-out.md, "A full queue is one that would wait past the bound")."""
         if self.oldest_wait() > backpressure.SHED_AFTER_S:
             return "waited"
         if self.queued_bytes >= self.MAX_QUEUED_BYTES or (
@@ -304,8 +304,7 @@ class LoopCommitter:
         """The request's answer, once the commit that holds it is done (or why it was refused)."""
         future = asyncio.get_running_loop().create_future()
         self.queue.append(_Waiting(job, arrived, future))
-        self.queued_batches += len(job.items)
-        self.queued_bytes += job.size
+        self._count([job], 1)
         if self._free and not self.coalescing:
             self._next()
         return with_interval(await future, arrived)
@@ -315,8 +314,7 @@ class LoopCommitter:
         now = time.monotonic()
         while self.queue and now - self.queue[0].arrived > backpressure.SHED_AFTER_S:
             shed = self.queue.pop(0)  # it waited into its agent's timeout: refused unstored, resent after Retry-After
-            self.queued_batches -= len(shed.job.items)
-            self.queued_bytes -= shed.job.size
+            self._count([shed.job], -1)
             metrics.SHED.labels("waited").inc()
             shed.future.set_result(
                 Refusal(503, f"server overloaded (the batch waited {now - shed.arrived:.1f} s); retry later")
@@ -325,22 +323,31 @@ class LoopCommitter:
         if not group:
             return
         writer = self._free.pop()
-        batches = sum(len(w.job.items) for w in group)
-        self.queued_batches -= batches
-        self.queued_bytes -= sum(w.job.size for w in group)
+        batches = self._count([w.job for w in group], -1)
         for waiting in group:
             metrics.QUEUED.observe(now - waiting.queued)
         metrics.GROUP_BATCHES.observe(batches)
         done = asyncio.get_running_loop().run_in_executor(
             writer, _write_on_thread, [w.job for w in group], bool(self.queue) or self.young.loaded
         )
-        done.add_done_callback(lambda f: self._answer(group, writer, f, now))
+        done.add_done_callback(lambda f: self._answer(group, batches, writer, f, now))
+
+    def _count(self, jobs: list[writers.Job], sign: int) -> int:
+        """Add (1) or take (-1) the jobs to or from the queue's counts; their batches."""
+        batches = sum(len(job.items) for job in jobs)
+        self.queued_batches += sign * batches
+        self.queued_bytes += sign * sum(job.size for job in jobs)
+        return batches
 
     def _answer(
-        self, group: list[_Waiting], writer: Executor, done: asyncio.Future[list[Answer]], began: float
+        self,
+        group: list[_Waiting],
+        batches: int,
+        writer: Executor,
+        done: asyncio.Future[list[Answer]],
+        began: float,
     ) -> None:
         took = time.monotonic() - began
-        batches = sum(len(w.job.items) for w in group)
         metrics.GROUP_WRITE.observe(took)
         self.pace.observe(batches, took)
         error = done.exception()  # `_written` answers what escapes `write`: a thread's Exception at most
