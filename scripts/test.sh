@@ -12,4 +12,6 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 # Three pytest-xdist workers (LOCKSTEP_TEST_WORKERS, 0 for serial), a file on one worker; each worker has its
 # own test database, Redis database and live stack, and every file that uses the database starts with it empty.
-exec .venv/bin/python -m pytest -n "${LOCKSTEP_TEST_WORKERS:-3}" --dist loadfile "$@"
+# A worker that dies is not replaced (--max-worker-restart 0): the run stops at once, red, naming the test it
+# died in. pytest-xdist 3.8's loadfile scheduler hangs or reruns the fatal test after replacing a worker.
+exec .venv/bin/python -m pytest -n "${LOCKSTEP_TEST_WORKERS:-3}" --dist loadfile --max-worker-restart 0 "$@"

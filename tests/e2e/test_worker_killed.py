@@ -14,6 +14,7 @@ from django.db import connection
 
 from dashboard.detection.lifecycle import RUN_ENDED
 from dashboard.detection.models import Alert
+from dashboard.devstack.processes import descendants
 from dashboard.ledger.models import GradSlot
 from tests.conftest import make_batch
 from tests.e2e.jobs import alert_feed, member_session, project_with_token
@@ -22,16 +23,23 @@ from tests.stack import database_url, unique
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("live_db")]
 
 
-def blocked_worker_pid(conn: psycopg.Connection, timeout: float = 30) -> int:
-    """The pid of the process whose database session waits on our row lock."""
+def blocked_worker_pid(conn: psycopg.Connection, worker: int, timeout: float = 30) -> int:
+    """The pid of the Celery pool process (below `worker`) whose session of this test's database waits
+    on our row lock. Only this database and only that worker's processes: other pytest workers run
+    beside this one, and a session of theirs that waits on a lock of their own must never be the one
+    killed (a pytest worker killed so hung the whole run once, in pytest-xdist's crash recovery)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = conn.execute(
-            "SELECT application_name FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND application_name LIKE 'lockstep:%'"
-        ).fetchone()
-        if row:
-            return int(row[0].rsplit(":", 1)[1])
+        pids = {
+            int(label.rsplit(":", 1)[1])
+            for (label,) in conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND application_name LIKE 'lockstep:%'"
+            )
+        }
+        if found := pids & {worker, *descendants(worker)}:
+            [pid] = found
+            return pid
         time.sleep(0.1)
     raise AssertionError("no worker ever blocked on the slot")
 
@@ -65,8 +73,7 @@ def test_alert_exactly_once_when_the_worker_dies_mid_task(stack, client, record_
             == 200
         )
         with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as watch:
-            victim = blocked_worker_pid(watch)
-        assert victim != os.getpid()
+            victim = blocked_worker_pid(watch, stack.worker.popen.pid)
         os.kill(victim, signal.SIGKILL)
         time.sleep(1)
         lock.rollback()  # release the lock: the redelivered task (or the sweep) settles the slot now
