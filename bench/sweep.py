@@ -25,6 +25,7 @@ all before the commit that lets the page go).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -44,13 +45,43 @@ DIVERGED_STEP = 997  # ... and of this one, but rank APART's, which differ
 APART = 777
 
 
+# A rank's start facts as an 8-GPU node's torchrun rank sends them (the shape of the H200 recording's
+# rank_start, tests/fixtures/ddp_h200_spool.tgz): what every rank shares, then what is a node's (its host,
+# and the id of the local filesystem its Inductor cache is on) and a rank's own (GPU, pid, local rank, clock).
+SHARED_FACTS = {
+    "versions": {"python": "3.12.3", "torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0", "gpu": "NVIDIA H200"},
+    "config_hash": "747d92c327b18c675a2414a9dbb055cb",
+    "settings": {"inductor.fx_graph_cache": "True"},
+    "env": {
+        "NCCL_NVLS_ENABLE": "0",
+        "NCCL_VERSION": "2.28.3-1",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root",
+        "TORCH_CUDA_ARCH_LIST": "9.0a",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    },
+    "cache_dirs": {"inductor": "/tmp/torchinductor_root"},
+    "codegen": {"cpu_capability": "AVX512"},
+    "collective_timeout_s": 600,
+    "fp_algo": "lockstep-fp64-v3",
+}
+FACTS = (
+    "(%(shared)s::jsonb || jsonb_build_object('host', 'node' || r / 8, 'device', 'cuda:' || r %% 8, 'pid', 1000 + r,"
+    " 'local_rank', r %% 8, 'ts', 1796046697.68 + r / 1000.0, 'cache_fs', jsonb_build_object('inductor',"
+    " jsonb_build_object('path', '/tmp/torchinductor_root', 'fs', 'ext4', 'fsid', to_hex(4096 + r / 8), 'shared', false))))"
+)
+
+
 def populate(ranks: int, params: int, compiles: int) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
     from dashboard.evidence.models import CompileAgreement, GradReport
     from dashboard.ledger.models import CompileSlot, GradSlot
-    from dashboard.tenancy.models import Rank
+    from dashboard.tenancy.models import OWN_FACTS, Rank
 
     run = common.fresh_run(KEY, ranks, 1000, "2.13.0+cpu")
     layout = (
@@ -59,12 +90,19 @@ def populate(ranks: int, params: int, compiles: int) -> None:
         " generate_series(0, %(params)s - 1) i))"
     )
     with transaction.atomic(), connection.cursor() as cur:
-        facts = "jsonb_build_object('host', 'node' || r / 8, 'device', 'cuda:' || r %% 8, 'collective_timeout_s', 600)"
         cur.execute(
-            f"INSERT INTO {Rank._meta.db_table} (run_id, rank, host, pid, info, facts, status, last_step, last_seen)"
-            f" SELECT %(run)s, r, 'node' || r / 8, 1000 + r, {layout} || {facts}, {facts}, 'running', 999, now()"
+            f"INSERT INTO {Rank._meta.db_table} (run_id, rank, host, pid, info, facts, facts_key, device,"
+            " collective_timeout_s, status, last_step, last_seen)"
+            f" SELECT %(run)s, r, 'node' || r / 8, 1000 + r, {layout} || {FACTS}, {FACTS},"
+            f" md5(({FACTS} - %(own)s::text[])::text), 'cuda:' || r %% 8, 600, 'running', 999, now()"
             " FROM generate_series(0, %(ranks)s - 1) r",
-            {"run": run.id, "ranks": ranks, "params": params},
+            {
+                "run": run.id,
+                "ranks": ranks,
+                "params": params,
+                "shared": json.dumps(SHARED_FACTS),
+                "own": list(OWN_FACTS),
+            },
         )
         cur.execute(  # every rank's compiles, alike, stored as a rack relay's requests store them
             f"INSERT INTO {CompileAgreement._meta.db_table} (run_id, ranks, frame, index, compile_id, step, status,"

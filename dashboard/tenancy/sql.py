@@ -6,23 +6,32 @@ its claim statement where a round trip matters), but only this module names thes
 
 from __future__ import annotations
 
-from dashboard.tenancy.models import LAYOUT, LOST, VANISHED, Rank, Run
+from dashboard.tenancy.models import LAYOUT, LOST, OWN_FACTS, VANISHED, Rank, Run
 
 RANK = Rank._meta.db_table
 RUN = Run._meta.db_table
 
 
+def _keys(keys: tuple[str, ...]) -> str:
+    """A `text[]` literal of jsonb keys, for `jsonb - text[]`."""
+    return "'{" + ",".join(keys) + "}'::text[]"
+
+
 def ranks_seen_cte(source: str) -> str:
     """CTE `ranked`: upsert each batch's rank facts from CTE `source` (run is %(run)s; columns rank, host,
     pid, info, step, progress): a rank_start's facts replace the old ones (and `facts`, the same without
-    the parameter layout), the last step only moves forward, the batch's latest progress sample replaces
-    the rank's (received now), and a rank the sweep had given up as lost is running again."""
+    the parameter layout, with its key, the rank's device and collective timeout), the last step only moves forward, the
+    batch's latest progress sample replaces the rank's (received now), and a rank the sweep had given up
+    as lost is running again."""
     return f"""
             ranked AS (
-              INSERT INTO {RANK} (run_id, rank, host, pid, info, facts, status, exit_code, last_step, last_seen,
-                                  progress, progress_at)
+              INSERT INTO {RANK} (run_id, rank, host, pid, info, facts, facts_key, device, collective_timeout_s,
+                                  status, exit_code, last_step, last_seen, progress, progress_at)
               SELECT %(run)s::bigint, rank, host, pid, COALESCE(info::jsonb, '{{}}'::jsonb),
-                COALESCE(info::jsonb, '{{}}'::jsonb) - '{{{",".join(LAYOUT)}}}'::text[], 'running', NULL, step, now(),
+                COALESCE(info::jsonb, '{{}}'::jsonb) - {_keys(LAYOUT)},
+                CASE WHEN info IS NULL THEN '' ELSE md5((info::jsonb - {_keys(LAYOUT)} - {_keys(OWN_FACTS)})::text) END,
+                COALESCE(info::jsonb ->> 'device', ''), (info::jsonb ->> 'collective_timeout_s')::float8,
+                'running', NULL, step, now(),
                 progress::jsonb, CASE WHEN progress IS NULL THEN NULL ELSE now() END
               FROM {source} ORDER BY rank
               ON CONFLICT (run_id, rank) DO UPDATE SET
@@ -30,6 +39,10 @@ def ranks_seen_cte(source: str) -> str:
                 pid = COALESCE(EXCLUDED.pid, {RANK}.pid),
                 info = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.info ELSE EXCLUDED.info END,
                 facts = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.facts ELSE EXCLUDED.facts END,
+                facts_key = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.facts_key ELSE EXCLUDED.facts_key END,
+                device = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.device ELSE EXCLUDED.device END,
+                collective_timeout_s = CASE WHEN EXCLUDED.info = '{{}}'::jsonb THEN {RANK}.collective_timeout_s
+                                            ELSE EXCLUDED.collective_timeout_s END,
                 last_step = GREATEST({RANK}.last_step, EXCLUDED.last_step),
                 status = CASE WHEN {RANK}.status = '{LOST}' THEN 'running' ELSE {RANK}.status END,
                 last_seen = now(),
