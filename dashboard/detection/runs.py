@@ -174,7 +174,8 @@ def collective_timeout(run: Run) -> float | None:
     """The shortest collective timeout a rank reported at its start, from its row's own column: a sweep
     runs every second, and every rank's start facts, out of line and compressed, cost 0.4 s of it at
     100,000 ranks."""
-    return Rank.objects.filter(run=run, collective_timeout_s__gt=0).aggregate(t=Min("collective_timeout_s"))["t"]
+    shortest = Rank.objects.filter(run=run, collective_timeout_s__gt=0).aggregate(t=Min("collective_timeout_s"))["t"]
+    return None if shortest is None else float(shortest)
 
 
 def _sampled(run: Run) -> Q:
