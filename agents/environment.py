@@ -195,15 +195,18 @@ NETWORK_FS = frozenset(
 
 
 def cache_locations(dirs: dict[str, str]) -> dict[str, dict[str, str | bool]]:
-    """Per cache dir: resolved path, filesystem type and id, and whether other hosts can mount it."""
+    """Per cache dir: resolved path, filesystem type, whether other hosts can mount it, and if so its id.
+    A local filesystem's id names only this node's disk, which the host already does: left out, every
+    rank of a job reports the same locations, and the server keeps them once (`Rank.facts_key`)."""
     mounts = _mounts()
     out: dict[str, dict[str, str | bool]] = {}
     for name, path in dirs.items():
         try:
             real = os.path.realpath(path)
             fs = _fs_type(real, mounts)
-            fsid = format(os.statvfs(_existing(real)).f_fsid, "x")
-            out[name] = {"path": real, "fs": fs, "fsid": fsid, "shared": fs in NETWORK_FS}
+            out[name] = {"path": real, "fs": fs, "shared": fs in NETWORK_FS}
+            if fs in NETWORK_FS:
+                out[name]["fsid"] = format(os.statvfs(_existing(real)).f_fsid, "x")
         except OSError:
             continue
     return out

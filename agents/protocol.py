@@ -71,8 +71,8 @@ class Event(msgspec.Struct, tag_field="t", kw_only=True, omit_defaults=True):
 
 class CacheLocation(msgspec.Struct, omit_defaults=True):
     """Where a cache directory really is, so the server can tell a shared cache from two local ones
-    that happen to have the same path: the resolved path, the filesystem type and id, and whether
-    that filesystem is one that other hosts mount too (NFS, Lustre, ...)."""
+    that happen to have the same path: the resolved path, the filesystem type, whether that filesystem
+    is one that other hosts mount too (NFS, Lustre, ...), and then its id (a local one's is left out)."""
 
     path: Text = ""
     fs: Short = ""

@@ -46,8 +46,8 @@ APART = 777
 
 
 # A rank's start facts as an 8-GPU node's torchrun rank sends them (the shape of the H200 recording's
-# rank_start, tests/fixtures/ddp_h200_spool.tgz): what every rank shares, then what is a node's (its host,
-# and the id of the local filesystem its Inductor cache is on) and a rank's own (GPU, pid, local rank, clock).
+# rank_start, tests/fixtures/ddp_h200_spool.tgz, as today's agent sends it): what every rank shares, then
+# what is a rank's own (its node, GPU, pid, local rank, clock).
 SHARED_FACTS = {
     "versions": {"python": "3.12.3", "torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0", "gpu": "NVIDIA H200"},
     "config_hash": "747d92c327b18c675a2414a9dbb055cb",
@@ -64,14 +64,14 @@ SHARED_FACTS = {
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     },
     "cache_dirs": {"inductor": "/tmp/torchinductor_root"},
+    "cache_fs": {"inductor": {"path": "/tmp/torchinductor_root", "fs": "ext4", "shared": False}},
     "codegen": {"cpu_capability": "AVX512"},
     "collective_timeout_s": 600,
     "fp_algo": "lockstep-fp64-v3",
 }
 FACTS = (
     "(%(shared)s::jsonb || jsonb_build_object('host', 'node' || r / 8, 'device', 'cuda:' || r %% 8, 'pid', 1000 + r,"
-    " 'local_rank', r %% 8, 'ts', 1796046697.68 + r / 1000.0, 'cache_fs', jsonb_build_object('inductor',"
-    " jsonb_build_object('path', '/tmp/torchinductor_root', 'fs', 'ext4', 'fsid', to_hex(4096 + r / 8), 'shared', false))))"
+    " 'local_rank', r %% 8, 'ts', 1796046697.68 + r / 1000.0))"
 )
 
 

@@ -2,9 +2,9 @@
 from one rank of the group.
 
 A real rank's facts are about a kilobyte, stored out of line and compressed (`0002_rank_facts`); the
-ranks of a job share all of them but their own few (`OWN_FACTS`), a node's ranks at most their cache's
-filesystem id. Each group's facts are fetched and decompressed once, not every rank's
-(`0004_rank_facts_key`).
+ranks of a job share all of them but their own few (`OWN_FACTS`), so a job is one group, or a few where
+ranks were set up apart (agents before 2026-12-07 also sent a local cache's filesystem id: a group per
+node). Each group's facts are fetched and decompressed once, not every rank's (`0004_rank_facts_key`).
 """
 
 from __future__ import annotations

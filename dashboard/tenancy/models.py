@@ -124,9 +124,9 @@ class Run(models.Model):
 
 
 LAYOUT = ("params", "buckets")  # the keys of a rank's start facts that `Rank.facts` leaves out
-# The start facts that are a rank's own (its node, its GPU, its process, its clock): `Rank.facts_key`
-# leaves them out, so every rank of a job that runs alike shares one key, a node's ranks at most one each.
-OWN_FACTS = ("host", "device", "pid", "local_rank", "ts")
+# The start facts that are a rank's own (its node, its GPU, its process, its clock, its process's W&B and
+# MLflow runs): `Rank.facts_key` leaves them out, so every rank of a job that runs alike shares one key.
+OWN_FACTS = ("host", "device", "pid", "local_rank", "ts", "links")
 
 
 class Rank(models.Model):

@@ -18,13 +18,14 @@ def test_locations_resolve_links_and_name_the_filesystem(tmp_path):
     found = environment.cache_locations({"inductor": str(tmp_path / "link"), "triton": str(real / "not-yet")})
     assert found["inductor"]["path"] == str(real)
     assert found["triton"]["path"] == str(real / "not-yet")  # created by the first compile; its fs is the parent's
-    assert found["inductor"]["fsid"] == found["triton"]["fsid"] == format(os.statvfs(real).f_fsid, "x")
     assert found["inductor"]["fs"] and found["inductor"]["shared"] is False
+    assert "fsid" not in found["inductor"]  # a local disk's id: the host names it already
 
 
-def test_a_network_filesystem_counts_as_shared(monkeypatch, tmp_path):
+def test_a_network_filesystem_counts_as_shared_and_names_its_id(monkeypatch, tmp_path):
     monkeypatch.setattr(environment, "_mounts", lambda: [(str(tmp_path), "nfs4"), ("/", "ext4")])
-    assert environment.cache_locations({"inductor": str(tmp_path)})["inductor"]["shared"] is True
+    found = environment.cache_locations({"inductor": str(tmp_path)})["inductor"]
+    assert found["shared"] is True and found["fsid"] == format(os.statvfs(tmp_path).f_fsid, "x")
 
 
 def _inner():

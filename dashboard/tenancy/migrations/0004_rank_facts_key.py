@@ -12,7 +12,7 @@ facts once."""
 
 from django.db import migrations, models
 
-OWN = "'{host,device,pid,local_rank,ts}'::text[]"
+OWN = "'{host,device,pid,local_rank,ts,links}'::text[]"
 
 
 class Migration(migrations.Migration):
