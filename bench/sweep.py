@@ -6,8 +6,8 @@ such runs one worker follows.
 
 Uses its own database (`lockstep_bench_sweep` on the DATABASE_URL server) and one run of the
 "bench" project whose ranks are all running and fresh (reporting now), each of which reported
-`--compiles` compiles (one frame's, then a model's other frames', all settled) at step 0 and passed that step, with start facts like a real job's (its
-device, and a parameter layout of `--params` names and their buckets), and which sent a progress
+`--compiles` compiles (one frame's, then a model's other frames', all settled) at step 0 and passed that step, with start facts like a real job's (the
+H200 recording's settings, environment and cache locations, each rank's node, GPU and pid, and a parameter layout of `--params` names and their buckets), and which sent a progress
 sample every `--heartbeat` seconds through the silent window, as agents do. Times, in this process,
 median (min-max) of N after one warm-up: `runs.view_of` (the ranks' liveness, crashes,
 the longest wait in a collective, the compile bill), every rank's progress (`runs.progress_of`,
