@@ -5,8 +5,11 @@ that a rank is compiling). Protocol batches over HTTP, no torchrun; one Chromium
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -50,6 +53,26 @@ def send(stack, token: str, batches: list[dict]) -> None:
             assert response.status_code == 200, response.text
 
 
+@contextlib.contextmanager
+def heartbeats(stack, token: str, last: dict[int, dict], rank: int) -> Iterator[None]:
+    """`rank` sends a heartbeat every 2 s meanwhile (`last[rank]` follows its batches)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(2.0):
+            batch = later(last[rank], [{"t": "heartbeat"}])
+            send(stack, token, [batch])
+            last[rank] = batch
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def later(batch: dict, events: list[dict]) -> dict:
     """The rank's next batch of its session."""
     return {**batch, "seq": batch["seq"] + 1, "events": [{"ts": time.time(), **e} for e in events]}
@@ -70,38 +93,41 @@ def test_run_page_and_runs_list_follow_a_crash_and_the_end_without_reload(stack,
         # stack's LOCKSTEP_SILENT_AFTER (8 s) before the first look, which would read `stalled`
         send(stack, token, running + [later(last[2], [{**compiling, "where": INDUCTOR, "op": "forward"}])])
         last[2] = {**last[2], "seq": last[2]["seq"] + 1}
-        run_page.goto(f"{stack.url}/runs/{key}/")
-        runs_page = run_page.context.new_page()
-        runs_page.goto(f"{stack.url}/")
-        row = runs_page.locator(f"table.runs tr[data-run='{key}']")
-        assert row.locator("td.status").inner_text() == "running"
-        run_page.wait_for_selector("#live-status:text('live')", timeout=15_000)
-        run_page.wait_for_selector("#strip li.rank-now.compiling[data-rank='2']", timeout=15_000)
-        assert run_page.locator("#run-status").inner_text() == "running"
-        assert run_page.get_attribute("#run-verdict", "data-verdict") == "in_lockstep"
-        compiles = int(run_page.locator("#counts [data-count=compiles]").inner_text())
-        frames = int(run_page.locator("#counts [data-count=frames]").inner_text())
+        # rank 0 reports every 2 s until the stale pushes are seen: on a loaded machine the waits below can
+        # outlast the stack's 8 s of silence, after which the page reads the run as over (no phases at all)
+        with heartbeats(stack, token, last, rank=0):
+            run_page.goto(f"{stack.url}/runs/{key}/")
+            runs_page = run_page.context.new_page()
+            runs_page.goto(f"{stack.url}/")
+            row = runs_page.locator(f"table.runs tr[data-run='{key}']")
+            assert row.locator("td.status").inner_text() == "running"
+            run_page.wait_for_selector("#live-status:text('live')", timeout=15_000)
+            run_page.wait_for_selector("#strip li.rank-now.compiling[data-rank='2']", timeout=15_000)
+            assert run_page.locator("#run-status").inner_text() == "running"
+            assert run_page.get_attribute("#run-verdict", "data-verdict") == "in_lockstep"
+            compiles = int(run_page.locator("#counts [data-count=compiles]").inner_text())
+            frames = int(run_page.locator("#counts [data-count=frames]").inner_text())
 
-        # rank 2 compiles one more frame and raises
-        failure = {"t": "rank_end", "status": "error", "exit_code": 1, "reason": "RuntimeError: boom"}
-        new_frame = {"t": "compile", "frame": "train.py:9:late", "index": 0, "compile_id": "9/0", "step": 4}
-        send(stack, token, [later(last[2], [{**new_frame, "status": "ok"}, failure])])
-        run_page.wait_for_selector("#run-status .status-failed", timeout=15_000)
-        run_page.wait_for_selector("#run-verdict[data-verdict=failed]", timeout=15_000)
-        assert int(run_page.locator("#counts [data-count=compiles]").inner_text()) == compiles + 1
-        assert int(run_page.locator("#counts [data-count=frames]").inner_text()) == frames + 1
-        assert run_page.locator("#rank-rows tr").nth(2).locator("td").nth(2).inner_text() == "error"
-        run_page.wait_for_selector("#strip li.rank-now.ended[data-rank='2']", timeout=15_000)
-        # a push computed before rank 2's end was stored (a sweep that read the ranks just before) does not
-        # bring its phase back, and one whose strip lacks rank 2 (its last sample aged out) does not drop it
-        run = Run.objects.get(key=key)
-        stale_ranks = rank_rows_of([{"rank": r, "last_step": 4, "status": "running"} for r in range(4)])
-        for mark, rows in (("stale-1", [2, 0]), ("stale-2", [0])):
-            strip = [_stale_row(r, mark if r == 0 else "compiling") for r in rows]
-            with ThreadPoolExecutor(1) as pool:  # a worker's push: asyncio.run, away from Playwright's loop
-                pool.submit(notify.push_progress, run, stale_ranks, strip).result()
-            run_page.wait_for_selector(f"#strip li.rank-now.{mark}[data-rank='0']", timeout=15_000)
-            assert run_page.locator("#strip li.rank-now[data-rank='2']").get_attribute("class") == "rank-now ended"
+            # rank 2 compiles one more frame and raises
+            failure = {"t": "rank_end", "status": "error", "exit_code": 1, "reason": "RuntimeError: boom"}
+            new_frame = {"t": "compile", "frame": "train.py:9:late", "index": 0, "compile_id": "9/0", "step": 4}
+            send(stack, token, [later(last[2], [{**new_frame, "status": "ok"}, failure])])
+            run_page.wait_for_selector("#run-status .status-failed", timeout=15_000)
+            run_page.wait_for_selector("#run-verdict[data-verdict=failed]", timeout=15_000)
+            assert int(run_page.locator("#counts [data-count=compiles]").inner_text()) == compiles + 1
+            assert int(run_page.locator("#counts [data-count=frames]").inner_text()) == frames + 1
+            assert run_page.locator("#rank-rows tr").nth(2).locator("td").nth(2).inner_text() == "error"
+            run_page.wait_for_selector("#strip li.rank-now.ended[data-rank='2']", timeout=15_000)
+            # a push computed before rank 2's end was stored (a sweep that read the ranks just before) does not
+            # bring its phase back, and one whose strip lacks rank 2 (its last sample aged out) does not drop it
+            run = Run.objects.get(key=key)
+            stale_ranks = rank_rows_of([{"rank": r, "last_step": 4, "status": "running"} for r in range(4)])
+            for mark, rows in (("stale-1", [2, 0]), ("stale-2", [0])):
+                strip = [_stale_row(r, mark if r == 0 else "compiling") for r in rows]
+                with ThreadPoolExecutor(1) as pool:  # a worker's push: asyncio.run, away from Playwright's loop
+                    pool.submit(notify.push_progress, run, stale_ranks, strip).result()
+                run_page.wait_for_selector(f"#strip li.rank-now.{mark}[data-rank='0']", timeout=15_000)
+                assert run_page.locator("#strip li.rank-now[data-rank='2']").get_attribute("class") == "rank-now ended"
         runs_page.wait_for_selector(f"tr[data-run='{key}'] td.status .status-failed", timeout=15_000)
         assert row.locator("td.verdict [data-verdict]").get_attribute("data-verdict") == "failed"
 
