@@ -20,9 +20,9 @@ def _keys(keys: tuple[str, ...]) -> str:
 def ranks_seen_cte(source: str) -> str:
     """CTE `ranked`: upsert each batch's rank facts from CTE `source` (run is %(run)s; columns rank, host,
     pid, info, step, progress): a rank_start's facts replace the old ones (and `facts`, the same without
-    the parameter layout, with its key, the rank's device and collective timeout), the last step only moves forward, the
-    batch's latest progress sample replaces the rank's (received now), and a rank the sweep had given up
-    as lost is running again."""
+    the parameter layout, with its key, the rank's device and collective timeout), the last step only
+    moves forward, the batch's latest progress sample replaces the rank's (received now), and a rank
+    the sweep had given up as lost is running again."""
     return f"""
             ranked AS (
               INSERT INTO {RANK} (run_id, rank, host, pid, info, facts, facts_key, device, collective_timeout_s,
