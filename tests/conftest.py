@@ -144,7 +144,10 @@ def _no_cached_runs():
     Its load average starts idle too: a slow request of an earlier test must not slow this test's agents,
     nor may an earlier test's 503 hold this test's silent ranks back.
     The partitions it knows are forgotten: a live stack's hourly prune drops old days behind its back;
-    and so are the runs' compile aggregates the checks kept (a test may write compile rows directly)."""
+    and so are the runs' compile aggregates the checks kept (a test may write compile rows directly),
+    and the in-process channel layer."""
+    from channels.layers import channel_layers
+
     from dashboard.detection import compile_marks
     from dashboard.evidence import partitions
     from ingest import backpressure, writers
@@ -154,6 +157,10 @@ def _no_cached_runs():
     backpressure._load = backpressure._Load()
     forget_shed()
     partitions._known.clear()
+    # Each test its own channel layer (in-process websocket consumers): channels_redis keeps a layer's
+    # receive state bound to the event loop it ran in, and each test's async_to_sync runs another loop
+    # (a test once failed with a receive lock "bound to a different event loop").
+    channel_layers.backends.clear()
 
 
 @pytest.fixture
