@@ -20,9 +20,11 @@ LAYOUT = {"params": ["ddp:net.0.weight", "ddp:net.0.bias"], "buckets": [[0, 1]]}
 
 
 def start(rank: int, device: str, **shared) -> dict:
-    """A rank_start: its own facts (node, GPU, pid, local rank, clock), then what the job's ranks share."""
+    """A rank_start: its own facts (node, GPU, pid, local rank, clock, its process's W&B run), then what
+    the job's ranks share."""
     own = {"host": f"node{rank // 2}", "device": device, "pid": 100 + rank, "local_rank": rank % 2, "ts": 1.5 + rank}
-    return {"t": "rank_start", **own, "collective_timeout_s": 600.0, **LAYOUT, **shared}
+    links = {"wandb": f"https://wandb.example/team/job/runs/r{rank}"}
+    return {"t": "rank_start", **own, "links": links, "collective_timeout_s": 600.0, **LAYOUT, **shared}
 
 
 def started(post, run: str, starts: dict[int, dict], world_size: int = 0) -> Run:
